@@ -1,0 +1,37 @@
+# vllm-doctor: the two commands a fresh machine needs.
+#   make demo   set up, then diagnose a bundled real vLLM log
+#   make test   set up (Python deps + Debian packages), then run every test
+# VLLM_DOCTOR_SKIP_E2E=1 make test   skips the end-to-end tests that start a real vLLM on CPU.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO_LOG ?= tests/fixtures/logs/014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log
+
+.PHONY: setup system-deps demo test test-quick bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	bash .ci/system-deps.sh
+
+demo: setup
+	$(BIN)/vllm-doctor diagnose $(DEMO_LOG); test $$? -le 1
+
+test: setup system-deps
+	$(BIN)/python -m pytest -q
+
+test-quick: setup
+	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -x
+
+bench: setup
+	$(BIN)/python bench/bench_diagnose.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

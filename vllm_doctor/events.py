@@ -1,0 +1,381 @@
+"""Typed events: what vllm-doctor's parsers and collectors observed.
+
+Every event is a frozen dataclass. Units are normalised where the event is built:
+``_bytes`` (bytes), ``_seconds`` (seconds), ``_ratio`` (0..1, never percent), ``_tps``
+(tokens per second). ``None`` means "this vLLM version / line did not report it"; ``0``
+means "reported as zero". The class name is the event kind that rules refer to
+(``count("Preemption")``).
+
+Each log event carries a :class:`Meta` giving the line numbers it came from (1-based,
+``end_lineno`` >= ``lineno`` for records that span several lines, such as tracebacks),
+its timestamp (``ts``: seconds since the epoch, the year inferred, see
+:mod:`vllm_doctor.envelope`) and the vLLM process that wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Where an event came from.
+
+    source: file name (or "-" for stdin, "metrics" / "nvml" for collectors);
+    lineno / end_lineno: 1-based line numbers in that source (0 for collectors);
+    ts: epoch seconds or None when the line has no timestamp;
+    process: vLLM process prefix such as "EngineCore_DP0" or None;
+    level: log level ("INFO", "WARNING", "ERROR", ...) or None;
+    text: the message text (truncated to a few hundred characters) for evidence.
+    """
+
+    source: str = ""
+    lineno: int = 0
+    end_lineno: int = 0
+    ts: float | None = None
+    process: str | None = None
+    level: str | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSeen:
+    """vLLM's version, from the API server banner (``vLLM API server version X``, 0.4–0.13;
+    ``vLLM server version X, serving model``, 0.15+; the ASCII banner ``version X``, 0.11+) or
+    the engine init echo (``Initializing a V1 LLM engine (vX) with config``)."""
+
+    meta: Meta
+    version: str
+    engine: Literal["v0", "v1"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfigObserved:
+    """Engine configuration echoed at start-up.
+
+    kind: "namespace" (``args: Namespace(...)``, vLLM 0.4.3–0.8.5, api_server.py: every arg),
+    "non-default-args" (``non-default args: {...}``, 0.9+, entrypoints utils: only the changed
+    args), "engine-init" (``Initializing a [V0|V1] LLM engine (vX) with config: ...``,
+    llm_engine.py / v1/engine/core.py), "scheduler" (``Chunked prefill is enabled with
+    max_num_batched_tokens=N`` and the tuning note's ``Initializing scheduler with
+    max_num_seqs=N``), "model-len" (``Using max model len N``).
+    values: (name, value) pairs with vLLM's own field names (max_model_len, max_num_seqs,
+    gpu_memory_utilization, ...), values as Python scalars.
+    unknown_flags: flag-like keys that no vLLM version has (``kv_cache``, ``chunked_prefill_size``).
+    """
+
+    meta: Meta
+    kind: str
+    values: tuple[tuple[str, object], ...] = ()
+    unknown_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheCapacity:
+    """KV cache size found at start-up.
+
+    V0 ``# GPU blocks: N, # CPU blocks: M`` (0.3–0.6 llm_engine.py / gpu_executor.py;
+    ``# cuda blocks`` from executor_base.py 0.7–0.10), early V1 ``# GPU blocks: N``;
+    V1 ``GPU KV cache size: N tokens`` (kv_cache_utils.py 0.8+, ``CPU`` on the CPU backend) and
+    ``Maximum concurrency for N tokens per request: X.XXx`` (one line from 0.28);
+    V1 0.8.5–0.11 ``vllm cache_config_info with initialization after num_gpu_blocks is: N``;
+    the tuning note's ``GPU KV cache size: 512,000 tokens`` / ``CPU offload KV cache size``.
+    Any field may be None: one line rarely carries them all.
+    """
+
+    meta: Meta
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    kv_cache_tokens: int | None = None
+    device: str | None = None  # "GPU", "CPU", "XPU", ...
+    max_concurrency: float | None = None
+    concurrency_tokens: int | None = None  # the "N tokens per request" (= max_model_len)
+    cpu_offload_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryProfile:
+    """Memory budget lines.
+
+    ``Available KV cache memory: X GiB`` (V1 gpu_worker.py 0.9.1+), the V0 profiling table
+    (worker.py 0.6.5–0.10: ``total_gpu_memory (X GiB) x gpu_memory_utilization (U) = Y GiB`` and
+    ``the rest of the memory reserved for KV Cache is Z GiB``), ``Model loading took X GiB``
+    (gpu_model_runner.py), ``Loading model weights took X GB`` (model_runner.py 0.4–0.7),
+    the CPU backend's ``Explicitly set (A/B) GiB for KV cache``.
+    """
+
+    meta: Meta
+    available_kv_cache_bytes: int | None = None
+    total_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    model_weights_bytes: int | None = None
+    model_load_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """The periodic stats line (every ~5 s on V0, ~10 s on V1).
+
+    V0 (llm_engine.py 0.1–0.3, engine/metrics.py 0.3.3–0.10.2): ``Running / Swapped / Pending``,
+    GPU and CPU KV cache usage. V1 (v1/metrics/loggers.py 0.7.3+): ``Engine 000:`` prefix
+    (0.8.3+), ``Running / Waiting``, ``Preemptions: N`` (per interval, 0.11.1+, only when > 0),
+    ``GPU|CPU|XPU KV cache usage``, ``Prefix cache hit rate``. Also the tuning note's
+    ``running=128 pending=512 gpu_cache=0%``.
+    num_waiting is V0's Pending or V1's Waiting; num_swapped is V0 only (None on V1).
+    preemptions: preemptions in this interval (V1 field) or None when the line has no such field.
+    """
+
+    meta: Meta
+    prompt_tps: float | None
+    generation_tps: float | None
+    num_running: int
+    num_waiting: int
+    num_swapped: int | None = None
+    kv_cache_usage_ratio: float | None = None
+    cpu_kv_cache_usage_ratio: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    preemptions: int | None = None
+    engine_index: int | None = None
+    kv_device: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A preemption.
+
+    V0 scheduler.py 0.4.3–0.10.2 WARNING ``Sequence group S is preempted by PreemptionMode.X mode
+    because there is not enough KV cache space ... total_num_cumulative_preemption=N``: printed only
+    for the 1st, 51st, 101st ... preemption, so ``cumulative`` (N) is the count, never the lines.
+    The tuning note's ``Preempting seq_id=1021 (swap out, 512 blocks)`` has no cumulative count.
+    """
+
+    meta: Meta
+    mode: Literal["RECOMPUTE", "SWAP"] | None
+    cumulative: int | None = None
+    seq_id: str | None = None
+    blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionCount:
+    """A count of preemptions over a window (the tuning note's
+    ``preemption count: 45 in last 5 minutes``)."""
+
+    meta: Meta
+    count: int
+    window_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheTooSmall:
+    """The KV cache cannot hold one max_model_len sequence.
+
+    V0 (worker.py raise_if_cache_size_invalid, 0.3–0.10): ``The model's max seq len (L) is larger
+    than the maximum number of tokens that can be stored in KV cache (T)``; V1
+    (v1/core/kv_cache_utils.py 0.7.3+, kv_cache_planning.py 0.33): ``To serve at least one request
+    with the model's max seq len (L), (X GiB KV cache is needed, which is larger than the
+    available KV cache memory (Y GiB). Based on the available memory, the estimated maximum model
+    length is E.`` (the estimate from 0.9.1).
+    """
+
+    meta: Meta
+    max_model_len: int | None
+    kv_cache_tokens: int | None = None
+    needed_bytes: int | None = None
+    available_bytes: int | None = None
+    estimated_max_model_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NoCacheMemory:
+    """``No available memory for the cache blocks`` (V0 worker.py, V1 kv_cache_utils.py)."""
+
+    meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
+class InsufficientFreeMemory:
+    """Free device memory below what was asked for.
+
+    V1 gpu_worker.py 0.9+: ``Free memory on device (F/T GiB) on startup is less than desired GPU
+    memory utilization (U, R GiB)``; CPU backend cpu_worker.py 0.3x: ``Available memory on node 0
+    (F/T GiB) on kv cache allocation is less than requested memory for kv (R GiB)``.
+    """
+
+    meta: Meta
+    free_bytes: int | None
+    total_bytes: int | None
+    requested_bytes: int | None
+    gpu_memory_utilization: float | None = None
+    device: str = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """A CUDA / torch out-of-memory error (``torch.OutOfMemoryError: CUDA out of memory. Tried to
+    allocate X MiB. GPU N has a total capacity of T GiB of which F MiB is free ...``; older torch
+    ``torch.cuda.OutOfMemoryError`` with the "total capacty" typo; ``RuntimeError: CUDA out of
+    memory``; ``CUDA error: out of memory``).
+    phase: "startup" when the engine had not served yet, "runtime" after; decided by the state.
+    """
+
+    meta: Meta
+    tried_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    gpu_index: int | None = None
+    in_use_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailure:
+    """The engine died or hung.
+
+    kind: "engine-dead" (``EngineDeadError`` / ``AsyncEngineDeadError``), "background-task-failed"
+    (V0 async_llm_engine.py ``Engine background task failed``), "iteration-timeout" (``Engine
+    iteration timed out``), "core-failed" (``EngineCore failed to start``, ``EngineCore encountered
+    a fatal error``, ``EngineCore hit an exception``, ``Engine core initialization failed``,
+    ``Engine process failed to start``), "proc-died" (``Engine core proc X died unexpectedly``,
+    ``Worker proc X died unexpectedly``), "output-handler" (``AsyncLLM output_handler failed``),
+    "background-loop" (``Background loop has errored already`` / ``is not running``).
+    """
+
+    meta: Meta
+    kind: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NcclError:
+    """An NCCL failure.
+
+    kind: "error" (``NCCL error: ...`` from pynccl_wrapper.py 0.4.3+, ``NCCL Error N``),
+    "watchdog-timeout" (torch ProcessGroupNCCL.cpp ``Watchdog caught collective operation
+    timeout: WorkNCCL(... OpType=ALLREDUCE ... Timeout(ms)=T) ran for M milliseconds``),
+    "shm-broadcast-stall" (``No available [shared memory broadcast] block found in N second``).
+    """
+
+    meta: Meta
+    kind: str
+    message: str = ""
+    op_type: str | None = None
+    timeout_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionRaised:
+    """The last line of a Python traceback (``SomeError: message``); the traceback, whose lines
+    are joined into this one event, spans ``meta.lineno .. meta.end_lineno``."""
+
+    meta: Meta
+    exc_type: str
+    message: str = ""
+    frames: tuple[str, ...] = ()  # function names seen in the traceback ("load_model", ...)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRejected:
+    """vLLM refused its configuration before start-up, e.g. ``User-specified max_model_len (L) is
+    greater than the derived max_model_len (max_position_embeddings=D ...)`` (config validation,
+    0.4+)."""
+
+    meta: Meta
+    setting: str
+    value: int | None = None
+    limit: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReady:
+    """The server started serving (``Application startup complete``, ``Starting vLLM API
+    server``, ``Uvicorn running on``) or the first request arrived."""
+
+    meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownFlag:
+    """A flag that no vLLM version has, seen in a command line or config echo (the tuning
+    note's ``--kv-cache``, ``--chunked-prefill-size``, ``VLLM_USE_PREFILL``)."""
+
+    meta: Meta
+    flag: str
+    real_flag: str | None = None
+
+
+# ---- events from collectors (serve): one sample per scrape / poll ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VllmMetricsSample:
+    """One scrape of vLLM's /metrics (v0 engine/metrics.py, v1/metrics/loggers.py), renames
+    resolved (``vllm:gpu_cache_usage_perc`` before 0.9.2 -> kv_cache_usage_ratio).
+    Values summed over the ``engine`` label; None when the scrape did not carry the series.
+    ttft_buckets: cumulative histogram buckets ((le_seconds, count), ...) as scraped.
+    """
+
+    meta: Meta
+    num_running: float | None = None
+    num_waiting: float | None = None
+    num_swapped: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    num_preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    ttft_count: float | None = None
+    ttft_sum: float | None = None
+    cache_config: tuple[tuple[str, str], ...] = ()
+    rejected_values: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One NVML poll of one GPU (nvidia-ml-py). memory_used_bytes comes from memory info v2
+    where the driver has it (matches nvidia-smi), else v1."""
+
+    meta: Meta
+    index: int
+    uuid: str
+    model: str
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_ratio: float | None = None
+    power_watts: float | None = None
+    temperature_celsius: float | None = None
+    processes: tuple[tuple[int, str, int], ...] = field(default=())  # (pid, name, used_bytes)
+
+
+Event = (
+    VersionSeen
+    | EngineConfigObserved
+    | KvCacheCapacity
+    | MemoryProfile
+    | SchedulerStats
+    | Preemption
+    | PreemptionCount
+    | KvCacheTooSmall
+    | NoCacheMemory
+    | InsufficientFreeMemory
+    | OutOfMemory
+    | EngineFailure
+    | NcclError
+    | ExceptionRaised
+    | ConfigRejected
+    | ServerReady
+    | UnknownFlag
+    | VllmMetricsSample
+    | GpuSample
+)
+
+EVENT_KINDS: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
+        Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
+        OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady,
+        UnknownFlag, VllmMetricsSample, GpuSample,
+    )
+}

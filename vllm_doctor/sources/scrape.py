@@ -1,0 +1,348 @@
+"""Scrape vLLM's own Prometheus ``/metrics`` into :class:`vllm_doctor.events.VllmMetricsSample`.
+
+On V1 engines /metrics is the only source of preemptions (their logs print none). The text
+is parsed with ``prometheus_client.parser.text_string_to_metric_families``; names and their
+renames across versions (``/work/shared/reference/vllm-log-formats.md`` section 6, read from
+vLLM's ``engine/metrics.py`` (V0) and ``v1/metrics/loggers.py`` (V1)):
+
+================================  ===========================  ==============================
+field                             exposed name(s), newest first  versions
+================================  ===========================  ==============================
+num_running                       ``vllm:num_requests_running``  V0 0.3.3–0.10.2, V1 0.7.3+
+num_waiting                       ``vllm:num_requests_waiting``  V0 0.3.3–0.10.2, V1 0.7.3+
+num_swapped                       ``vllm:num_requests_swapped``  V0 only (0.3.3–0.9.0)
+kv_cache_usage_ratio              ``vllm:kv_cache_usage_perc``,  0.9.2+; the old name until
+                                  ``vllm:gpu_cache_usage_perc``  0.11 (hidden), gone 0.12
+num_preemptions_total             ``vllm:num_preemptions_total`` V0 0.4.3+, V1 0.8.0+
+prompt/generation_tokens_total    ``vllm:prompt_tokens_total``,  all versions
+                                  ``vllm:generation_tokens_total``
+ttft_*                            ``vllm:time_to_first_token_seconds_{bucket,count,sum}``
+cache_config                      ``vllm:cache_config_info`` labels (V0 0.6+, V1 0.8+)
+prefix cache (hit ratio)          ``vllm:prefix_cache_{queries,hits}_total`` (0.9.2+),
+                                  ``vllm:gpu_prefix_cache_{queries,hits}_total`` (V1 ≤0.11)
+================================  ===========================  ==============================
+
+Series are summed over their labels (``engine`` for data parallel, ``model_name``), except
+the usage ratio, which is averaged. A value that cannot be true (negative or NaN anywhere,
+a usage ratio above 1; vllm-ascend 0.20 printed ``kv_cache_usage_perc -0.39``) is counted
+in ``rejected_values`` and left out, never exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_doctor.events import Meta, VllmMetricsSample
+
+log = logging.getLogger(__name__)
+
+#: exposed sample name -> (field, priority): a lower priority number wins when both appear.
+SAMPLE_FIELDS: dict[str, tuple[str, int]] = {
+    "vllm:num_requests_running": ("num_running", 0),
+    "vllm:num_requests_waiting": ("num_waiting", 0),
+    "vllm:num_requests_swapped": ("num_swapped", 0),
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage_ratio", 0),
+    "vllm:gpu_cache_usage_perc": ("kv_cache_usage_ratio", 1),
+    "vllm:num_preemptions_total": ("num_preemptions_total", 0),
+    "vllm:prompt_tokens_total": ("prompt_tokens_total", 0),
+    "vllm:generation_tokens_total": ("generation_tokens_total", 0),
+    "vllm:time_to_first_token_seconds_count": ("ttft_count", 0),
+    "vllm:time_to_first_token_seconds_sum": ("ttft_sum", 0),
+    "vllm:prefix_cache_queries_total": ("prefix_cache_queries_total", 0),
+    "vllm:gpu_prefix_cache_queries_total": ("prefix_cache_queries_total", 1),
+    "vllm:prefix_cache_hits_total": ("prefix_cache_hits_total", 0),
+    "vllm:gpu_prefix_cache_hits_total": ("prefix_cache_hits_total", 1),
+}
+RATIO_FIELDS = {"kv_cache_usage_ratio"}
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+CACHE_CONFIG = "vllm:cache_config_info"
+_SAMPLE_KW = {"num_running", "num_waiting", "num_swapped", "kv_cache_usage_ratio",
+              "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+              "ttft_count", "ttft_sum"}
+
+
+@dataclass
+class ParsedMetrics:
+    """What one /metrics text held: the event, plus values the event has no field for.
+
+    prefix_cache_queries_total / prefix_cache_hits_total: counters (None when absent).
+    bad_lines: lines the text parser could not read (skipped).
+    """
+
+    sample: VllmMetricsSample
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    bad_lines: int = 0
+
+
+def _valid(fld: str, value: float) -> bool:
+    if math.isnan(value) or value < 0:
+        return False
+    if fld in RATIO_FIELDS and value > 1.0 + 1e-9:
+        return False
+    return not math.isinf(value)
+
+
+def _families(text: str) -> tuple[list, int]:
+    """Parse the whole text; when a line is malformed (a paste, a proxy's banner, a torn
+    response), parse line by line and skip the bad ones. Returns (samples, bad_lines)."""
+    try:
+        return [s for fam in text_string_to_metric_families(text) for s in fam.samples], 0
+    except (ValueError, TypeError, IndexError, KeyError):
+        pass
+    samples, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            for fam in text_string_to_metric_families(line + "\n"):
+                samples.extend(fam.samples)
+        except (ValueError, TypeError, IndexError, KeyError):
+            # a fragment may still hold a sample after junk ("...0# HELP x" from a curl paste)
+            bad += 1
+    return samples, bad
+
+
+def parse_metrics(text: str, now: float | None = None, source: str = "metrics") -> ParsedMetrics:
+    """Parse one /metrics text into a :class:`ParsedMetrics`. Never raises on bad content.
+
+    now: epoch seconds stamped on the event (time.time() by default).
+    """
+    samples, bad = _families(text)
+    values: dict[str, tuple[int, list[float]]] = {}
+    buckets: dict[float, float] = {}
+    cache_config: dict[str, str] = {}
+    rejected = 0
+    for s in samples:
+        name = s.name
+        if name == TTFT_BUCKET:
+            try:
+                le = float(s.labels.get("le", "nan"))
+            except ValueError:
+                rejected += 1
+                continue
+            if math.isnan(le) or not _valid("bucket", s.value):
+                rejected += 1
+                continue
+            buckets[le] = buckets.get(le, 0.0) + s.value
+            continue
+        if name == CACHE_CONFIG:
+            for k, v in sorted(s.labels.items()):
+                if k not in ("engine", "model_name"):
+                    cache_config.setdefault(k, v)
+            continue
+        spec = SAMPLE_FIELDS.get(name)
+        if spec is None:
+            continue
+        fld, prio = spec
+        if not _valid(fld, s.value):
+            rejected += 1
+            log.debug("dropping impossible value %s%s = %r", name, s.labels, s.value)
+            continue
+        have = values.get(fld)
+        if have is None or prio < have[0]:
+            values[fld] = (prio, [s.value])
+        elif prio == have[0]:
+            have[1].append(s.value)
+    agg: dict[str, float] = {}
+    for fld, (_, vals) in values.items():
+        agg[fld] = sum(vals) / len(vals) if fld in RATIO_FIELDS else sum(vals)
+    sample = VllmMetricsSample(
+        meta=Meta(source=source, ts=time.time() if now is None else now),
+        ttft_buckets=tuple(sorted(buckets.items())),
+        cache_config=tuple(sorted(cache_config.items())),
+        rejected_values=rejected,
+        **{k: v for k, v in agg.items() if k in _SAMPLE_KW},
+    )
+    return ParsedMetrics(sample, agg.get("prefix_cache_queries_total"),
+                         agg.get("prefix_cache_hits_total"), bad)
+
+
+def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...] | list) -> float | None:
+    """Prometheus' ``histogram_quantile``: q in [0, 1] over cumulative (le, count) buckets,
+    linear interpolation inside the bucket; the last finite bound when the rank falls in
+    ``+Inf``. None when the histogram is empty."""
+    bs = sorted(buckets)
+    if not bs or bs[-1][1] <= 0:
+        return None
+    total = bs[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in bs:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+class HistogramWindow:
+    """Quantiles of a cumulative histogram over the last ``window_seconds``, like
+    ``histogram_quantile(q, rate(h[window]))``: the newest snapshot minus the newest one at
+    least ``window_seconds`` old (or the oldest kept). A counter reset (vLLM restarted)
+    restarts the window."""
+
+    def __init__(self, window_seconds: float = 300.0) -> None:
+        self.window_seconds = window_seconds
+        self._snaps: deque[tuple[float, tuple[tuple[float, float], ...]]] = deque()
+
+    def add(self, t: float, buckets: tuple[tuple[float, float], ...]) -> None:
+        """Record a scrape's buckets at monotonic time t."""
+        if not buckets:
+            return
+        if self._snaps and _is_reset(self._snaps[-1][1], buckets):
+            self._snaps.clear()
+        self._snaps.append((t, buckets))
+        while len(self._snaps) > 2 and self._snaps[1][0] <= t - self.window_seconds:
+            self._snaps.popleft()
+
+    def delta(self) -> tuple[tuple[float, float], ...]:
+        """Bucket counts observed within the window (the newest snapshot alone when only one)."""
+        if not self._snaps:
+            return ()
+        new = self._snaps[-1][1]
+        if len(self._snaps) == 1:
+            return new
+        old = dict(self._snaps[0][1])
+        return tuple((le, c - old.get(le, 0.0)) for le, c in new)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (seconds) over the window; None with no observation in it."""
+        return histogram_quantile(q, self.delta())
+
+
+def _is_reset(old, new) -> bool:
+    o = dict(old)
+    return any(c < o.get(le, 0.0) for le, c in new)
+
+
+@dataclass
+class ScrapeStats:
+    """Health of the scraper: ``up`` after a successful scrape, ``errors`` (HTTP, timeouts,
+    refused), ``rejected_values`` (impossible values dropped), ``bad_lines``."""
+
+    up: bool = False
+    scrapes: int = 0
+    errors: int = 0
+    rejected_values: int = 0
+    bad_lines: int = 0
+    last_ok_at: float | None = None  # time.monotonic()
+    last_error: str | None = None
+
+
+@dataclass
+class _Window:
+    ttft: HistogramWindow
+    prefix: deque = field(default_factory=deque)
+
+
+class MetricsScraper:
+    """Poll vLLM's /metrics every ``interval`` seconds in a background thread.
+
+    url: e.g. ``http://127.0.0.1:8000/metrics``.
+    on_sample(VllmMetricsSample): called with each good scrape (from the scraper thread).
+    window_seconds: the TTFT / prefix-cache window (rules' ``prefill-blocking`` uses 5 min).
+    The latest TTFT p50/p99 and prefix cache hit ratio over the window are kept in
+    :attr:`ttft_quantiles` and :attr:`prefix_cache_hit_ratio`.
+    """
+
+    def __init__(self, url: str, on_sample: Callable[[VllmMetricsSample], None], *,
+                 interval: float = 5.0, timeout: float = 2.0, window_seconds: float = 300.0) -> None:
+        self.url = url
+        self.on_sample = on_sample
+        self.interval = interval
+        self.timeout = timeout
+        self.stats = ScrapeStats()
+        self.ttft_quantiles: dict[str, float] = {}
+        self.prefix_cache_hit_ratio: float | None = None
+        self._w = _Window(HistogramWindow(window_seconds))
+        self._window_seconds = window_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client = None
+
+    def scrape_once(self) -> VllmMetricsSample | None:
+        """Fetch and parse once; update stats and windows; call on_sample. Never raises."""
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=True,
+                                        headers={"Accept": "text/plain"})
+        self.stats.scrapes += 1
+        try:
+            resp = self._client.get(self.url)
+            resp.raise_for_status()
+            text = resp.text
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed scrape
+            self.stats.errors += 1
+            self.stats.up = False
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            log.debug("scrape %s failed: %s", self.url, exc)
+            return None
+        try:
+            parsed = parse_metrics(text)
+        except Exception as exc:  # noqa: BLE001 - parse_metrics should not raise; be sure
+            self.stats.errors += 1
+            self.stats.last_error = f"parse: {exc}"[:300]
+            return None
+        self._account(parsed)
+        try:
+            self.on_sample(parsed.sample)
+        except Exception:  # noqa: BLE001 - a sink failure must not stop scraping
+            log.exception("on_sample failed")
+        return parsed.sample
+
+    def _account(self, parsed: ParsedMetrics) -> None:
+        now = time.monotonic()
+        s = parsed.sample
+        self.stats.up = True
+        self.stats.last_ok_at = now
+        self.stats.rejected_values += s.rejected_values
+        self.stats.bad_lines += parsed.bad_lines
+        self._w.ttft.add(now, s.ttft_buckets)
+        q = {}
+        for label, qq in (("0.5", 0.5), ("0.99", 0.99)):
+            v = self._w.ttft.quantile(qq)
+            if v is not None:
+                q[label] = v
+        self.ttft_quantiles = q
+        if parsed.prefix_cache_queries_total is not None and parsed.prefix_cache_hits_total is not None:
+            pw = self._w.prefix
+            if pw and parsed.prefix_cache_queries_total < pw[-1][1]:
+                pw.clear()  # counter reset
+            pw.append((now, parsed.prefix_cache_queries_total, parsed.prefix_cache_hits_total))
+            while len(pw) > 2 and pw[1][0] <= now - self._window_seconds:
+                pw.popleft()
+            base = pw[0] if len(pw) > 1 else (now, 0.0, 0.0)
+            dq, dh = pw[-1][1] - base[1], pw[-1][2] - base[2]
+            self.prefix_cache_hit_ratio = (dh / dq) if dq > 0 else None
+
+    def start(self) -> None:
+        """Start the background thread (first scrape immediately)."""
+        self._thread = threading.Thread(target=self._run, name="vllm-doctor-scrape", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and close the HTTP client."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.scrape_once()
+            self._stop.wait(self.interval)

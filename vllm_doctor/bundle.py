@@ -1,0 +1,712 @@
+"""The monitoring bundle: Prometheus alerting rules, the PrometheusRule object and the Grafana
+dashboard, generated from one source so an installed package can print them
+(``vllm-doctor export alerts|dashboards|prometheus-rule`` calls :func:`export`).
+
+Why the definitions live here and not in ``alerts/`` or ``dashboards/``: a user who only
+``pip install``-ed vllm-doctor has no checkout, yet must get the same rules and dashboards.
+The repository files are the generated output, committed so they can be reviewed and mounted
+as they are (``alerts/vllm-doctor.rules.yaml``, ``dashboards/out/*.json``,
+``deploy/kubernetes/base/generated/*``); ``python -m vllm_doctor.bundle --write`` regenerates
+them, and the tests fail when a committed file differs from what this module generates.
+``dashboards/vllm-doctor.dashboard.py`` is the grafanalib entry point
+(``generate-dashboard``) and builds the dashboard through this module.
+
+Every threshold comes from ``rules/thresholds.yaml`` (the file the rules of ``diagnose`` read), so
+the alerts and the rules cannot drift apart. The few alert-only knobs (``for:`` durations, the
+GPU-full horizon) are constants below, each with the reason for its value.
+
+Units, because the alerts in circulation get them wrong:
+
+* ``increase(counter[5m]) >= 5`` is 5 preemptions per five minutes; ``rate(counter[5m]) > 5``
+  would be 5 per *second* (1,500 per five minutes).
+* ``deriv(gauge[1h]) * 3600`` is bytes per hour; ``derivative()`` is not a PromQL function.
+* KV cache usage is ``vllm_kv_cache_usage_ratio`` (0..1); running sequences divided by KV cache
+  tokens is sequences per token, not a usage.
+* vLLM's counter is ``vllm:num_preemptions_total``; ``vllm:num_preemptions`` does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RUNBOOK_BASE_URL = "https://github.com/vllm-doctor/vllm-doctor/blob/main/docs/runbooks"
+"""Where ``runbook_url`` points; the runbooks are ``docs/runbooks/<name>.md`` in the repository."""
+
+DOCTOR_JOB = "vllm-doctor"
+"""The Prometheus ``job`` label of the sidecar's scrape (compose, the PodMonitor, the e2e test)."""
+
+# Alert-only knobs (not thresholds of a diagnosis, so not in rules/thresholds.yaml).
+FOR_SATURATION = "2m"  # KV cache full with a queue: ignore one busy burst, page within minutes.
+FOR_SIDECAR = "2m"  # sidecar or one of its sources down: two scrape failures in a row are noise.
+GPU_FULL_HORIZON_SECONDS = 4 * 3600  # page when GPU memory will be full within four hours
+LEAK_SUSTAIN_FRACTION = 4  # the slope must hold over window/4 too: a start-up step is not a leak
+FOR_LEAK = "20m"  # longer than window/4 so a step (which leaves the short window) never fires
+OOM_LOOKBACK = "10m"  # an OOM stays an alert this long (the pod restarts in between)
+
+THRESHOLDS_FILENAME = "thresholds.yaml"
+
+KINDS = ("alerts", "dashboards", "prometheus-rule")
+
+
+# --------------------------------------------------------------------------------------------
+# thresholds
+# --------------------------------------------------------------------------------------------
+
+def thresholds_path() -> Path:
+    """``rules/thresholds.yaml``: in a checkout beside the package, else the package data copy."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "rules" / THRESHOLDS_FILENAME,
+                      here / "data" / "rules" / THRESHOLDS_FILENAME):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{THRESHOLDS_FILENAME} not found beside {here}")
+
+
+def load_thresholds(path: Path | None = None) -> dict[str, float]:
+    """The ``value`` of every key of rules/thresholds.yaml."""
+    raw = yaml.safe_load((path or thresholds_path()).read_text())
+    return {key: entry["value"] for key, entry in raw.items()}
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration for a number of seconds: 300 -> ``5m``, 3600 -> ``1h``, 90 -> ``90s``."""
+    seconds = int(seconds)
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {seconds}")
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _num(value: float) -> str:
+    """A threshold as PromQL writes it: 5 -> ``5``, 0.95 -> ``0.95``."""
+    return repr(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# --------------------------------------------------------------------------------------------
+# alerts
+# --------------------------------------------------------------------------------------------
+
+# Where an alert happened: the pod under Kubernetes, else the scrape target.
+WHERE = "{{ with $labels.pod }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
+
+# Alerts that are symptoms: silenced (Alertmanager inhibition) while VllmEngineDead fires.
+SYMPTOM_ALERTS = (
+    "VllmPreemptionStorm",
+    "VllmKvCacheSaturated",
+    "VllmKvCapacityBound",
+    "VllmTtftP99High",
+    "VllmDoctorFinding",
+    "VllmDoctorSourceDown",
+    "VllmDoctorLogStale",
+)
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str  # CamelCase alertname (kubernetes-mixin convention)
+    runbook: str  # docs/runbooks/<runbook>.md
+    rule: str  # the vllm-doctor rule (or "vllm-doctor" for the sidecar) it belongs to
+    severity: str  # critical | warning | info, or a template taken from the series
+    expr: str
+    summary: str
+    description: str
+    for_: str | None = None
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+    def to_rule(self, runbook_base: str) -> dict[str, Any]:
+        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr}
+        if self.for_:
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": self.severity, "rule": self.rule, **self.extra_labels}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{runbook_base}/{self.runbook}.md",
+        }
+        return rule
+
+
+def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert]]:
+    """The alerts by group name, every threshold taken from ``t`` (rules/thresholds.yaml)."""
+    t = t or load_thresholds()
+    pre_w = duration(t["preemption_window_seconds"])
+    cap_w = duration(t["kv_capacity_window_seconds"])
+    leak_w = duration(t["memory_leak_window_seconds"])
+    leak_short = duration(t["memory_leak_window_seconds"] / LEAK_SUSTAIN_FRACTION)
+    stale_w = duration(t["log_stale_seconds"])
+    full = _num(t["kv_cache_full_ratio"])
+    waiting = _num(t["waiting_min"])
+    growth = _num(t["memory_leak_min_growth_bytes_per_hour"])
+    target = _num(t["ttft_p99_target_seconds"])
+    far_below = _num(t["kv_capacity_far_below_ratio"])
+    storm = _num(t["preemption_storm_min"])
+    target_on = "on(job, instance)"
+
+    vllm = [
+        Alert(
+            name="VllmPreemptionStorm",
+            runbook="vllm-preemption-storm",
+            rule="preemption-storm",
+            severity="warning",
+            # increase() over the window: a count per window, robust to counter resets.
+            expr=f"increase(vllm_preemptions_total[{pre_w}]) >= {storm}",
+            summary=f"vLLM on {WHERE} preempted {{{{ $value | printf \"%.0f\" }}}} requests in {pre_w}",
+            description=(
+                f"{{{{ $value | printf \"%.0f\" }}}} preemptions in the last {pre_w} on {WHERE} "
+                f"(storm: {storm} or more per {pre_w}). The KV cache runs out of blocks, so "
+                "running requests are evicted and recomputed: throughput drops and latency "
+                "spikes. Give the KV cache more memory (--gpu-memory-utilization) or admit "
+                "fewer sequences (--max-num-seqs, --max-num-batched-tokens)."
+            ),
+        ),
+        Alert(
+            name="VllmKvCacheSaturated",
+            runbook="vllm-kv-cache-saturated",
+            rule="kv-cache-saturated",
+            severity="warning",
+            expr=(
+                f"vllm_kv_cache_usage_ratio >= {full}\n"
+                f"and {target_on} sum by (job, instance) (vllm_pending_sequences) >= {waiting}"
+            ),
+            for_=FOR_SATURATION,
+            summary=f"vLLM KV cache on {WHERE} is {{{{ $value | humanizePercentage }}}} full with requests waiting",
+            description=(
+                f"GPU KV cache usage is {{{{ $value | humanizePercentage }}}} on {WHERE} "
+                f"(full at {full}) while requests wait in the queue, for {FOR_SATURATION}. "
+                "New requests cannot be admitted until blocks free up; time to first token "
+                "grows with the queue."
+            ),
+        ),
+        Alert(
+            name="VllmKvCapacityBound",
+            runbook="vllm-kv-capacity-bound",
+            rule="kv-capacity-bound",
+            severity="warning",
+            expr=(
+                f"max_over_time(vllm_running_sequences[{cap_w}])\n"
+                f"  < {target_on} group_left() ({far_below} * max by (job, instance) (vllm_max_num_seqs))\n"
+                f"and {target_on} min by (job, instance) (min_over_time(vllm_pending_sequences[{cap_w}])) >= {waiting}\n"
+                f"and {target_on} max by (job, instance) (max_over_time(vllm_kv_cache_usage_ratio[{cap_w}])) >= {full}"
+            ),
+            summary=f"vLLM on {WHERE} runs at most {{{{ $value | printf \"%.0f\" }}}} sequences: bound by KV cache capacity",
+            description=(
+                f"Over {cap_w} on {WHERE}, running sequences peaked at {{{{ $value | printf \"%.0f\" }}}}, "
+                f"below {far_below} x --max-num-seqs, while requests waited the whole time and the "
+                "KV cache was full. Concurrency is limited by KV cache blocks, not by "
+                "--max-num-seqs: raise --gpu-memory-utilization, lower --max-model-len, use "
+                "--kv-cache-dtype fp8 or add tensor parallelism."
+            ),
+        ),
+        Alert(
+            name="VllmTtftP99High",
+            runbook="vllm-ttft-p99-high",
+            rule="prefill-blocking",
+            severity="warning",
+            expr=f'vllm_time_to_first_token_seconds{{quantile="0.99"}} > {target}',
+            for_=duration(t["prefill_window_seconds"]),
+            summary=f"vLLM TTFT p99 on {WHERE} is {{{{ $value | humanizeDuration }}}}",
+            description=(
+                f"Time to first token p99 is {{{{ $value | humanizeDuration }}}} on {WHERE}, above "
+                f"the {target} s target for {duration(t['prefill_window_seconds'])}. Long prompts "
+                "block the scheduler or requests queue for KV cache: see "
+                "--enable-chunked-prefill, --max-num-batched-tokens and the KV cache alerts."
+            ),
+        ),
+        Alert(
+            name="VllmGpuMemoryGrowth",
+            runbook="vllm-gpu-memory-growth",
+            rule="gpu-memory-leak",
+            severity="warning",
+            # deriv() is per second; * 3600 gives bytes per hour, the unit of the threshold.
+            # The short window keeps a start-up allocation step (flat afterwards) from firing.
+            expr=(
+                f"deriv(gpu_memory_used_bytes[{leak_w}]) * 3600 > {growth}\n"
+                f"and deriv(gpu_memory_used_bytes[{leak_short}]) * 3600 > {growth}"
+            ),
+            for_=FOR_LEAK,
+            summary=f"GPU {{{{ $labels.gpu }}}} memory on {WHERE} grows {{{{ $value | humanize1024 }}}}B per hour",
+            description=(
+                f"GPU {{{{ $labels.gpu }}}} memory used on {WHERE} has grown "
+                f"{{{{ $value | humanize1024 }}}}B per hour over the last {leak_w} (leak threshold "
+                f"{int(t['memory_leak_min_growth_bytes_per_hour']) // 2**20} MiB/h). vLLM allocates "
+                "its memory at start-up; steady growth afterwards is a leak (often CUDA graphs, "
+                "a LoRA or multimodal cache, or another process on the GPU)."
+            ),
+        ),
+        Alert(
+            name="VllmGpuMemoryFullSoon",
+            runbook="vllm-gpu-memory-full-soon",
+            rule="gpu-memory-leak",
+            severity="critical",
+            # Value: seconds until full at the current slope; predict_linear() decides.
+            expr=(
+                f"(gpu_memory_total_bytes - gpu_memory_used_bytes) / deriv(gpu_memory_used_bytes[{leak_w}])\n"
+                f"and predict_linear(gpu_memory_used_bytes[{leak_w}], {GPU_FULL_HORIZON_SECONDS}) > gpu_memory_total_bytes\n"
+                f"and deriv(gpu_memory_used_bytes[{leak_short}]) > 0"
+            ),
+            for_="10m",
+            summary=f"GPU {{{{ $labels.gpu }}}} memory on {WHERE} will be full in {{{{ $value | humanizeDuration }}}}",
+            description=(
+                f"At the growth of the last {leak_w}, GPU {{{{ $labels.gpu }}}} on {WHERE} runs out "
+                f"of memory in {{{{ $value | humanizeDuration }}}} (predict_linear over {leak_w}, "
+                f"horizon {duration(GPU_FULL_HORIZON_SECONDS)}). vLLM will fail with CUDA out of "
+                "memory; plan a restart and find the leak."
+            ),
+        ),
+        Alert(
+            name="VllmOutOfMemory",
+            runbook="vllm-out-of-memory",
+            rule="out-of-memory",
+            severity="critical",
+            # The second branch catches a counter first seen already above zero (an OOM at
+            # start-up, before the first scrape), which increase() cannot see.
+            expr=(
+                f"increase(vllm_oom_events_total[{OOM_LOOKBACK}]) > 0\n"
+                f"or (vllm_oom_events_total > 0 unless vllm_oom_events_total offset {OOM_LOOKBACK})"
+            ),
+            summary=f"vLLM on {WHERE} ran out of GPU memory",
+            description=(
+                f"vLLM on {WHERE} logged CUDA out of memory ({{{{ $value | printf \"%.0f\" }}}} in "
+                f"the last {OOM_LOOKBACK}). At start-up: the weights, activations and KV cache do "
+                "not fit (--gpu-memory-utilization, --max-model-len, --max-num-seqs, "
+                "--tensor-parallel-size). At run time: another process took memory, or "
+                "--gpu-memory-utilization leaves too little headroom."
+            ),
+        ),
+        Alert(
+            name="VllmEngineDead",
+            runbook="vllm-engine-dead",
+            rule="engine-dead",
+            severity="critical",
+            expr='vllm_doctor_finding_active{name="engine-dead"} == 1',
+            summary=f"vLLM engine on {WHERE} is dead",
+            description=(
+                f"vllm-doctor saw the vLLM engine die on {WHERE} (EngineDeadError or the engine "
+                "process's traceback). Every request fails until vLLM restarts. Symptom alerts of "
+                "this pod are inhibited while this fires."
+            ),
+        ),
+        Alert(
+            name="VllmDoctorFinding",
+            runbook="vllm-doctor-finding",
+            rule="{{ $labels.name }}",
+            severity="{{ $labels.severity }}",
+            # engine-dead has its own alert above.
+            expr='vllm_doctor_finding_active{name!="engine-dead"} == 1',
+            summary=f"vllm-doctor: {{{{ $labels.rule_id }}}} {{{{ $labels.name }}}} on {WHERE}",
+            description=(
+                f"vllm-doctor's rule {{{{ $labels.rule_id }}}} ({{{{ $labels.name }}}}) is active on "
+                f"{WHERE}. The finding, its evidence and the vLLM flags to change are on the "
+                "sidecar's page (/) and at /api/findings; `vllm-doctor explain "
+                "{{ $labels.rule_id }}` describes the rule."
+            ),
+        ),
+    ]
+
+    sidecar = [
+        Alert(
+            name="VllmDoctorDown",
+            runbook="vllm-doctor-down",
+            rule="vllm-doctor",
+            severity="warning",
+            expr=f'up{{job="{DOCTOR_JOB}"}} == 0',
+            for_=FOR_SIDECAR,
+            summary=f"vllm-doctor sidecar on {WHERE} is down",
+            description=(
+                f"Prometheus cannot scrape vllm-doctor on {WHERE} (up == {{{{ $value }}}}) for "
+                f"{FOR_SIDECAR}: the vLLM alerts of this pod are blind."
+            ),
+        ),
+        Alert(
+            name="VllmDoctorSourceDown",
+            runbook="vllm-doctor-source-down",
+            rule="vllm-doctor",
+            severity="warning",
+            expr="vllm_doctor_source_up == 0",
+            for_=FOR_SIDECAR,
+            summary=f"vllm-doctor on {WHERE} lost its {{{{ $labels.source }}}} source",
+            description=(
+                f"vllm-doctor on {WHERE} reports its {{{{ $labels.source }}}} source down "
+                f"(vllm_doctor_source_up == {{{{ $value }}}}) for {FOR_SIDECAR}: vLLM's /metrics "
+                "unreachable, the log file missing, or NVML unavailable."
+            ),
+        ),
+        Alert(
+            name="VllmDoctorLogStale",
+            runbook="vllm-doctor-log-stale",
+            rule="vllm-doctor",
+            severity="warning",
+            # vLLM prints a stats line every 5-10 s while it has requests; silence while busy
+            # means the log no longer reaches the sidecar.
+            expr=(
+                f"sum by (job, instance, namespace, pod) (increase(vllm_doctor_log_lines_total[{stale_w}])) == 0\n"
+                f"and {target_on} sum by (job, instance) (vllm_running_sequences) > 0"
+            ),
+            summary=f"vllm-doctor on {WHERE} reads no vLLM log line while vLLM is busy",
+            description=(
+                f"No new vLLM log line reached vllm-doctor on {WHERE} in {stale_w} while vLLM "
+                "runs requests (it logs stats every few seconds then). Check "
+                "VLLM_LOGGING_CONFIG_PATH, the shared log volume and --log."
+            ),
+        ),
+    ]
+    return {"vllm-doctor.vllm": vllm, "vllm-doctor.sidecar": sidecar}
+
+
+def alert_groups(runbook_base: str = RUNBOOK_BASE_URL, t: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    return [
+        {"name": group, "rules": [a.to_rule(runbook_base) for a in alerts]}
+        for group, alerts in alert_definitions(t).items()
+    ]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (PromQL stays readable), no aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:  # noqa: D401
+        return True
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def _dump(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+
+
+GENERATED_HEADER = (
+    "# GENERATED by `python -m vllm_doctor.bundle --write` from vllm_doctor/bundle.py and\n"
+    "# rules/thresholds.yaml. Do not edit: change those and regenerate (tests check).\n"
+)
+
+
+def alerts_yaml(runbook_base: str = RUNBOOK_BASE_URL) -> str:
+    """The Prometheus rule file (``rule_files:``) with every alert."""
+    return GENERATED_HEADER + _dump({"groups": alert_groups(runbook_base)})
+
+
+def prometheus_rule_yaml(runbook_base: str = RUNBOOK_BASE_URL, name: str = "vllm-doctor") -> str:
+    """The same groups as a prometheus-operator ``PrometheusRule`` object."""
+    obj = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "vllm-doctor",
+                "app.kubernetes.io/part-of": "vllm-doctor",
+            },
+        },
+        "spec": {"groups": alert_groups(runbook_base)},
+    }
+    return GENERATED_HEADER + _dump(obj)
+
+
+# --------------------------------------------------------------------------------------------
+# dashboards (grafanalib)
+# --------------------------------------------------------------------------------------------
+
+DASHBOARD_UID = "vllm-doctor"
+SEL = 'namespace=~"$namespace", pod=~"$pod"'
+GPU_SEL = SEL + ', gpu=~"$gpu"'
+
+
+def dashboard(t: dict[str, float] | None = None):
+    """The vLLM dashboard (grafanalib ``Dashboard``); templated by namespace, pod and GPU."""
+    from grafanalib.core import (
+        GridPos,
+        RowPanel,
+        Table,
+        Target,
+        Template,
+        Templating,
+        Text,
+        Threshold,
+        TimeSeries,
+        Dashboard,
+    )
+
+    t = t or load_thresholds()
+    ds = {"type": "prometheus", "uid": "${datasource}"}
+    pre_w = duration(t["preemption_window_seconds"])
+    leak_w = duration(t["memory_leak_window_seconds"])
+
+    def target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series") -> Target:
+        return Target(expr=expr, legendFormat=legend, refId=ref, datasource=ds, instant=instant, format=fmt)
+
+    def series(title, targets, pos, unit="", description="", thresholds=None, min_=None, max_=None):
+        kw: dict[str, Any] = {}
+        if thresholds:
+            kw["thresholds"] = [Threshold("green", 0, 0.0)] + [
+                Threshold("red", i + 1, float(v)) for i, v in enumerate(thresholds)
+            ]
+            kw["thresholdsStyleMode"] = "line"
+        if min_ is not None:
+            kw["valueMin"] = min_
+        if max_ is not None:
+            kw["valueMax"] = max_
+        return TimeSeries(
+            title=title, dataSource=ds, targets=targets, gridPos=GridPos(*pos), unit=unit,
+            description=description, legendDisplayMode="table", legendCalcs=["lastNotNull", "max"],
+            tooltipMode="multi", **kw,
+        )
+
+    panels = [
+        RowPanel(title="KV cache and scheduling", gridPos=GridPos(1, 24, 0, 0)),
+        series(
+            "KV cache usage",
+            [
+                target(f"vllm_kv_cache_usage_ratio{{{SEL}}}", "{{pod}} (vllm-doctor)", "A"),
+                target(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{pod}} engine {{engine}} (vLLM >= 0.9.2)", "B"),
+                target(f"vllm:gpu_cache_usage_perc{{{SEL}}}", "{{pod}} (vLLM < 0.9.2)", "C"),
+            ],
+            (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]],
+            description="Fraction (0..1) of GPU KV cache blocks in use. Not running sequences "
+            "divided by KV cache tokens: that is sequences per token. vLLM's own gauge is a "
+            "ratio too, despite '_perc' in its name.",
+        ),
+        series(
+            "Running vs waiting vs limits",
+            [
+                target(f"vllm_running_sequences{{{SEL}}}", "{{pod}} running", "A"),
+                target(f"vllm_pending_sequences{{{SEL}}}", "{{pod}} waiting", "B"),
+                target(f"vllm_swapped_sequences{{{SEL}}}", "{{pod}} swapped (V0)", "C"),
+                target(f"vllm_max_num_seqs{{{SEL}}}", "{{pod}} --max-num-seqs", "D"),
+                target(f"vllm_max_concurrency{{{SEL}}}", "{{pod}} KV capacity (sequences of max_model_len)", "E"),
+            ],
+            (8, 12, 12, 1), unit="short", min_=0,
+            description="Running sequences flat well below --max-num-seqs while requests wait "
+            "means concurrency is bound by KV cache capacity.",
+        ),
+        series(
+            f"Preemptions per {pre_w}",
+            [
+                target(f"increase(vllm_preemptions_total{{{SEL}}}[{pre_w}])", "{{pod}}", "A"),
+                target(f"sum by (namespace, pod) (increase(vllm:num_preemptions_total{{{SEL}}}[{pre_w}]))",
+                       "{{pod}} (vLLM /metrics)", "B"),
+            ],
+            (8, 8, 0, 9), unit="short", min_=0, thresholds=[t["preemption_storm_min"]],
+            description=f"Preemptions counted over {pre_w} (increase, not rate: rate is per second). "
+            f"{_num(t['preemption_storm_min'])} or more is a storm.",
+        ),
+        series(
+            "Time to first token",
+            [
+                target(f'vllm_time_to_first_token_seconds{{{SEL}, quantile=~"0.5|0.99"}}',
+                       "{{pod}} p{{quantile}} (vllm-doctor)", "A"),
+                target(f"histogram_quantile(0.99, sum by (namespace, pod, le) "
+                       f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[$__rate_interval])))",
+                       "{{pod}} p99 (vLLM histogram)", "B"),
+                target(f"histogram_quantile(0.5, sum by (namespace, pod, le) "
+                       f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[$__rate_interval])))",
+                       "{{pod}} p50 (vLLM histogram)", "C"),
+            ],
+            (8, 8, 8, 9), unit="s", min_=0, thresholds=[t["ttft_p99_target_seconds"]],
+        ),
+        series(
+            "Prompt and generation throughput",
+            [
+                target(f"vllm_prompt_throughput_tokens_per_second{{{SEL}}}", "{{pod}} prompt", "A"),
+                target(f"vllm_generation_throughput_tokens_per_second{{{SEL}}}", "{{pod}} generation", "B"),
+                target(f"sum by (namespace, pod) (rate(vllm:prompt_tokens_total{{{SEL}}}[$__rate_interval]))",
+                       "{{pod}} prompt (vLLM /metrics)", "C"),
+                target(f"sum by (namespace, pod) (rate(vllm:generation_tokens_total{{{SEL}}}[$__rate_interval]))",
+                       "{{pod}} generation (vLLM /metrics)", "D"),
+            ],
+            (8, 8, 16, 9), unit="short", min_=0, description="Tokens per second.",
+        ),
+        RowPanel(title="GPU", gridPos=GridPos(1, 24, 0, 17)),
+        series(
+            "GPU memory",
+            [
+                target(f"gpu_memory_used_bytes{{{GPU_SEL}}}", "{{pod}} GPU {{gpu}} used", "A"),
+                target(f"gpu_memory_total_bytes{{{GPU_SEL}}}", "{{pod}} GPU {{gpu}} total", "B"),
+                target(f"sum by (namespace, pod, gpu, pid) (gpu_process_memory_used_bytes{{{GPU_SEL}}})",
+                       "{{pod}} GPU {{gpu}} pid {{pid}}", "C"),
+            ],
+            (8, 8, 0, 18), unit="bytes", min_=0,
+        ),
+        series(
+            "GPU memory slope (per hour)",
+            [target(f"deriv(gpu_memory_used_bytes{{{GPU_SEL}}}[{leak_w}]) * 3600", "{{pod}} GPU {{gpu}}", "A")],
+            (8, 8, 8, 18), unit="bytes", thresholds=[t["memory_leak_min_growth_bytes_per_hour"]],
+            description=f"deriv() over {leak_w}, scaled to bytes per hour. Sustained growth above "
+            "the line is a leak.",
+        ),
+        series(
+            "GPU utilization",
+            [
+                target(f"gpu_utilization_ratio{{{GPU_SEL}}}", "{{pod}} GPU {{gpu}}", "A"),
+            ],
+            (8, 8, 16, 18), unit="percentunit", min_=0, max_=1,
+        ),
+        RowPanel(title="Findings and the sidecar", gridPos=GridPos(1, 24, 0, 26)),
+        Table(
+            title="Active findings",
+            dataSource=ds,
+            targets=[target(f"vllm_doctor_finding_active{{{SEL}}} == 1", "", "A", instant=True, fmt="table")],
+            gridPos=GridPos(8, 16, 0, 27),
+            description="Rules of vllm-doctor active now. The fix (vLLM flags and values) of each "
+            "is on the sidecar's page and at /api/findings; `vllm-doctor explain RULE_ID`.",
+            transformations=[{
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True,
+                                      "endpoint": True, "container": True, "service": True},
+                    "indexByName": {"severity": 0, "rule_id": 1, "name": 2, "namespace": 3, "pod": 4},
+                },
+            }],
+            overrides=[{
+                "matcher": {"id": "byName", "options": "rule_id"},
+                "properties": [{"id": "links", "value": [{
+                    "title": "Runbook",
+                    "url": f"{RUNBOOK_BASE_URL}/vllm-doctor-finding.md",
+                }]}],
+            }],
+        ),
+        Text(
+            title="Fixes",
+            gridPos=GridPos(8, 8, 16, 27),
+            mode="markdown",
+            content=(
+                "Each finding names the vLLM flag to change with a value computed from what was "
+                "observed. Open the sidecar (`kubectl port-forward pod/POD 9401` then "
+                "http://127.0.0.1:9401/) or `curl :9401/api/findings`.\n\n"
+                "| rule | first flags to look at |\n|---|---|\n"
+                "| preemption-storm | `--gpu-memory-utilization`, `--max-num-seqs` |\n"
+                "| kv-capacity-bound | `--gpu-memory-utilization`, `--max-model-len`, `--kv-cache-dtype` |\n"
+                "| prefill-blocking | `--enable-chunked-prefill`, `--max-num-batched-tokens` |\n"
+                "| startup-oom | `--gpu-memory-utilization`, `--max-model-len`, `--tensor-parallel-size` |\n"
+                "| gpu-memory-leak | restart; `--enforce-eager` to rule out CUDA graphs |\n"
+            ),
+        ),
+        series(
+            "vllm-doctor: log lines and sources",
+            [
+                target(f"sum by (namespace, pod) (rate(vllm_doctor_log_lines_total{{{SEL}}}[$__rate_interval]))",
+                       "{{pod}} log lines/s", "A"),
+                target(f"sum by (namespace, pod) (rate(vllm_doctor_unparsed_lines_total{{{SEL}}}[$__rate_interval]))",
+                       "{{pod}} unparsed lines/s", "B"),
+                target(f"vllm_doctor_source_up{{{SEL}}}", "{{pod}} {{source}} up", "C"),
+                target(f"sum by (namespace, pod) (rate(vllm_doctor_scrape_errors_total{{{SEL}}}[$__rate_interval]))",
+                       "{{pod}} scrape errors/s", "D"),
+            ],
+            (8, 24, 0, 35), unit="short", min_=0,
+        ),
+    ]
+
+    def variable(name: str, query: str, label: str) -> Template:
+        return Template(
+            name=name, label=label, query=query, dataSource="${datasource}", includeAll=True,
+            multi=True, allValue=".*", default="$__all", refresh=2, sort=1,
+        )
+
+    templating = Templating(list=[
+        Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
+        variable("namespace", "label_values(vllm_doctor_build_info, namespace)", "Namespace"),
+        variable("pod", 'label_values(vllm_doctor_build_info{namespace=~"$namespace"}, pod)', "Pod"),
+        variable("gpu", 'label_values(gpu_memory_used_bytes{namespace=~"$namespace", pod=~"$pod"}, gpu)', "GPU"),
+    ])
+
+    return Dashboard(
+        title="vLLM (vllm-doctor)",
+        uid=DASHBOARD_UID,
+        description="vLLM serving health from vllm-doctor and vLLM's /metrics: KV cache, "
+        "scheduling, preemptions, latency, throughput, GPU memory and the active findings.",
+        tags=["vllm", "vllm-doctor"],
+        timezone="browser",
+        refresh="30s",
+        panels=panels,
+        templating=templating,
+        editable=True,
+    ).auto_panel_ids()
+
+
+def dashboards_json() -> dict[str, str]:
+    """File name -> dashboard JSON text (grafanalib's own encoder and layout)."""
+    from grafanalib._gen import write_dashboard
+
+    buf = io.StringIO()
+    write_dashboard(dashboard(), buf)
+    return {"vllm-doctor.json": buf.getvalue()}
+
+
+# --------------------------------------------------------------------------------------------
+# export and the generated files of the repository
+# --------------------------------------------------------------------------------------------
+
+def export(kind: str) -> str:
+    """The text of one generated artefact: ``alerts`` (a Prometheus rule file), ``dashboards``
+    (the Grafana dashboard JSON) or ``prometheus-rule`` (a prometheus-operator object)."""
+    if kind == "alerts":
+        return alerts_yaml()
+    if kind == "dashboards":
+        return "".join(dashboards_json().values())
+    if kind == "prometheus-rule":
+        return prometheus_rule_yaml()
+    raise ValueError(f"unknown export kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+def repo_files(root: Path) -> dict[Path, str]:
+    """Every generated file of the repository (relative path -> text)."""
+    files = {
+        Path("alerts/vllm-doctor.rules.yaml"): alerts_yaml(),
+        Path("deploy/kubernetes/base/generated/prometheusrule.yaml"): prometheus_rule_yaml(),
+    }
+    for name, text in dashboards_json().items():
+        files[Path("dashboards/out") / name] = text
+        files[Path("deploy/kubernetes/base/generated/dashboards") / name] = text
+    return files
+
+
+def write_repo_files(root: Path) -> list[Path]:
+    changed = []
+    for rel, text in repo_files(root).items():
+        path = root / rel
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(rel)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_doctor.bundle", description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", nargs="?", choices=KINDS, help="print one artefact")
+    parser.add_argument("--write", action="store_true", help="regenerate the repository's generated files")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is out of date")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    if args.write:
+        for rel in write_repo_files(root):
+            print(f"wrote {rel}")
+        return 0
+    if args.check:
+        stale = [str(rel) for rel, text in repo_files(root).items()
+                 if not (root / rel).exists() or (root / rel).read_text() != text]
+        for rel in stale:
+            print(f"out of date: {rel} (run python -m vllm_doctor.bundle --write)", file=sys.stderr)
+        return 1 if stale else 0
+    if not args.kind:
+        parser.error("give a kind, --write or --check")
+    sys.stdout.write(export(args.kind))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -292,8 +292,8 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             summary=f"vLLM engine on {WHERE} is dead",
             description=(
                 f"vllm-doctor saw the vLLM engine die on {WHERE} (EngineDeadError or the engine "
-                "process's traceback). Every request fails until vLLM restarts. Symptom alerts of "
-                "this pod are inhibited while this fires."
+                "process's traceback; vllm_doctor_finding_active = {{ $value }}). Every request "
+                "fails until vLLM restarts. Symptom alerts of this pod are inhibited while this fires."
             ),
         ),
         Alert(
@@ -306,7 +306,7 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             summary=f"vllm-doctor: {{{{ $labels.rule_id }}}} {{{{ $labels.name }}}} on {WHERE}",
             description=(
                 f"vllm-doctor's rule {{{{ $labels.rule_id }}}} ({{{{ $labels.name }}}}) is active on "
-                f"{WHERE}. The finding, its evidence and the vLLM flags to change are on the "
+                f"{WHERE} (vllm_doctor_finding_active = {{{{ $value }}}}). The finding, its evidence and the vLLM flags to change are on the "
                 "sidecar's page (/) and at /api/findings; `vllm-doctor explain "
                 "{{ $labels.rule_id }}` describes the rule."
             ),
@@ -349,13 +349,13 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             # vLLM prints a stats line every 5-10 s while it has requests; silence while busy
             # means the log no longer reaches the sidecar.
             expr=(
-                f"sum by (job, instance, namespace, pod) (increase(vllm_doctor_log_lines_total[{stale_w}])) == 0\n"
-                f"and {target_on} sum by (job, instance) (vllm_running_sequences) > 0"
+                "sum by (job, instance, namespace, pod) (vllm_running_sequences) > 0\n"
+                f"and {target_on} sum by (job, instance) (increase(vllm_doctor_log_lines_total[{stale_w}])) == 0"
             ),
             summary=f"vllm-doctor on {WHERE} reads no vLLM log line while vLLM is busy",
             description=(
                 f"No new vLLM log line reached vllm-doctor on {WHERE} in {stale_w} while vLLM "
-                "runs requests (it logs stats every few seconds then). Check "
+                "runs {{ $value }} requests (it logs stats every few seconds then). Check "
                 "VLLM_LOGGING_CONFIG_PATH, the shared log volume and --log."
             ),
         ),

@@ -1,0 +1,242 @@
+"""The alert rules and the Alertmanager example, checked with the real promtool and amtool.
+
+- alerts/vllm-doctor.rules.yaml is what vllm_doctor.bundle generates from rules/thresholds.yaml;
+- `promtool check rules` and `promtool test rules` pass; every alert fires in a unit test on a
+  series that should page and stays silent on one that should not;
+- the units mistakes of the alerts in circulation are shown to be mistakes with promtool itself;
+- every alert has a severity, a summary and a description with the value, a runbook that exists;
+- `amtool check-config` passes and `amtool config routes test` routes as documented.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from monitoring_support import ROOT, amtool, known_metrics, metric_names, promtool, run
+from vllm_doctor import bundle
+
+RULES = ROOT / "alerts" / "vllm-doctor.rules.yaml"
+UNIT_TESTS = ROOT / "alerts" / "tests" / "vllm-doctor.test.yaml"
+ALERTMANAGER = ROOT / "alerts" / "alertmanager.yml"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+RUNBOOK_SECTIONS = ("## What it means", "## How to confirm", "## What to change")
+
+
+def rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def alert_names() -> list[str]:
+    return [r["alert"] for r in rules()]
+
+
+# ------------------------------------------------------------------------------ generation
+
+def test_committed_rule_file_is_what_the_bundle_generates():
+    assert RULES.read_text() == bundle.export("alerts"), "run: python -m vllm_doctor.bundle --write"
+
+
+def test_thresholds_come_from_thresholds_yaml():
+    t = bundle.load_thresholds(ROOT / "rules" / "thresholds.yaml")
+    by_name = {r["alert"]: r["expr"] for r in rules()}
+    assert by_name["VllmPreemptionStorm"] == (
+        f"increase(vllm_preemptions_total[{bundle.duration(t['preemption_window_seconds'])}])"
+        f" >= {t['preemption_storm_min']}"
+    )
+    assert f">= {t['kv_cache_full_ratio']}" in by_name["VllmKvCacheSaturated"]
+    assert f"> {t['memory_leak_min_growth_bytes_per_hour']}" in by_name["VllmGpuMemoryGrowth"]
+    assert f"> {bundle._num(t['ttft_p99_target_seconds'])}" in by_name["VllmTtftP99High"]
+    assert f"{t['kv_capacity_far_below_ratio']} * max" in by_name["VllmKvCapacityBound"]
+    # A changed threshold changes the alert: nothing is written twice.
+    changed = dict(t, preemption_storm_min=7, preemption_window_seconds=600)
+    exprs = {a.name: a.expr for group in bundle.alert_definitions(changed).values() for a in group}
+    assert exprs["VllmPreemptionStorm"] == "increase(vllm_preemptions_total[10m]) >= 7"
+
+
+def test_duration_formatting():
+    assert [bundle.duration(s) for s in (300, 3600, 120, 90, 86400, 900)] == ["5m", "1h", "2m", "90s", "1d", "15m"]
+
+
+# ------------------------------------------------------------------------------ promtool
+
+def test_promtool_check_rules():
+    result = run([promtool(), "check", "rules", str(RULES)])
+    assert result.returncode == 0, result.stdout
+    assert f"SUCCESS: {len(alert_names())} rules found" in result.stdout
+
+
+def test_promtool_check_rules_on_the_prometheus_rule_object(tmp_path):
+    obj = yaml.safe_load(bundle.export("prometheus-rule"))
+    assert obj["kind"] == "PrometheusRule"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(obj["spec"]))
+    result = run([promtool(), "check", "rules", str(path)])
+    assert result.returncode == 0, result.stdout
+    assert obj["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def test_promtool_unit_tests_pass():
+    result = run([promtool(), "test", "rules", UNIT_TESTS.name], cwd=UNIT_TESTS.parent, timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_fires_and_stays_silent_in_the_unit_tests():
+    """For each alert: a case where it fires, and a series of the same test (an instance) on
+    which it does not fire, or an evaluation that expects no alert."""
+    doc = yaml.safe_load(UNIT_TESTS.read_text())
+    fires, silent = set(), set()
+    for group in doc["tests"]:
+        instances = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in group["input_series"]}
+        expected: dict[str, set[str]] = {}
+        for case in group.get("alert_rule_test", []):
+            name = case["alertname"]
+            exp = case.get("exp_alerts") or []
+            expected.setdefault(name, set()).update(a["exp_labels"]["instance"] for a in exp)
+            if exp:
+                fires.add(name)
+                for a in exp:
+                    assert "exp_annotations" in a, f"{name}: the test must check the annotations (the value)"
+            else:
+                silent.add(name)
+        silent.update(name for name, inst in expected.items() if instances - inst)
+    assert set(alert_names()) <= fires, f"never fires in a unit test: {set(alert_names()) - fires}"
+    assert set(alert_names()) <= silent, f"never shown silent: {set(alert_names()) - silent}"
+
+
+# ------------------------------------------------------------------------------ the mistakes
+
+STORM_SERIES = "vllm_preemptions_total"
+LABELS = {"job": "vllm-doctor", "instance": "a:9401", "pod": "p", "gpu": "0"}
+
+
+def _promtool_test(tmp_path: Path, expr: str, metric: str, values: str, eval_time: str, fires: bool) -> str:
+    """Run promtool's unit test for a one-alert rule file: expect it to fire or not."""
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
+        {"alert": "A", "expr": expr}]}]}))
+    series = metric + "{" + ", ".join(f'{k}="{v}"' for k, v in LABELS.items()) + "}"
+    exp = json.dumps([{"exp_labels": LABELS}]) if fires else "[]"
+    (tmp_path / "t.yaml").write_text(textwrap.dedent(f"""\
+        rule_files: [r.yaml]
+        tests:
+          - interval: 1m
+            input_series:
+              - series: '{series}'
+                values: '{values}'
+            alert_rule_test:
+              - eval_time: {eval_time}
+                alertname: A
+                exp_alerts: {exp}
+        """))
+    return run([promtool(), "test", "rules", "t.yaml"], cwd=tmp_path).stdout
+
+
+def test_rate_greater_than_5_is_per_second_and_misses_a_storm(tmp_path):
+    # 2 preemptions a minute = 10 per 5 minutes: our alert pages (unit test "storm").
+    out = _promtool_test(tmp_path, "rate(vllm_preemptions_total[5m]) > 5", STORM_SERIES, "0+2x20", "15m", fires=False)
+    assert "SUCCESS" in out, out  # the tuning note's alert stays silent on the storm
+    out = _promtool_test(tmp_path, "increase(vllm_preemptions_total[5m]) >= 5", STORM_SERIES, "0+2x20", "15m", fires=True)
+    assert "SUCCESS" in out, out
+    assert "rate(vllm_preemptions_total" not in RULES.read_text()
+
+
+def test_per_second_slope_against_a_per_hour_threshold_misses_a_leak(tmp_path):
+    leak = "gpu_memory_used_bytes"
+    values = "70000000000+10485760x180"  # 600 MiB per hour
+    out = _promtool_test(tmp_path, "deriv(gpu_memory_used_bytes[1h]) > 536870912", leak, values, "90m", fires=False)
+    assert "SUCCESS" in out, out
+    out = _promtool_test(tmp_path, "deriv(gpu_memory_used_bytes[1h]) * 3600 > 536870912", leak, values, "90m", fires=True)
+    assert "SUCCESS" in out, out
+
+
+def test_derivative_is_not_promql(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
+        {"alert": "Leak", "expr": "derivative(gpu_memory_used_bytes[1h]) > 0"}]}]}))
+    result = run([promtool(), "check", "rules", str(path)])
+    assert result.returncode != 0
+    assert 'unknown function with name "derivative"' in result.stdout
+    assert "derivative(" not in RULES.read_text()
+
+
+def test_kv_usage_is_the_ratio_not_sequences_over_tokens():
+    exprs = {r["alert"]: r["expr"] for r in rules()}
+    for name in ("VllmKvCacheSaturated", "VllmKvCapacityBound"):
+        assert "vllm_kv_cache_usage_ratio" in exprs[name]
+        assert "vllm_kv_cache_tokens" not in exprs[name]
+    assert not re.search(r"vllm_running_sequences\s*/\s*vllm_kv_cache_tokens", RULES.read_text())
+
+
+def test_every_metric_an_alert_uses_is_exported():
+    known = known_metrics()
+    assert "vllm:num_preemptions_total" in known
+    assert "vllm:num_preemptions" not in known  # the name vLLM's and llm-d's examples query
+    used = set().union(*(metric_names(r["expr"]) for r in rules()))
+    assert used, "no metric name found"
+    assert used <= known, f"not exported by vllm-doctor or vLLM: {used - known}"
+    assert metric_names('increase(vllm:num_preemptions_total{a="b"}[5m]) > on(pod) group_left x') == {
+        "vllm:num_preemptions_total", "x"}
+
+
+# ------------------------------------------------------------------------------ annotations
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_alert_has_severity_summary_description_and_runbook(rule):
+    labels, ann = rule["labels"], rule["annotations"]
+    assert labels["severity"] in {"critical", "warning", "info", "{{ $labels.severity }}"}
+    assert labels["rule"]
+    assert ann["summary"] and ann["description"]
+    assert "$value" in ann["summary"] + ann["description"], "the value must be in the annotations"
+    expected = f"{bundle.RUNBOOK_BASE_URL}/"
+    assert ann["runbook_url"].startswith(expected)
+    runbook = RUNBOOKS / ann["runbook_url"][len(expected):]
+    assert runbook.suffix == ".md" and runbook.is_file(), f"missing runbook {runbook}"
+    text = runbook.read_text()
+    assert text.startswith(f"# {rule['alert']}"), f"{runbook.name} must start with '# {rule['alert']}'"
+    for section in RUNBOOK_SECTIONS:
+        assert section in text, f"{runbook.name} lacks '{section}'"
+    assert "--" in text.split("## What to change", 1)[1] or rule["labels"]["rule"] == "vllm-doctor", \
+        f"{runbook.name} must name the vLLM flags to change"
+
+
+def test_every_runbook_belongs_to_an_alert():
+    names = {Path(r["annotations"]["runbook_url"]).name for r in rules()}
+    assert {p.name for p in RUNBOOKS.glob("*.md")} - {"README.md"} == names
+
+
+# ------------------------------------------------------------------------------ Alertmanager
+
+def test_amtool_check_config():
+    result = run([amtool(), "check-config", str(ALERTMANAGER)])
+    assert result.returncode == 0, result.stdout
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("labels, receiver", [
+    (["alertname=VllmEngineDead", "severity=critical", "pod=p", "rule=engine-dead"], "pager"),
+    (["alertname=VllmPreemptionStorm", "severity=warning", "pod=p", "rule=preemption-storm"], "tickets"),
+    (["alertname=VllmDoctorFinding", "severity=info", "pod=p", "rule=x"], "blackhole"),
+])
+def test_amtool_routes(labels, receiver):
+    result = run([amtool(), "config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels])
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.strip().splitlines()[-1] == receiver
+
+
+def test_alertmanager_groups_by_pod_and_rule_and_inhibits_symptoms_while_engine_dead():
+    cfg = yaml.safe_load(ALERTMANAGER.read_text())
+    assert {"pod", "rule"} <= set(cfg["route"]["group_by"])
+    names = set(alert_names())
+    dead = [r for r in cfg["inhibit_rules"] if r["source_matchers"] == ['alertname="VllmEngineDead"']]
+    assert len(dead) == 1 and set(dead[0]["equal"]) >= {"namespace", "pod"}
+    target = re.fullmatch(r'alertname=~"(.*)"', dead[0]["target_matchers"][0]).group(1).split("|")
+    assert set(target) == set(bundle.SYMPTOM_ALERTS)
+    # Every alert named in the config exists.
+    named = set(re.findall(r"Vllm[A-Za-z0-9]+", ALERTMANAGER.read_text()))
+    assert named <= names, f"unknown alerts in alertmanager.yml: {named - names}"

@@ -1,0 +1,14 @@
+"""vllm-doctor: diagnose vLLM incidents from vLLM's logs, /metrics and NVML, and name the flag fix.
+
+Public API: :func:`diagnose` (paths -> :class:`~vllm_doctor.pipeline.Report`),
+:func:`~vllm_doctor.diagnosis.load_rules`, :class:`~vllm_doctor.pipeline.Pipeline`.
+"""
+
+__version__ = "0.1.0"
+
+
+def diagnose(paths, rules_dirs=(), metrics_files=()):
+    """Diagnose vLLM log files (paths; "-" is stdin; .gz read directly). See vllm_doctor.sources_file."""
+    from .diagnose import diagnose as _d
+
+    return _d(paths, rules_dirs=rules_dirs, metrics_files=metrics_files)

@@ -296,6 +296,15 @@ class ServerReady:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerShutdown:
+    """An orderly shutdown was requested (``[shutdown] API server: shutdown triggered``,
+    entrypoints launcher 0.3x; ``Received SIGTERM`` / ``SIGINT`` in the API server). Engine errors
+    that follow it are part of the shutdown, not a death."""
+
+    meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownFlag:
     """A flag that no vLLM version has, seen in a command line or config echo (the tuning
     note's ``--kv-cache``, ``--chunked-prefill-size``, ``VLLM_USE_PREFILL``)."""
@@ -365,6 +374,7 @@ Event = (
     | ExceptionRaised
     | ConfigRejected
     | ServerReady
+    | ServerShutdown
     | UnknownFlag
     | VllmMetricsSample
     | GpuSample
@@ -375,7 +385,7 @@ EVENT_KINDS: dict[str, type] = {
     for cls in (
         VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
         Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
-        OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady,
+        OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady, ServerShutdown,
         UnknownFlag, VllmMetricsSample, GpuSample,
     )
 }

@@ -1,0 +1,165 @@
+"""The ``vllm-doctor`` command (typer). Each command is a thin wrapper over the public API.
+
+Exit codes (vllm_doctor.errors): 0 nothing at or above ``--fail-on``; 1 findings at or above it;
+2 unusable input, usage error or invalid rules (a one-line message on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import __version__
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, VllmDoctorError
+
+app = typer.Typer(
+    name="vllm-doctor",
+    help="Diagnose vLLM incidents from its logs, /metrics and GPU, and name the flag fix.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+
+
+class FailOn(str, Enum):
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+    never = "never"
+
+
+def _fail(msg: str) -> None:
+    print(f"vllm-doctor: {msg}", file=sys.stderr)
+    raise typer.Exit(EXIT_USAGE)
+
+
+@app.command()
+def diagnose(
+    paths: Annotated[list[str], typer.Argument(help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
+    format: Annotated[Format, typer.Option("--format", "-f", help="Report format.")] = Format.text,
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="Exit 1 when a finding at or above this severity exists.")] = FailOn.warning,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
+    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
+) -> None:
+    """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
+    from .diagnose import diagnose as run
+    from .findings import SEVERITY_ORDER
+    from .report import FORMATS, to_text
+
+    try:
+        rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [])
+    except VllmDoctorError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    if format == Format.text:
+        text = to_text(rep, color=output is None and sys.stdout.isatty())
+    else:
+        text = FORMATS[format.value](rep)
+    if output:
+        try:
+            output.write_text(text)
+        except OSError as e:
+            _fail(f"{output}: cannot write: {e.strerror}")
+    else:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
+    if fail_on != FailOn.never:
+        level = SEVERITY_ORDER[fail_on.value]
+        if any(SEVERITY_ORDER[f.severity] >= level for f in rep.findings):
+            raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("rules")
+def rules_cmd(
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
+    format: Annotated[str, typer.Option("--format", help="text or markdown")] = "text",
+) -> None:
+    """List the rule catalogue."""
+    from .diagnosis import load_rules
+
+    try:
+        rs = load_rules(rules or [])
+    except VllmDoctorError as e:
+        _fail(str(e))
+    if format == "markdown":
+        from .docs import rules_markdown
+
+        sys.stdout.write(rules_markdown(rs))
+        return
+    for r in rs.rules:
+        win = rs.window_seconds(r)
+        w = f"{int(win)}s" if win else "whole log"
+        print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.category:<10} {w:<9} {r.title}")
+
+
+@app.command()
+def explain(
+    rule: Annotated[str, typer.Argument(help="A rule id (VD001) or name (preemption-storm).")],
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
+) -> None:
+    """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
+    from .diagnosis import load_rules
+    from .docs import explain_text
+
+    try:
+        rs = load_rules(rules or [])
+    except VllmDoctorError as e:
+        _fail(str(e))
+    r = rs.by_key(rule)
+    if r is None:
+        _fail(f"no rule {rule!r}; `vllm-doctor rules` lists them")
+    sys.stdout.write(explain_text(r, rs))
+
+
+@app.command()
+def version() -> None:
+    """Print vllm-doctor's version."""
+    print(f"vllm-doctor {__version__}")
+
+
+@app.command()
+def export(
+    kind: Annotated[str, typer.Argument(help="alerts | dashboards | prometheus-rule | alertmanager")],
+) -> None:
+    """Print a generated monitoring artefact (Prometheus alert rules, Grafana dashboards, ...)."""
+    try:
+        from .bundle import export as bundle_export
+    except ImportError as e:  # pragma: no cover - packaging error
+        _fail(f"monitoring bundle unavailable: {e}")
+    try:
+        sys.stdout.write(bundle_export(kind))
+    except (KeyError, ValueError) as e:
+        _fail(f"unknown export {kind!r}: {e}")
+
+
+# --- serve/watch (issue 3) ---
+# --- end serve/watch ---
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

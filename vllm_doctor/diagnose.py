@@ -1,0 +1,119 @@
+"""``diagnose``: read log files from start to end through the one pipeline.
+
+Sources: a path (plain text or ``.gz``), or ``-`` for standard input. Several files of one
+deployment are merged in time order. ``--metrics FILE``: a saved vLLM /metrics capture adds what
+logs cannot show (V1 preemptions).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from .diagnosis import load_rules
+from .errors import InputError
+from .pipeline import Pipeline, Report, file_year
+
+CHUNK = 1 << 20
+
+
+def _chunks(fh, first: bytes = b"") -> Iterator[bytes]:
+    if first:
+        yield first
+    while True:
+        b = fh.read(CHUNK)
+        if not b:
+            return
+        yield b
+
+
+def _looks_binary(head: bytes) -> bool:
+    """Binary: NUL bytes, or mostly non-text bytes, in the first 8 KiB."""
+    if not head:
+        return False
+    sample = head[:8192]
+    if b"\x00" in sample:
+        return True
+    text = sum(1 for b in sample if b >= 32 or b in (9, 10, 13, 27))
+    return text / len(sample) < 0.85
+
+
+def open_source(path: str) -> tuple[str, Iterator[bytes]]:
+    """(display name, byte chunks) for a path or "-". Raises InputError with a one-line reason."""
+    if path == "-":
+        return "-", _chunks(sys.stdin.buffer)
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{path}: no such file")
+    if p.is_dir():
+        raise InputError(f"{path}: is a directory, not a log file")
+    try:
+        fh = open(p, "rb")
+        magic = fh.read(2)
+        fh.seek(0)
+        if magic == b"\x1f\x8b":
+            fh = gzip.open(p, "rb")
+        head = fh.read(CHUNK)
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    if _looks_binary(head):
+        raise InputError(f"{path}: binary data, not a text log")
+
+    def gen() -> Iterator[bytes]:
+        try:
+            yield from _chunks(fh, head)
+        except (OSError, EOFError) as e:  # a truncated .gz: keep what was read
+            print(f"vllm-doctor: {path}: input ends early ({e}); diagnosing what was read", file=sys.stderr)
+        finally:
+            fh.close()
+
+    return p.name, gen()
+
+
+def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
+    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
+    if not paths:
+        raise InputError("no input: give a log file, or - for standard input")
+    ruleset = load_rules([Path(d) for d in rules_dirs])
+    years = [file_year(p) for p in paths if p != "-"]
+    pipe = Pipeline(ruleset, follow=False, base_year=next((y for y in years if y), None))
+    sources = [open_source(p) for p in paths]
+    names = [n for n, _ in sources]
+    if len(set(names)) != len(names):  # same base name in two folders: use the paths given
+        sources = [(p, it) for p, (_, it) in zip(paths, sources)]
+    for mf in metrics_files:
+        for sample in load_metrics_file(mf):
+            pipe.observe(sample)
+    pipe.run_files(sources)
+    return pipe.report()
+
+
+def load_metrics_file(path: str):
+    """Samples in a saved vLLM /metrics capture (one exposition; ts = file mtime).
+
+    Raises InputError if the file is missing or is not Prometheus text exposition."""
+    from .sources.scrape import parse_metrics
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{path}: no such metrics file")
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    try:
+        ts = os.stat(p).st_mtime
+    except OSError:
+        ts = time.time()
+    if "vllm:" not in text:
+        raise InputError(f"{path}: not a vLLM /metrics capture (no vllm: series)")
+    sample = parse_metrics(text, now=ts, source=p.name).sample
+    # No timestamp: a capture belongs to the whole log, whatever its file time.
+    return [replace(sample, meta=replace(sample.meta, ts=None))]

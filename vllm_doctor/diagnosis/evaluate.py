@@ -1,0 +1,239 @@
+"""Evaluate rules against a state: stage 5 of the pipeline (state -> rules -> findings).
+
+``RuleEngine.evaluate(state)`` runs every rule once on the state's current window and returns
+the findings active now; it also folds them into ``engine.findings`` (all findings ever seen,
+with first/last seen, for the diagnose report) and clears those whose condition ended.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from types import SimpleNamespace
+from typing import Any
+
+from ..findings import Evidence, Finding, FlagFix
+from ..state import State
+from ..versions import flag_exists, flag_first_version, parse_version
+from .expr import Evaluator
+from .loader import TEMPLATE_RE, Rule, RuleSet
+
+MAX_EVIDENCE = 8
+
+
+def render(template: str, ev: Evaluator) -> str:
+    """Fill ``{expr}`` / ``{expr:spec}`` placeholders; None renders as "unknown"."""
+
+    def sub(m: re.Match) -> str:
+        val = ev(m.group(1).strip())
+        spec = m.group(2)
+        if val is None:
+            return "unknown"
+        if spec:
+            try:
+                return format(val, spec)
+            except (ValueError, TypeError):
+                return str(val)
+        if isinstance(val, float):
+            return f"{val:.4g}" if abs(val) < 1e6 else f"{val:,.0f}"
+        if isinstance(val, int) and not isinstance(val, bool) and abs(val) >= 10000:
+            return f"{val:,}"
+        return str(val)
+
+    return TEMPLATE_RE.sub(sub, template)
+
+
+def _flag_value(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "" if v else None
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return None
+        return f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) or abs(v) < 10 else str(int(v))
+    return str(v)
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) or math.isinf(v) else round(v, 6)
+    return str(v)
+
+
+class RuleEngine:
+    """Runs a RuleSet on a State. ``findings``: rule id -> Finding, everything seen so far."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        self.ruleset = ruleset
+        self.findings: dict[str, Finding] = {}
+        self.rule_errors: dict[str, list[str]] = {}
+        self._thresholds = SimpleNamespace(**ruleset.thresholds)
+
+    def evaluate(self, state: State) -> list[Finding]:
+        """Run all rules now; return the findings active now (critical first)."""
+        facts = state.facts()
+        now = state.now
+        fired: dict[str, tuple[Rule, Evaluator, dict]] = {}
+        for rule in self.ruleset.rules:
+            res = self._eval_rule(rule, state, facts)
+            if res is not None:
+                fired[rule.name] = (rule, *res)
+        active: list[Finding] = []
+        for name, (rule, ev, values) in fired.items():
+            if any(u in fired for u in rule.unless):
+                continue
+            f = self._finding(rule, ev, values, state)
+            prev = self.findings.get(rule.id)
+            if prev is not None:
+                f.first_seen = prev.first_seen
+                f.occurrences = prev.occurrences + (0 if prev.active else 1)
+                # keep earlier evidence lines, add new ones
+                seen = {(e.source, e.lineno) for e in f.evidence}
+                f.evidence = (f.evidence + [e for e in prev.evidence if (e.source, e.lineno) not in seen])
+                f.evidence.sort(key=lambda e: (e.source, e.lineno))
+                f.evidence = f.evidence[: MAX_EVIDENCE * 2]
+            else:
+                f.first_seen = now
+            f.last_seen = now
+            self.findings[rule.id] = f
+            active.append(f)
+        active_ids = {f.rule_id for f in active}
+        for rid, f in self.findings.items():
+            if rid not in active_ids:
+                f.active = False
+        active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
+        return active
+
+    def _namespace(self, rule: Rule, state: State, facts: dict) -> tuple[Evaluator, Any]:
+        seconds = self.ruleset.window_seconds(rule)
+        win = state.window(seconds)
+        names: dict[str, Any] = dict(facts)
+        names.update(
+            t=self._thresholds, stats=win.stats(), metrics=win.metrics(), window_seconds=seconds,
+            vllm_version=state.vllm_version, engine=state.engine,
+            gpu=win.gpu_series(), unknown_flags=sorted(state.unknown_flags),
+        )
+        fired_names = {f.name for f in self.findings.values() if f.active}
+
+        def count(kind: str) -> int:
+            return len(win.events(kind))
+
+        def total(kind: str) -> int:
+            if ":" in kind:
+                return len(state.events.get(kind, ()))
+            return state.totals.get(kind, 0)
+
+        def exists(kind: str) -> bool:
+            return total(kind) > 0
+
+        def recent(kind: str) -> bool:
+            return count(kind) > 0
+
+        def last_event(kind: str):
+            evs = state.events.get(kind)
+            return evs[-1] if evs else None
+
+        def first_event(kind: str):
+            evs = state.events.get(kind)
+            return evs[0] if evs else None
+
+        def events(kind: str) -> list:
+            return list(state.events.get(kind, ()))
+
+        def version_at_least(v: str) -> bool | None:
+            pv = parse_version(state.vllm_version)
+            return None if pv is None else pv >= parse_version(v)
+
+        def ttft_p99() -> float | None:
+            """TTFT p99 (seconds) over the window, from the first and last /metrics samples."""
+            ms = [m for m in win.metrics() if m.ttft_buckets]
+            if len(ms) < 2:
+                return None
+            from ..sources.scrape import histogram_quantile
+
+            old = dict(ms[0].ttft_buckets)
+            diff = tuple((le, c - old.get(le, 0.0)) for le, c in ms[-1].ttft_buckets)
+            if not diff or diff[-1][1] <= 0:
+                return None
+            return histogram_quantile(0.99, diff)
+
+        funcs = dict(
+            count=count, total=total, exists=exists, recent=recent, last_event=last_event,
+            first_event=first_event, events=events, preemptions=win.preemptions,
+            flag_exists=lambda f: flag_exists(f, state.vllm_version), fired=lambda n: n in fired_names,
+            version_at_least=version_at_least, ttft_p99=ttft_p99,
+        )
+        return Evaluator(names, funcs), win
+
+    def _eval_rule(self, rule: Rule, state: State, facts: dict):
+        ev, win = self._namespace(rule, state, facts)
+        values: dict[str, Any] = {}
+        for k, expr in rule.values.items():
+            values[k] = ev(expr)
+            ev.set(k, values[k])
+        ok_all = all(bool(ev(c)) for c in rule.when.all) if rule.when.all else True
+        ok_any = any(bool(ev(c)) for c in rule.when.any) if rule.when.any else True
+        if ev.errors:
+            self.rule_errors[rule.id] = ev.errors[-5:]
+        if not (ok_all and ok_any):
+            return None
+        ev.win = win
+        return ev, values
+
+    @staticmethod
+    def _message(rule: Rule, ev: Evaluator) -> str:
+        if isinstance(rule.message, str):
+            return render(rule.message, ev).strip()
+        for case in rule.message:
+            if case.if_ is None or ev(case.if_):
+                return render(case.text, ev).strip()
+        return rule.title
+
+    def _finding(self, rule: Rule, ev: Evaluator, values: dict, state: State) -> Finding:
+        win = ev.win
+        evidence: list[Evidence] = []
+        seen: set[tuple[str, int]] = set()
+        for kind in rule.evidence:
+            if kind in values:  # a value holding the events that matter
+                evs = [e for e in (values[kind] or []) if hasattr(e, "meta")] if isinstance(values[kind], list) else []
+            elif kind == "SchedulerStats":
+                evs = win.stats()
+            else:
+                evs = win.events(kind)
+                if kind.startswith("OutOfMemory:") or not evs:
+                    evs = list(state.events.get(kind, ())) or evs
+            picked = evs[:MAX_EVIDENCE // 2] + evs[-(MAX_EVIDENCE // 2):] if len(evs) > MAX_EVIDENCE else evs
+            for e in picked:
+                key = (e.meta.source, e.meta.end_lineno or e.meta.lineno)
+                if key in seen:
+                    continue
+                seen.add(key)
+                evidence.append(Evidence(e.meta.source, e.meta.lineno, e.meta.text[:300],
+                                         e.meta.end_lineno if e.meta.end_lineno != e.meta.lineno else None))
+        evidence.sort(key=lambda e: (e.source, e.lineno))
+        fixes: list[FlagFix] = []
+        notes: list[str] = []
+        flags_done: set[str] = set()
+        for fx in rule.fixes:
+            if fx.flag in flags_done:
+                continue
+            if fx.if_ and not ev(fx.if_):
+                continue
+            value = _flag_value(ev(fx.value))
+            if value is None:
+                continue
+            if not flag_exists(fx.flag, state.vllm_version):
+                first = flag_first_version(fx.flag)
+                if first and state.vllm_version and parse_version(first) > parse_version(state.vllm_version):
+                    notes.append(f"{fx.flag} would help but needs vLLM >= {first} (this is {state.vllm_version})")
+                continue
+            flags_done.add(fx.flag)
+            fixes.append(FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None))
+        return Finding(
+            rule_id=rule.id, name=rule.name, severity=rule.severity, title=rule.title,
+            message=self._message(rule, ev), evidence=evidence, fixes=fixes,
+            values={k: _jsonable(v) for k, v in values.items()}, notes=notes,
+        )

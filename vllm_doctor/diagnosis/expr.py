@@ -1,0 +1,167 @@
+"""The safe expression language of rules (no ``eval``): simpleeval with a fixed function table.
+
+Expressions see (all read-only):
+
+* the facts of the report by name (``kv_cache_tokens``, ``max_model_len``, ``max_num_seqs``, ...;
+  None when unknown), ``vllm_version`` (str or None), ``engine`` ("v0", "v1" or None);
+* ``t.NAME``: a shared threshold from ``rules/thresholds.yaml``;
+* ``stats``: the periodic stats lines in the rule's window (:class:`~vllm_doctor.events.SchedulerStats`),
+  ``metrics``: /metrics samples in the window, ``window_seconds``;
+* the rule's earlier ``values`` by name;
+* functions: :data:`FUNCTIONS`. Aggregates ignore None and return None for an empty input, and
+  arithmetic on None is avoided with ``coalesce``. List comprehensions are allowed
+  (``[x.num_running for x in stats if x.num_waiting > 0]``).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from simpleeval import EvalWithCompoundTypes
+
+from ..errors import RuleLoadError
+
+
+def _vals(xs: Iterable[Any]) -> list:
+    return [x for x in xs if x is not None]
+
+
+def _agg(fn: Callable) -> Callable:
+    def inner(*args):
+        xs = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+        v = _vals(xs)
+        return fn(v) if v else None
+
+    inner.__name__ = fn.__name__
+    return inner
+
+
+def slope_per_hour(values: list, times: list) -> float | None:
+    """Least-squares slope of ``values`` over ``times`` (seconds), per hour; None if < 3 points
+    or the points span under a minute."""
+    pts = [(t, v) for t, v in zip(times, values) if t is not None and v is not None]
+    if len(pts) < 3 or pts[-1][0] - pts[0][0] < 60:
+        return None
+    n = len(pts)
+    mt = sum(p[0] for p in pts) / n
+    mv = sum(p[1] for p in pts) / n
+    den = sum((p[0] - mt) ** 2 for p in pts)
+    if den == 0:
+        return None
+    return sum((p[0] - mt) * (p[1] - mv) for p in pts) / den * 3600.0
+
+
+def floor_to(x: float | None, m: int | None) -> int | None:
+    """``x`` rounded down to a multiple of ``m`` (at least ``m``); None if x is None."""
+    if x is None:
+        return None
+    if not m:
+        return int(x)
+    return max(int(m), int(x) // int(m) * int(m))
+
+
+def clamp(x: float | None, lo: float, hi: float) -> float | None:
+    return None if x is None else max(lo, min(hi, x))
+
+
+def coalesce(*xs: Any) -> Any:
+    for x in xs:
+        if x is not None:
+            return x
+    return None
+
+
+def gib(b: float | None) -> float | None:
+    """Bytes -> GiB (float)."""
+    return None if b is None else b / (1 << 30)
+
+
+def percentile(xs: list, q: float) -> float | None:
+    v = sorted(_vals(xs))
+    if not v:
+        return None
+    k = (len(v) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _safe(fn: Callable) -> Callable:
+    def inner(*a):
+        if any(x is None for x in a):
+            return None
+        return fn(*a)
+
+    inner.__name__ = fn.__name__
+    return inner
+
+
+FUNCTIONS: dict[str, Callable] = {
+    "max": _agg(max), "min": _agg(min), "sum": _agg(sum),
+    "mean": _agg(lambda v: sum(v) / len(v)),
+    "first": _agg(lambda v: v[0]), "last": _agg(lambda v: v[-1]),
+    "len": lambda xs: len(xs) if xs is not None else 0,
+    "slope_per_hour": slope_per_hour, "percentile": percentile,
+    "coalesce": coalesce, "clamp": clamp, "floor_to": floor_to, "gib": gib,
+    "floor": _safe(lambda x: int(math.floor(x))), "ceil": _safe(lambda x: int(math.ceil(x))),
+    "round": _safe(round), "int": _safe(int), "float": _safe(float), "abs": _safe(abs),
+    "str": str, "bool": bool, "any": any, "all": all, "sorted": sorted, "set": set,
+}
+# Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
+STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events",
+                   "preemptions", "flag_exists", "fired", "version_at_least", "ttft_p99")
+
+
+def names_in(expr: str) -> set[str]:
+    """Free names used by an expression (comprehension variables excluded).
+
+    Raises RuleLoadError on a syntax error."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension):
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    bound.add(n.id)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in bound}
+    return used
+
+
+def attributes_of(expr: str, base: str) -> set[str]:
+    """Attributes read on name ``base`` (``t.x`` -> {"x"})."""
+    tree = ast.parse(expr, mode="eval")
+    return {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base}
+
+
+class Evaluator:
+    """Evaluates rule expressions against a namespace; errors become None (a rule whose data is
+    missing does not fire) and are counted in ``errors``."""
+
+    def __init__(self, names: dict[str, Any], functions: dict[str, Callable]) -> None:
+        self._ev = EvalWithCompoundTypes(names=names, functions={**FUNCTIONS, **functions})
+        self.errors: list[str] = []
+
+    def set(self, name: str, value: Any) -> None:
+        self._ev.names[name] = value
+
+    def __call__(self, expr: str) -> Any:
+        try:
+            return self._ev.eval(expr)
+        except TypeError:
+            return None  # arithmetic or comparison on None: data missing
+        except ZeroDivisionError:
+            return None
+        except AttributeError as e:
+            if "NoneType" in str(e):
+                return None  # attribute of an event that did not happen
+            self.errors.append(f"{expr!r}: AttributeError: {e}")
+            return None
+        except Exception as e:  # noqa: BLE001 - a rule must never crash the pipeline
+            self.errors.append(f"{expr!r}: {type(e).__name__}: {e}")
+            return None

@@ -1,0 +1,285 @@
+"""The one pipeline: source -> envelope -> parser -> typed events -> state -> rules -> findings.
+
+``diagnose`` pushes whole files through it (log clock: rules are evaluated every
+``eval_interval`` seconds of log time and at the end); ``serve`` pushes appended bytes and
+collector samples and calls :meth:`Pipeline.evaluate` on a timer. Nothing else wires stages.
+
+Speed: a log is handled in blocks of complete lines; :data:`~vllm_doctor.envelope.PREFILTER`
+finds, at C speed, the few lines any parser could match, and only those are decoded and parsed.
+Lines are still counted (``state.lines_total``) and those that gave no event are counted as
+unparsed (``state.unparsed_total``). Kubernetes CRI logs are not prefiltered (a partial ``P`` line
+must be joined before it can be judged).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from . import __version__
+from .diagnosis import RuleEngine, RuleSet
+from .envelope import CRI_RE, PREFILTER, Envelope, LineSplitter, LogClock, Record
+from .events import SchedulerStats
+from .findings import Finding
+from .parsers import RecordParser
+from .state import State
+
+
+class _SourceCtx:
+    """Per-source stage state: line splitter, envelope, parser."""
+
+    def __init__(self, name: str, base_year: int | None) -> None:
+        self.name = name
+        self.splitter = LineSplitter()
+        self.envelope = Envelope(LogClock(base_year))
+        self.parser = RecordParser(name)
+        self.prefilter: bool | None = None  # decided on the first line
+        self.vllm_records = 0
+
+
+class Pipeline:
+    """See the module doc and docs/CONTRACTS.md.
+
+    ruleset: the validated rules; follow: True in serve (rules run on :meth:`evaluate` calls),
+    False in diagnose (rules also run every ``eval_interval`` seconds of log time).
+    """
+
+    def __init__(self, ruleset: RuleSet, follow: bool = False, eval_interval: float = 10.0,
+                 base_year: int | None = None) -> None:
+        self.ruleset = ruleset
+        self.follow = follow
+        self.eval_interval = eval_interval
+        self.base_year = base_year
+        longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
+        self.state = State(max_window_seconds=longest + 60)
+        self.engine = RuleEngine(ruleset)
+        self._sources: dict[str, _SourceCtx] = {}
+        self._last_eval: float | None = None
+        self.active: list[Finding] = []
+
+    # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
+    def _ctx(self, source: str) -> _SourceCtx:
+        ctx = self._sources.get(source)
+        if ctx is None:
+            ctx = self._sources[source] = _SourceCtx(source, self.base_year)
+        return ctx
+
+    def records(self, source: str, block: bytes, first_lineno: int, nlines: int) -> Iterator[Record]:
+        """Records in a block of complete lines (counted in ``state.lines_total``)."""
+        ctx = self._ctx(source)
+        st = self.state
+        st.lines_total[source] += nlines
+        if not block and nlines == 0:
+            return
+        if ctx.prefilter is None:
+            first_line = block[: block.find(b"\n")] if b"\n" in block else block
+            ctx.prefilter = not CRI_RE.match(first_line[:200].decode("utf-8", "replace"))
+        if ctx.prefilter:
+            pos = 0
+            lineno = first_lineno
+            end_of_last = -1
+            for m in PREFILTER.finditer(block):
+                s = m.start()
+                if s <= end_of_last:
+                    continue
+                ls = block.rfind(b"\n", 0, s) + 1
+                le = block.find(b"\n", s)
+                if le < 0:
+                    le = len(block)
+                lineno += block.count(b"\n", pos, ls)
+                pos = ls
+                end_of_last = le
+                yield from ctx.envelope.records(lineno, block[ls:le][:65536])
+        else:
+            for i, line in enumerate(block.split(b"\n")):
+                yield from ctx.envelope.records(first_lineno + i, line[:65536])
+
+    # ---- stage 3 -> 5 ------------------------------------------------------------------------
+    def consume(self, source: str, rec: Record) -> int:
+        """Parse one record and fold its events into the state; returns the number of events."""
+        ctx = self._ctx(source)
+        if rec.src:
+            ctx.vllm_records += 1
+        evs = ctx.parser.parse(rec)
+        n = 0
+        st = self.state
+        for e in evs:
+            if e is None:
+                n += 1
+                continue
+            if self.follow and e.meta.ts is None:
+                pass
+            st.apply(e)
+            n += 1
+            if isinstance(e, SchedulerStats):
+                st.note_src(rec.src)
+            if not self.follow and e.meta.ts is not None:
+                if self._last_eval is None:
+                    self._last_eval = e.meta.ts
+                elif e.meta.ts - self._last_eval >= self.eval_interval:
+                    self._last_eval = e.meta.ts
+                    self.active = self.engine.evaluate(st)
+        return n
+
+    def _count_parsed(self, source: str, recs: Iterable[Record]) -> None:
+        parsed_lines: set[int] = set()
+        for rec in recs:
+            if self.consume(source, rec):
+                parsed_lines.add(rec.lineno)
+        self._parsed[source] = self._parsed.get(source, 0) + len(parsed_lines)
+
+    _parsed: dict[str, int]
+
+    def feed(self, source: str, data: bytes) -> None:
+        """Bytes appended to log ``source``; a partial last line is kept for the next call."""
+        if not hasattr(self, "_parsed"):
+            self._parsed = {}
+        ctx = self._ctx(source)
+        block, first, n = ctx.splitter.feed(data)
+        if n:
+            self._count_parsed(source, self.records(source, block, first, n))
+
+    def end(self, source: str) -> None:
+        """End of file (or rotation / truncation): the partial last line becomes a line."""
+        if not hasattr(self, "_parsed"):
+            self._parsed = {}
+        ctx = self._ctx(source)
+        block, first, n = ctx.splitter.flush()
+        recs = list(self.records(source, block, first, n)) if n else []
+        recs += ctx.envelope.flush()
+        self._count_parsed(source, recs)
+
+    def reset_source(self, source: str) -> None:
+        """Forget a source's partial line and CRI state (after truncation or rotation); line
+        numbers restart at 1. Counters are kept."""
+        ctx = self._sources.pop(source, None)
+        if ctx is not None:
+            new = self._ctx(source)
+            new.envelope.clock = ctx.envelope.clock
+
+    def observe(self, event) -> None:
+        """A typed event from a collector (VllmMetricsSample, GpuSample)."""
+        self.state.apply(event)
+
+    def evaluate(self, now: float | None = None) -> list[Finding]:
+        """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
+        if now is not None and (self.state.now is None or now > self.state.now):
+            self.state.now = now
+        self.active = self.engine.evaluate(self.state)
+        return self.active
+
+    def unparsed(self, source: str) -> int:
+        """Lines of ``source`` that gave no event."""
+        return self.state.lines_total.get(source, 0) - getattr(self, "_parsed", {}).get(source, 0)
+
+    def vllm_records(self, source: str) -> int:
+        """Records of ``source`` that carried vLLM's logger prefix."""
+        ctx = self._sources.get(source)
+        return ctx.vllm_records if ctx else 0
+
+    # ---- diagnose: whole files, merged in time order ------------------------------------------
+    def run_files(self, sources: list[tuple[str, Iterable[bytes]]]) -> None:
+        """Read each source (name, iterable of byte chunks) to its end; several sources are
+        merged in time order (records without a timestamp keep their place in their file)."""
+        self._parsed = getattr(self, "_parsed", {})
+        if len(sources) == 1:
+            name, chunks = sources[0]
+            for chunk in chunks:
+                self.feed(name, chunk)
+            self.end(name)
+        else:
+            streams = [self._record_stream(name, chunks) for name, chunks in sources]
+            parsed: dict[str, set[int]] = {name: set() for name, _ in sources}
+            for _, _, name, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+                if self.consume(name, rec):
+                    parsed[name].add(rec.lineno)
+            for name, lines in parsed.items():
+                self._parsed[name] = self._parsed.get(name, 0) + len(lines)
+        self.active = self.engine.evaluate(self.state)
+
+    def _record_stream(self, name: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, str, Record]]:
+        ctx = self._ctx(name)
+        seq = 0
+        last_ts = 0.0
+        for chunk in chunks:
+            block, first, n = ctx.splitter.feed(chunk)
+            for rec in self.records(name, block, first, n) if n else ():
+                last_ts = rec.ts if rec.ts is not None else last_ts
+                seq += 1
+                yield (last_ts, seq, name, rec)
+        block, first, n = ctx.splitter.flush()
+        tail = list(self.records(name, block, first, n)) if n else []
+        for rec in tail + ctx.envelope.flush():
+            last_ts = rec.ts if rec.ts is not None else last_ts
+            seq += 1
+            yield (last_ts, seq, name, rec)
+
+    def report(self) -> "Report":
+        """The diagnosis so far (the JSON schema of ``diagnose --format json``)."""
+        st = self.state
+        facts = st.facts()
+        return Report(
+            vllm_version=st.vllm_version,
+            vllm_version_source=st.version_source,
+            engine=st.engine,
+            facts=facts,
+            facts_defaulted=sorted(getattr(st, "defaulted", [])),
+            findings=sorted(self.engine.findings.values(),
+                            key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id)),
+            sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
+                      "vllm_lines": self.vllm_records(n)} for n in self._sources],
+            unknown_flags=dict(st.unknown_flags),
+            rule_errors=dict(self.engine.rule_errors),
+            generated_at=time.time(),
+        )
+
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Report:
+    """A diagnosis. ``to_dict()`` gives the stable JSON schema (docs/json-schema.md)."""
+
+    vllm_version: str | None
+    vllm_version_source: str | None
+    engine: str | None
+    facts: dict[str, object]
+    facts_defaulted: list[str]
+    findings: list[Finding]
+    sources: list[dict]
+    unknown_flags: dict[str, str | None] = field(default_factory=dict)
+    rule_errors: dict[str, list[str]] = field(default_factory=dict)
+    generated_at: float = 0.0
+
+    @property
+    def nothing_to_diagnose(self) -> bool:
+        """True when no input line was recognised as vLLM output."""
+        return not any(s["vllm_lines"] or (s["lines_total"] - s["unparsed_lines"]) for s in self.sources)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "vllm-doctor", "version": __version__},
+            "vllm_version": self.vllm_version,
+            "vllm_version_source": self.vllm_version_source,
+            "engine": self.engine,
+            "facts": self.facts,
+            "facts_defaulted": self.facts_defaulted,
+            "findings": [f.to_dict() for f in self.findings],
+            "sources": self.sources,
+            "unknown_flags": [{"flag": k, "real_flag": v} for k, v in self.unknown_flags.items()],
+            "rule_errors": self.rule_errors,
+            "nothing_to_diagnose": self.nothing_to_diagnose,
+        }
+
+
+def file_year(path: str) -> int | None:
+    """The year of a file's modification time (the base year of its year-less timestamps)."""
+    try:
+        return time.gmtime(os.stat(path).st_mtime).tm_year
+    except OSError:
+        return None

@@ -1,0 +1,368 @@
+"""Stage 4 of the pipeline: what is known about one vLLM deployment, built from events.
+
+Sticky facts (version, engine, configuration, KV cache capacity) plus time-bounded windows of
+the periodic stats, collector samples and incident events, which the rules read. The clock is
+the events' own timestamps: log time in ``diagnose``, wall time for collector samples in
+``serve``. Memory is bounded: windows keep at most ``max_window_seconds`` of history and at most
+``max_items`` entries per kind, whatever the log size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import fields as dc_fields
+from typing import Any
+
+from . import events as ev
+from .versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
+
+CONFIG_FACTS = (
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+    "tensor_parallel_size", "pipeline_parallel_size", "kv_cache_dtype", "enable_chunked_prefill",
+    "enable_prefix_caching", "block_size", "swap_space", "kv_cache_memory_bytes",
+    "num_gpu_blocks_override", "cpu_offload_gb", "quantization", "enforce_eager", "model",
+    "preemption_mode", "long_prefill_token_threshold", "max_num_partial_prefills",
+)
+FACT_NAMES = (
+    "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+    "tensor_parallel_size", "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching",
+    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio",
+    "kv_cache_memory_bytes", "available_kv_cache_bytes", "gpu_total_memory_bytes", "kv_device",
+    "model_weights_bytes", "cpu_offload_kv_tokens", "preemptions_inferred", "oom_events_total",
+    "quantization", "swap_space",
+)
+# Higher wins when two sources give the same config value.
+KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
+
+
+class State:
+    """Everything known about one deployment.
+
+    Attributes used by sinks (see docs/CONTRACTS.md): ``facts()``, ``last_stats``,
+    ``last_metrics``, ``gpus``, ``preemptions_total``, ``oom_events_total``, ``lines_total``,
+    ``unparsed_total``, ``vllm_version``, ``engine``, ``now``.
+    """
+
+    def __init__(self, max_window_seconds: float = 7200.0, max_items: int = 20000) -> None:
+        self.max_window = max_window_seconds
+        self.max_items = max_items
+        self.vllm_version: str | None = None
+        self.version_source: str | None = None  # "banner" | "fingerprint"
+        self.engine: str | None = None
+        self.config: dict[str, tuple[int, object]] = {}  # name -> (priority, value)
+        self.capacity: dict[str, object] = {}
+        self.memory: dict[str, object] = {}
+        self.served = False
+        self.stats: deque[ev.SchedulerStats] = deque()
+        self.metrics: deque[ev.VllmMetricsSample] = deque()
+        self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
+        self.events: dict[str, deque] = defaultdict(deque)
+        self.totals: dict[str, int] = defaultdict(int)
+        self.first_event: dict[str, Any] = {}
+        self.last_stats: ev.SchedulerStats | None = None
+        self.last_metrics: ev.VllmMetricsSample | None = None
+        self.gpus: dict[int, ev.GpuSample] = {}
+        self.peak_running = self.peak_waiting = None
+        self.peak_kv: float | None = None
+        self.lines_total: dict[str, int] = defaultdict(int)
+        self.unparsed_total: dict[str, int] = defaultdict(int)
+        self.oom_events_total = 0
+        self.now: float | None = None
+        self.unknown_flags: dict[str, str | None] = {}
+        # preemptions: one monotonic counter whichever source saw them
+        self._log_preempt_base = 0  # totals of engines that restarted
+        self._log_preempt_cum = 0  # V0 cumulative of the current engine run
+        self._v1_interval_sum = 0
+        self._metrics_base = 0.0
+        self._metrics_last: float | None = None
+        self.preemptions_total = 0
+        self.preemption_timeline: deque[tuple[float | None, int]] = deque()
+        self.preemptions_reported = False
+        self.shutting_down = False
+
+    # ---- intake --------------------------------------------------------------------------
+    def apply(self, e: Any) -> None:
+        """Fold one event into the state."""
+        kind = type(e).__name__
+        if kind == "EngineFailure" and self.shutting_down:
+            kind = "EngineFailure:after-shutdown"  # the engine stopping because it was asked to
+        ts = e.meta.ts
+        if ts is not None and (self.now is None or ts > self.now):
+            self.now = ts
+        self.totals[kind] += 1
+        self.first_event.setdefault(kind, e)
+        handler = getattr(self, "_on_" + kind, None)
+        if handler is not None:
+            handler(e)
+        if kind not in ("SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"):
+            dq = self.events[kind]
+            dq.append(e)
+            if len(dq) > self.max_items:
+                dq.popleft()
+        self._trim()
+
+    def _trim(self) -> None:
+        if self.now is None:
+            return
+        cutoff = self.now - self.max_window
+        for dq in (self.stats, self.metrics):
+            while len(dq) > 1 and dq[0].meta.ts is not None and dq[0].meta.ts < cutoff:
+                dq.popleft()
+        while len(self.gpu_series) > 1 and self.gpu_series[0][0] < cutoff:
+            self.gpu_series.popleft()
+        while len(self.preemption_timeline) > 2 and (self.preemption_timeline[1][0] or cutoff) < cutoff:
+            self.preemption_timeline.popleft()
+
+    def _on_VersionSeen(self, e: ev.VersionSeen) -> None:
+        if e.version:
+            self.vllm_version = e.version
+            self.version_source = "banner"
+        if e.engine:
+            self.engine = e.engine
+        elif e.version:
+            pv = parse_version(e.version)
+            if pv is not None and pv.release >= (0, 11):
+                self.engine = "v1"
+
+    def _on_EngineConfigObserved(self, e: ev.EngineConfigObserved) -> None:
+        prio = KIND_PRIORITY.get(e.kind, 1)
+        if e.kind in ("namespace", "non-default-args"):
+            if self.served:
+                self._restart()
+            self.shutting_down = False
+        for k, v in e.values:
+            if k == "max_seq_len":
+                k = "max_model_len"
+            if k in CONFIG_FACTS and v is not None and v != "None":
+                cur = self.config.get(k)
+                if cur is None or prio >= cur[0]:
+                    self.config[k] = (prio, v)
+
+    def _restart(self) -> None:
+        """A new engine run in the same log: counters of the old run are kept, the run's state reset."""
+        self._log_preempt_base += self._log_preempt_cum
+        self._log_preempt_cum = 0
+        self.served = False
+
+    def _on_KvCacheCapacity(self, e: ev.KvCacheCapacity) -> None:
+        for f in ("num_gpu_blocks", "num_cpu_blocks", "kv_cache_tokens", "max_concurrency", "device", "cpu_offload_tokens"):
+            v = getattr(e, f)
+            if v is not None:
+                self.capacity[f] = v
+        if e.concurrency_tokens is not None:
+            self.capacity["concurrency_tokens"] = e.concurrency_tokens
+        if self.engine is None:
+            if e.kv_cache_tokens is not None:
+                self.engine = "v1"
+            elif e.num_cpu_blocks is not None:
+                self.engine = "v0"
+
+    def _on_MemoryProfile(self, e: ev.MemoryProfile) -> None:
+        for f in ("available_kv_cache_bytes", "total_memory_bytes", "gpu_memory_utilization", "model_weights_bytes"):
+            v = getattr(e, f)
+            if v is not None:
+                self.memory[f] = v
+
+    def _on_SchedulerStats(self, e: ev.SchedulerStats) -> None:
+        self.stats.append(e)
+        if len(self.stats) > self.max_items:
+            self.stats.popleft()
+        self.last_stats = e
+        if e.num_running > 0 or (e.generation_tps or 0) > 0:
+            self.served = True
+        self.peak_running = max(self.peak_running or 0, e.num_running)
+        self.peak_waiting = max(self.peak_waiting or 0, e.num_waiting)
+        if e.kv_cache_usage_ratio is not None:
+            self.peak_kv = max(self.peak_kv or 0.0, e.kv_cache_usage_ratio)
+        if self.engine is None:
+            self.engine = "v0" if e.num_swapped is not None else ("v1" if e.engine_index is not None or e.kv_device else None)
+        if self.vllm_version is None and e.meta.source and e.meta.level:
+            pass
+        if e.preemptions is not None:
+            self.preemptions_reported = True
+            self._v1_interval_sum += e.preemptions
+            self._update_preemptions(e.meta.ts)
+
+    def note_src(self, src: str | None) -> None:
+        """Version fingerprint from the stats line's ``file:line`` when no banner was seen."""
+        if src and self.version_source is None and src in STATS_FINGERPRINTS:
+            self.vllm_version = STATS_FINGERPRINTS[src]
+            self.version_source = "fingerprint"
+
+    def _on_Preemption(self, e: ev.Preemption) -> None:
+        self.preemptions_reported = True
+        if e.cumulative is not None:
+            self._log_preempt_cum = max(self._log_preempt_cum, e.cumulative)
+        else:
+            self._log_preempt_cum += 1
+        if self.engine is None and e.mode is not None:
+            self.engine = "v0"
+        self._update_preemptions(e.meta.ts)
+
+    def _on_PreemptionCount(self, e: ev.PreemptionCount) -> None:
+        self.preemptions_reported = True
+
+    def _on_VllmMetricsSample(self, e: ev.VllmMetricsSample) -> None:
+        self.metrics.append(e)
+        if len(self.metrics) > self.max_items:
+            self.metrics.popleft()
+        self.last_metrics = e
+        if e.num_preemptions_total is not None:
+            v = e.num_preemptions_total
+            if self._metrics_last is not None and v < self._metrics_last:  # vLLM restarted
+                self._metrics_base += self._metrics_last
+            self._metrics_last = v
+            self.preemptions_reported = True
+            self._update_preemptions(e.meta.ts)
+        if (e.num_running or 0) > 0:
+            self.served = True
+
+    def _on_GpuSample(self, e: ev.GpuSample) -> None:
+        self.gpus[e.index] = e
+        if e.meta.ts is not None:
+            used = sum(g.memory_used_bytes or 0 for g in self.gpus.values())
+            total = sum(g.memory_total_bytes or 0 for g in self.gpus.values()) or None
+            self.gpu_series.append((e.meta.ts, used, total))
+            if len(self.gpu_series) > self.max_items:
+                self.gpu_series.popleft()
+
+    def _on_OutOfMemory(self, e: ev.OutOfMemory) -> None:
+        # The same OOM is echoed by every process that re-raises it: count distinct seconds.
+        last = self.events["OutOfMemory"][-1] if self.events["OutOfMemory"] else None
+        if last is None or last.meta.ts != e.meta.ts or e.meta.ts is None and last.meta.lineno + 50 < e.meta.lineno:
+            self.oom_events_total += 1
+        phase = "runtime" if self.served else "startup"
+        self.events["OutOfMemory:" + phase].append(e)
+
+    def _on_ServerReady(self, e: ev.ServerReady) -> None:
+        self.served = True
+        self.shutting_down = False
+
+    def _on_ServerShutdown(self, e: ev.ServerShutdown) -> None:
+        self.shutting_down = True
+
+    def _on_UnknownFlag(self, e: ev.UnknownFlag) -> None:
+        self.unknown_flags[e.flag] = e.real_flag
+
+    def _update_preemptions(self, ts: float | None) -> None:
+        log_total = self._log_preempt_base + self._log_preempt_cum + self._v1_interval_sum
+        metrics_total = int(self._metrics_base + (self._metrics_last or 0))
+        total = max(self.preemptions_total, log_total, metrics_total)
+        if total != self.preemptions_total or not self.preemption_timeline:
+            self.preemptions_total = total
+            self.preemption_timeline.append((ts, total))
+
+    # ---- reading -------------------------------------------------------------------------
+    def config_value(self, name: str) -> object:
+        """A configuration value as logged, or None."""
+        v = self.config.get(name)
+        return None if v is None else v[1]
+
+    def facts(self) -> dict[str, object]:
+        """The JSON report's ``facts``: vLLM's names, None when the log does not show them."""
+        f: dict[str, object] = {n: None for n in FACT_NAMES}
+        for k in CONFIG_FACTS:
+            if k in f and k in self.config:
+                f[k] = self.config[k][1]
+        self.defaulted = []
+        dflt = version_defaults(self.vllm_version, self.engine, self.memory.get("total_memory_bytes"))
+        for k, v in dflt.items():
+            if k in f and f[k] is None:
+                f[k] = v
+                self.defaulted.append(k)
+        cap = self.capacity
+        f["num_gpu_blocks"] = cap.get("num_gpu_blocks")
+        f["num_cpu_blocks"] = cap.get("num_cpu_blocks")
+        f["max_concurrency"] = cap.get("max_concurrency")
+        f["kv_device"] = cap.get("device")
+        f["cpu_offload_kv_tokens"] = cap.get("cpu_offload_tokens")
+        if f["max_model_len"] is None and cap.get("concurrency_tokens") is not None:
+            f["max_model_len"] = cap["concurrency_tokens"]
+        if f["max_model_len"] is None:
+            for e in self.events.get("KvCacheTooSmall", ()):
+                if e.max_model_len:
+                    f["max_model_len"] = e.max_model_len
+        kv = cap.get("kv_cache_tokens")
+        if kv is None and cap.get("num_gpu_blocks") is not None and f["block_size"]:
+            kv = int(cap["num_gpu_blocks"]) * int(f["block_size"])
+        if kv is None:
+            for e in self.events.get("KvCacheTooSmall", ()):
+                if e.kv_cache_tokens:
+                    kv = e.kv_cache_tokens
+        f["kv_cache_tokens"] = kv
+        if f["max_concurrency"] is None and kv and f["max_model_len"] and cap.get("num_gpu_blocks") is not None:
+            f["max_concurrency"] = round(kv / int(f["max_model_len"]), 2)
+        f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes")
+        f["gpu_total_memory_bytes"] = self.memory.get("total_memory_bytes")
+        f["model_weights_bytes"] = self.memory.get("model_weights_bytes")
+        if self.memory.get("gpu_memory_utilization") is not None and "gpu_memory_utilization" not in self.config:
+            f["gpu_memory_utilization"] = self.memory["gpu_memory_utilization"]
+            if "gpu_memory_utilization" in self.defaulted:
+                self.defaulted.remove("gpu_memory_utilization")
+        f["preemptions_total"] = self.preemptions_total if self.preemptions_reported else None
+        f["peak_num_running"] = self.peak_running
+        f["peak_num_waiting"] = self.peak_waiting
+        f["peak_gpu_kv_cache_usage_ratio"] = self.peak_kv
+        f["oom_events_total"] = self.oom_events_total
+        f["preemptions_inferred"] = self.preemptions_inferred()
+        return f
+
+    def preemptions_inferred(self) -> bool:
+        """True when no source reports preemptions but the stats show their signature: KV cache
+        full, requests waiting, and running requests dropping between intervals (V1 logs print
+        no preemption line)."""
+        if self.preemptions_reported:
+            return False
+        prev = None
+        for s in self.stats:
+            if prev is not None and s.kv_cache_usage_ratio is not None and prev.kv_cache_usage_ratio is not None:
+                if (prev.kv_cache_usage_ratio >= 0.9 and s.num_waiting > 0 and prev.num_waiting > 0
+                        and s.num_running < prev.num_running):
+                    return True
+            prev = s
+        return False
+
+    def window(self, seconds: float | None) -> "Window":
+        """A view of the last ``seconds`` (None: all that is kept)."""
+        return Window(self, seconds)
+
+
+class Window:
+    """Series and events of one state over the last ``seconds`` before ``state.now``."""
+
+    def __init__(self, state: State, seconds: float | None) -> None:
+        self.state = state
+        self.seconds = seconds
+        self.start = None if (seconds is None or state.now is None) else state.now - seconds
+
+    def _in(self, ts: float | None) -> bool:
+        return self.start is None or ts is None or ts >= self.start
+
+    def stats(self) -> list[ev.SchedulerStats]:
+        return [s for s in self.state.stats if self._in(s.meta.ts)]
+
+    def metrics(self) -> list[ev.VllmMetricsSample]:
+        return [s for s in self.state.metrics if self._in(s.meta.ts)]
+
+    def events(self, kind: str) -> list:
+        return [e for e in self.state.events.get(kind, ()) if self._in(e.meta.ts)]
+
+    def preemptions(self) -> int:
+        """Preemptions within the window, from the unified counter's timeline."""
+        tl = self.state.preemption_timeline
+        if not tl:
+            return 0
+        base = 0
+        for ts, total in tl:
+            if self.start is not None and ts is not None and ts < self.start:
+                base = total
+        return self.state.preemptions_total - base
+
+    def gpu_series(self) -> list[tuple[float, int, int | None]]:
+        return [g for g in self.state.gpu_series if self._in(g[0])]
+
+
+def event_fields(kind: str) -> set[str]:
+    """Field names of an event kind (for rule validation)."""
+    return {f.name for f in dc_fields(ev.EVENT_KINDS[kind])}

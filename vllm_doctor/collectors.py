@@ -1,0 +1,232 @@
+"""The sidecar's Prometheus collector: ``Pipeline.state`` and the sources' health as metrics.
+
+A prometheus-client custom collector (``collect()`` yields metric families, registered on a
+registry the caller injects). ``collect()`` never raises: each family is built on its own, and a
+family that fails is left out of that scrape and counted in
+``vllm_doctor_collector_errors_total``. It reads only what the sources and the pipeline already
+hold: no I/O, no NVML call, on the scrape path.
+
+Names (issue 3). About vLLM, the names operators already query: ``vllm_kv_cache_tokens``,
+``vllm_preemptions_total``, ``vllm_running_sequences``, ``vllm_pending_sequences`` (vLLM's
+"waiting"), ``vllm_swapped_sequences`` (V0), ``vllm_kv_cache_usage_ratio``,
+``vllm_max_concurrency``, ``vllm_max_num_seqs``, ``vllm_max_model_len``,
+``vllm_oom_events_total``, ``vllm_prompt_throughput_tokens_per_second``,
+``vllm_generation_throughput_tokens_per_second``, ``vllm_prefix_cache_hit_ratio``,
+``vllm_time_to_first_token_seconds{quantile}`` (over the scraper's window). About the GPU:
+``gpu_memory_used_bytes``, ``gpu_memory_total_bytes``, ``gpu_utilization_ratio``,
+``gpu_power_watts``, ``gpu_temperature_celsius`` (labels ``gpu``, ``uuid``, ``model``) and
+``gpu_process_memory_used_bytes{gpu,uuid,pid,process}``. Findings:
+``vllm_doctor_finding_active{rule_id,name,severity}`` (every loaded rule, 1 while active). The
+sidecar's health: ``vllm_doctor_log_lines_total{source}``,
+``vllm_doctor_unparsed_lines_total{source}``, ``vllm_doctor_log_rotations_total{source}``,
+``vllm_doctor_log_truncations_total{source}``, ``vllm_doctor_source_up{source}``,
+``vllm_doctor_scrape_errors_total``, ``vllm_doctor_rejected_values_total``,
+``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_build_info{version}``.
+
+Labels are bounded: configured sources, GPU indexes, rule ids, NVML's compute processes. No
+prompt text, request id or other value from a log line becomes a label.
+
+Where a value has two sources, vLLM's /metrics wins over the log's stats line while the scrape
+is up (it is fresher: sampled at each scrape, the log line only every ~10 s).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from vllm_doctor import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vllm_doctor.serve import Sidecar
+
+log = logging.getLogger(__name__)
+
+GPU_LABELS = ["gpu", "uuid", "model"]
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class SidecarCollector(Collector):
+    """Export a running :class:`vllm_doctor.serve.Sidecar` (its pipeline state, sources and
+    findings). Register it on the registry served at /metrics."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        self.errors = 0
+
+    def describe(self) -> list:
+        """No up-front description (the families depend on what is configured)."""
+        return []
+
+    def collect(self) -> Iterator:
+        """Yield every family that can be built now; never raises."""
+        parts: list[Callable[[], list]] = [self._vllm, self._gpus, self._findings, self._health]
+        out: list = []
+        lock = getattr(self.sidecar, "lock", None)
+        try:
+            if lock is not None:
+                lock.acquire()
+            for part in parts:
+                try:
+                    out.extend(part())
+                except Exception:  # noqa: BLE001 - a scrape must answer whatever breaks
+                    self.errors += 1
+                    log.exception("collector part %s failed", part.__name__)
+        finally:
+            if lock is not None:
+                lock.release()
+        err = CounterMetricFamily("vllm_doctor_collector_errors",
+                                  "Metric families left out of a scrape because building them failed.")
+        err.add_metric([], self.errors)
+        out.append(err)
+        yield from out
+
+    # -- vLLM ---------------------------------------------------------------------------------
+
+    def _vllm(self) -> list:
+        sc = self.sidecar
+        st = sc.pipeline.state
+        facts = st.facts()
+        stats = st.last_stats
+        m = st.last_metrics if sc.metrics_live() else None
+        fams = []
+
+        def gauge(name: str, doc: str, value: Any) -> None:
+            v = _num(value)
+            if v is not None:
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], v)
+                fams.append(g)
+
+        def pick(metric_field: str, stats_field: str) -> Any:
+            v = getattr(m, metric_field, None) if m is not None else None
+            if v is None and stats is not None:
+                v = getattr(stats, stats_field, None)
+            return v
+
+        gauge("vllm_kv_cache_tokens", "KV cache capacity in tokens (vLLM's 'GPU KV cache size', "
+              "or num_gpu_blocks x block_size).", facts.get("kv_cache_tokens"))
+        gauge("vllm_max_concurrency", "Sequences of max_model_len tokens the KV cache holds at once "
+              "(vLLM's 'Maximum concurrency').", facts.get("max_concurrency"))
+        gauge("vllm_max_num_seqs", "--max-num-seqs in effect.", facts.get("max_num_seqs"))
+        gauge("vllm_max_model_len", "--max-model-len in effect.", facts.get("max_model_len"))
+        gauge("vllm_running_sequences", "Requests running (vllm:num_requests_running, or the "
+              "stats line's Running).", pick("num_running", "num_running"))
+        gauge("vllm_pending_sequences", "Requests waiting to be scheduled (vllm:num_requests_waiting, "
+              "or the stats line's Waiting / Pending).", pick("num_waiting", "num_waiting"))
+        gauge("vllm_swapped_sequences", "Requests swapped to CPU (V0 engine only).",
+              pick("num_swapped", "num_swapped"))
+        gauge("vllm_kv_cache_usage_ratio", "KV cache usage 0..1 (vllm:kv_cache_usage_perc, or the stats "
+              "line's GPU/CPU KV cache usage).", pick("kv_cache_usage_ratio", "kv_cache_usage_ratio"))
+        if stats is not None:
+            gauge("vllm_prompt_throughput_tokens_per_second", "Prompt (prefill) throughput of the last "
+                  "stats interval.", stats.prompt_tps)
+            gauge("vllm_generation_throughput_tokens_per_second", "Generation (decode) throughput of "
+                  "the last stats interval.", stats.generation_tps)
+        hit = stats.prefix_cache_hit_ratio if stats is not None else None
+        if hit is None and sc.scraper is not None:
+            hit = sc.scraper.prefix_cache_hit_ratio
+        gauge("vllm_prefix_cache_hit_ratio", "Prefix cache hits / queries.", hit)
+        c = CounterMetricFamily("vllm_preemptions", "Preemptions, one counter whichever source saw "
+                                "them (V0 log warnings' cumulative count, V1 stats 'Preemptions', "
+                                "vllm:num_preemptions_total); never counted twice.")
+        c.add_metric([], st.preemptions_total)
+        fams.append(c)
+        c = CounterMetricFamily("vllm_oom_events", "CUDA / torch out-of-memory errors seen in the log.")
+        c.add_metric([], st.oom_events_total)
+        fams.append(c)
+        if sc.scraper is not None and sc.scraper.ttft_quantiles:
+            g = GaugeMetricFamily("vllm_time_to_first_token_seconds", "Time to first token over the "
+                                  "last window, from vllm:time_to_first_token_seconds.",
+                                  labels=["quantile"])
+            for q, v in sorted(sc.scraper.ttft_quantiles.items()):
+                g.add_metric([q], v)
+            fams.append(g)
+        return fams
+
+    # -- GPUs -----------------------------------------------------------------------------------
+
+    def _gpus(self) -> list:
+        gpus = dict(self.sidecar.pipeline.state.gpus)
+        if not gpus:
+            return []
+        spec = [
+            ("gpu_memory_used_bytes", "GPU memory used (NVML memory info v2 where available, as nvidia-smi).",
+             "memory_used_bytes"),
+            ("gpu_memory_total_bytes", "GPU memory total.", "memory_total_bytes"),
+            ("gpu_utilization_ratio", "GPU utilization 0..1 over NVML's last sample period.",
+             "utilization_ratio"),
+            ("gpu_power_watts", "GPU power draw.", "power_watts"),
+            ("gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius"),
+        ]
+        fams = []
+        for name, doc, attr in spec:
+            g = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+            for idx, s in sorted(gpus.items()):
+                v = _num(getattr(s, attr, None))
+                if v is not None:
+                    g.add_metric([str(idx), s.uuid, s.model], v)
+            fams.append(g)
+        g = GaugeMetricFamily("gpu_process_memory_used_bytes", "GPU memory used by each compute process.",
+                              labels=["gpu", "uuid", "pid", "process"])
+        for idx, s in sorted(gpus.items()):
+            for pid, name, used in s.processes:
+                g.add_metric([str(idx), s.uuid, str(pid), name], float(used))
+        fams.append(g)
+        return fams
+
+    # -- findings and health --------------------------------------------------------------------
+
+    def _findings(self) -> list:
+        p = self.sidecar.pipeline
+        active = {f.rule_id for f in p.engine.findings.values() if f.active}
+        g = GaugeMetricFamily("vllm_doctor_finding_active", "1 while the rule's finding is active, "
+                              "else 0 (every loaded rule).", labels=["rule_id", "name", "severity"])
+        for r in p.ruleset.rules:
+            g.add_metric([r.id, r.name, r.severity], 1.0 if r.id in active else 0.0)
+        return [g]
+
+    def _health(self) -> list:
+        sc = self.sidecar
+        st = sc.pipeline.state
+        lines = CounterMetricFamily("vllm_doctor_log_lines", "Log lines read.", labels=["source"])
+        unparsed = CounterMetricFamily("vllm_doctor_unparsed_lines", "Log lines that gave no event "
+                                       "(not an error: most vLLM lines carry nothing to diagnose).",
+                                       labels=["source"])
+        rot = CounterMetricFamily("vllm_doctor_log_rotations", "Log rotations seen (rename or "
+                                  "delete + re-create).", labels=["source"])
+        trunc = CounterMetricFamily("vllm_doctor_log_truncations", "Log truncations seen "
+                                    "(copytruncate).", labels=["source"])
+        for f in sc.log_sources():
+            lines.add_metric([f.name], st.lines_total.get(f.name, 0))
+            unparsed.add_metric([f.name], max(0, sc.pipeline.unparsed(f.name)))
+            rot.add_metric([f.name], f.stats.rotations)
+            trunc.add_metric([f.name], f.stats.truncations)
+        up = GaugeMetricFamily("vllm_doctor_source_up", "1 when the source is live: the log file is "
+                               "open, the last /metrics scrape or NVML poll succeeded.",
+                               labels=["source"])
+        for s in sc.source_status():
+            up.add_metric([s["source"]], 1.0 if s["up"] else 0.0)
+        scrape_err = CounterMetricFamily("vllm_doctor_scrape_errors", "Failed scrapes of vLLM's /metrics.")
+        scrape_err.add_metric([], sc.scraper.stats.errors if sc.scraper is not None else 0)
+        rejected = CounterMetricFamily("vllm_doctor_rejected_values", "Impossible values in vLLM's "
+                                       "/metrics (negative, NaN, a ratio above 1), dropped.")
+        rejected.add_metric([], sc.scraper.stats.rejected_values if sc.scraper is not None else 0)
+        perr = CounterMetricFamily("vllm_doctor_pipeline_errors", "Input the pipeline failed on "
+                                   "(skipped; the sidecar keeps running).")
+        perr.add_metric([], sc.pipeline_errors)
+        info = InfoMetricFamily("vllm_doctor_build", "vllm-doctor's version.")
+        info.add_metric([], {"version": __version__})
+        return [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, info]

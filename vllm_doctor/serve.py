@@ -1,0 +1,392 @@
+"""``vllm-doctor serve``: the sidecar. Configuration, wiring of the sources to the pipeline, the
+evaluation loop, the HTTP server and a clean shutdown.
+
+Wiring (one lock around the pipeline; every source thread takes it to hand data over)::
+
+    LogFollower(s) / PipeFollower --bytes--> Pipeline.feed / Pipeline.end
+    MetricsScraper  --VllmMetricsSample-->  Pipeline.observe
+    NvmlPoller      --GpuSample-------->    Pipeline.observe
+    evaluation thread: Pipeline.evaluate(now) every ``eval_interval`` s; checkpoint every
+    ``checkpoint_interval`` s and at shutdown
+    HTTP (FastAPI + uvicorn): /metrics (SidecarCollector), /healthz, /readyz, /api/findings,
+    /api/state, /  (see :mod:`vllm_doctor.server`)
+
+Configuration precedence: command-line flags > ``VLLM_DOCTOR_*`` environment variables > the
+YAML file (``--config`` / ``VLLM_DOCTOR_CONFIG``) > defaults. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from vllm_doctor.errors import VllmDoctorError
+from vllm_doctor.sources.follow import (
+    FollowStats,
+    FollowThread,
+    LogFollower,
+    PipeFollower,
+    load_checkpoints,
+    save_checkpoints,
+)
+from vllm_doctor.sources.nvml import NvmlPoller
+from vllm_doctor.sources.scrape import MetricsScraper
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
+ENV_PREFIX = "VLLM_DOCTOR_"
+
+
+class ConfigError(VllmDoctorError):
+    """An invalid serve configuration (bad value, unreadable config file); exit code 2."""
+
+
+class ServeConfig(BaseModel):
+    """The sidecar's settings. Durations in seconds.
+
+    logs: files to follow ("-" = stdin); metrics_url: vLLM's /metrics or None (off);
+    nvml: poll NVML; host/port: where to serve; from_start: read files present at start from
+    their beginning; state_file: offset checkpoint; rules: extra rule directories.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    logs: list[str] = Field(default_factory=list)
+    metrics_url: str | None = DEFAULT_METRICS_URL
+    nvml: bool = True
+    host: str = "0.0.0.0"
+    port: int = Field(default=9401, ge=0, le=65535)
+    from_start: bool = False
+    state_file: str | None = None
+    rules: list[str] = Field(default_factory=list)
+    eval_interval: float = Field(default=5.0, gt=0)
+    scrape_interval: float = Field(default=5.0, gt=0)
+    nvml_interval: float = Field(default=5.0, gt=0)
+    poll_interval: float = Field(default=1.0, gt=0)
+    checkpoint_interval: float = Field(default=10.0, gt=0)
+    stale_after: float = Field(default=120.0, gt=0)
+    ttft_window: float = Field(default=300.0, gt=0)
+    log_level: str = "info"
+
+    @field_validator("metrics_url", mode="before")
+    @classmethod
+    def _none_turns_off(cls, v: Any) -> Any:
+        if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "off", "false")):
+            return None
+        return v
+
+    @field_validator("logs", "rules", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [p for p in v.split(",") if p.strip()]
+        return v
+
+
+_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+         "off": False}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, f in ServeConfig.model_fields.items():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is None and name == "logs":
+            raw = env.get(ENV_PREFIX + "LOG")
+        if raw is None:
+            continue
+        if f.annotation is bool:
+            if raw.strip().lower() not in _BOOL:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: expected true or false")
+            out[name] = _BOOL[raw.strip().lower()]
+        else:
+            out[name] = raw
+    return out
+
+
+def _from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config file must be a mapping of settings")
+    out = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if "log" in out and "logs" not in out:
+        out["logs"] = out.pop("log")
+    return out
+
+
+def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                config_file: str | os.PathLike[str] | None = None) -> ServeConfig:
+    """Merge the sources of configuration: ``flags`` (only those given on the command line; None
+    values are ignored) > ``env`` (``VLLM_DOCTOR_*``, default os.environ) > the YAML file
+    (``config_file`` or ``VLLM_DOCTOR_CONFIG``) > defaults. Raises ConfigError."""
+    env = os.environ if env is None else env
+    config_file = config_file or env.get(ENV_PREFIX + "CONFIG")
+    merged: dict[str, Any] = {}
+    if config_file:
+        merged.update(_from_file(config_file))
+    merged.update(_from_env(env))
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None and v != []})
+    try:
+        return ServeConfig.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "config"
+        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+
+
+@dataclass
+class LogSource:
+    """One followed log: ``name`` is the source name in the pipeline and in metric labels (the
+    path as configured); ``reader`` a LogFollower or PipeFollower."""
+
+    name: str
+    reader: LogFollower | PipeFollower
+
+    @property
+    def stats(self) -> FollowStats:
+        return self.reader.stats
+
+
+class Sidecar:
+    """The running sidecar without its HTTP server (``watch`` uses it as is).
+
+    pipeline: a :class:`vllm_doctor.pipeline.Pipeline` (built from the config's rules unless
+    given); nvml: an NVML module stand-in for tests (default: pynvml).
+    Thread-safety: every access to the pipeline holds :attr:`lock`.
+    """
+
+    def __init__(self, cfg: ServeConfig, *, pipeline: Any = None, nvml: Any = None,
+                 stdin_fd: int = 0) -> None:
+        from vllm_doctor.pipeline import Pipeline
+
+        self.cfg = cfg
+        self.lock = threading.RLock()
+        self.rule_load_error: str | None = None
+        if pipeline is None:
+            pipeline = Pipeline(self._load_rules(cfg.rules), follow=True,
+                                base_year=time.gmtime().tm_year)
+        self.pipeline = pipeline
+        self.pipeline_errors = 0
+        self.started_at: float | None = None
+        self.last_eval_at: float | None = None
+        self.evaluations = 0
+        self._stop = threading.Event()
+        self._eval_thread: threading.Thread | None = None
+        checkpoints = load_checkpoints(cfg.state_file)
+        self.logs: list[LogSource] = []
+        for path in cfg.logs:
+            if path == "-":
+                r: LogFollower | PipeFollower = PipeFollower(
+                    stdin_fd, self._on_data("-"), self._on_end("-"), lock=self.lock)
+            else:
+                ck = checkpoints.get(os.path.abspath(path))
+                r = LogFollower(path, self._on_data(path), self._on_end(path),
+                                from_start=cfg.from_start, checkpoint=ck)
+            self.logs.append(LogSource(path, r))
+        files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
+        self.follow_thread = FollowThread(files, self.lock, poll_interval=cfg.poll_interval) if files else None
+        self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
+                                       window_seconds=cfg.ttft_window)
+                        if cfg.metrics_url else None)
+        self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml)
+                     if cfg.nvml else None)
+
+    # -- rules ----------------------------------------------------------------------------------
+
+    def _load_rules(self, dirs: list[str]) -> Any:
+        """The rules; a bad user rule directory degrades to the built-in rules (reported on
+        /healthz and /api/findings) instead of stopping the sidecar."""
+        from vllm_doctor.diagnosis.loader import load_rules
+        from vllm_doctor.errors import RuleLoadError
+
+        try:
+            return load_rules(extra_dirs=[Path(d) for d in dirs])
+        except RuleLoadError as exc:
+            if not dirs:
+                raise
+            self.rule_load_error = str(exc)
+            log.error("rules: %s; running the built-in rules only", exc)
+            return load_rules()
+
+    # -- callbacks (called with self.lock held) ---------------------------------------------------
+
+    def _on_data(self, name: str):
+        def on_data(data: bytes) -> None:
+            try:
+                self.pipeline.feed(name, data)
+            except Exception:  # noqa: BLE001 - the sidecar never dies on input
+                self._pipeline_failed(name)
+        return on_data
+
+    def _on_end(self, name: str):
+        def on_end() -> None:
+            try:
+                self.pipeline.end(name)
+                reset = getattr(self.pipeline, "reset_source", None)
+                if reset is not None:
+                    reset(name)
+            except Exception:  # noqa: BLE001
+                self._pipeline_failed(name)
+        return on_end
+
+    def _observe(self, event: Any) -> None:
+        with self.lock:
+            try:
+                self.pipeline.observe(event)
+            except Exception:  # noqa: BLE001
+                self._pipeline_failed(type(event).__name__)
+
+    def _pipeline_failed(self, what: str) -> None:
+        self.pipeline_errors += 1
+        if self.pipeline_errors <= 10 or self.pipeline_errors % 1000 == 0:
+            log.exception("pipeline failed on input from %s (%d so far); skipped", what,
+                          self.pipeline_errors)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every configured source and the evaluation loop. The first poll of each log
+        file happens here, synchronously (so "from the end" means the end at start)."""
+        self.started_at = time.monotonic()
+        with self.lock:
+            for s in self.logs:
+                if isinstance(s.reader, LogFollower):
+                    s.reader.poll()
+        for s in self.logs:
+            if isinstance(s.reader, PipeFollower):
+                s.reader.start()
+        if self.follow_thread is not None:
+            self.follow_thread.start()
+        if self.scraper is not None:
+            self.scraper.start()
+        if self.nvml is not None:
+            self.nvml.start()
+        self._eval_thread = threading.Thread(target=self._eval_loop, name="vllm-doctor-eval", daemon=True)
+        self._eval_thread.start()
+        log.info("vllm-doctor sidecar started: logs=%s metrics=%s nvml=%s", [s.name for s in self.logs],
+                 self.cfg.metrics_url, self.cfg.nvml)
+
+    def stop(self) -> None:
+        """Stop every thread, read what is left, evaluate once more and write the checkpoint."""
+        self._stop.set()
+        if self.follow_thread is not None:
+            self.follow_thread.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
+        if self.nvml is not None:
+            self.nvml.stop()
+        if self._eval_thread is not None:
+            self._eval_thread.join(10)
+        with self.lock:
+            for s in self.logs:
+                if isinstance(s.reader, LogFollower):
+                    s.reader.poll()
+            self.evaluate()
+            self.save_checkpoint()
+            for s in self.logs:
+                if isinstance(s.reader, LogFollower):
+                    s.reader.close()
+        log.info("vllm-doctor sidecar stopped")
+
+    def evaluate(self) -> list:
+        """Run the rules now (wall clock); never raises (a failure is logged and counted)."""
+        with self.lock:
+            try:
+                out = self.pipeline.evaluate(time.time())
+            except Exception:  # noqa: BLE001
+                self._pipeline_failed("rules")
+                return []
+            self.last_eval_at = time.monotonic()
+            self.evaluations += 1
+            return out
+
+    def save_checkpoint(self) -> None:
+        """Write the offsets of the followed files to ``state_file`` (if configured)."""
+        if not self.cfg.state_file:
+            return
+        files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
+        with self.lock:
+            try:
+                save_checkpoints(self.cfg.state_file, files)
+            except OSError as exc:
+                log.warning("cannot write state file %s: %s", self.cfg.state_file, exc)
+
+    def _eval_loop(self) -> None:
+        last_ck = time.monotonic()
+        while not self._stop.wait(self.cfg.eval_interval):
+            self.evaluate()
+            if time.monotonic() - last_ck >= self.cfg.checkpoint_interval:
+                self.save_checkpoint()
+                last_ck = time.monotonic()
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def log_sources(self) -> list[LogSource]:
+        """The configured logs."""
+        return list(self.logs)
+
+    def metrics_live(self) -> bool:
+        """True while the last /metrics scrape succeeded."""
+        return self.scraper is not None and self.scraper.stats.up
+
+    def source_status(self) -> list[dict[str, Any]]:
+        """Each configured source: ``source`` (label value), ``kind`` (log|metrics|nvml), ``up``,
+        ``status`` (live | stale: up but nothing new for ``stale_after`` s | down),
+        ``age_seconds`` since its last data (None before any) and ``detail``."""
+        now = time.monotonic()
+        out = []
+
+        def entry(source: str, kind: str, up: bool, last: float | None, detail: str | None) -> None:
+            ref = last if last is not None else self.started_at
+            age = None if last is None else round(now - last, 3)
+            stale = ref is not None and now - ref > self.cfg.stale_after
+            out.append({"source": source, "kind": kind, "up": bool(up),
+                        "status": "down" if not up else ("stale" if stale else "live"),
+                        "age_seconds": age, "detail": detail})
+
+        for s in self.logs:
+            st = s.stats
+            entry(s.name, "log", st.up, st.last_data_at, st.last_error or (
+                None if st.up else ("end of input" if s.name == "-" else "file not found")))
+        if self.scraper is not None:
+            st2 = self.scraper.stats
+            entry("metrics", "metrics", st2.up, st2.last_ok_at, st2.last_error)
+        if self.nvml is not None:
+            st3 = self.nvml.stats
+            entry("nvml", "nvml", st3.up, st3.last_ok_at, st3.last_error)
+        return out
+
+    def ready(self) -> tuple[bool, list[dict[str, Any]]]:
+        """(ready, sources): ready once started with at least one source up."""
+        srcs = self.source_status()
+        return self.started_at is not None and any(s["up"] for s in srcs), srcs
+
+
+def run(cfg: ServeConfig) -> int:
+    """Serve until SIGTERM / SIGINT (uvicorn's handlers; the sidecar is stopped and its
+    checkpoint written in the app's shutdown). Returns the exit code."""
+    import uvicorn
+
+    from vllm_doctor.server import create_app
+
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sidecar = Sidecar(cfg)
+    app = create_app(sidecar, manage=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                                           access_log=False, lifespan="on"))
+    server.run()
+    return 0

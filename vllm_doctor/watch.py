@@ -1,0 +1,143 @@
+"""``vllm-doctor watch LOG``: a live terminal view (rich) of a running vLLM.
+
+It runs the same :class:`~vllm_doctor.serve.Sidecar` as ``serve`` (same sources, pipeline and
+rules) without the HTTP server, and redraws every ``interval`` seconds: running, waiting
+(and swapped on V0), KV cache usage, preemptions in the last interval and in total, TTFT
+p50/p99 when /metrics is scraped, GPU memory and utilization, and the active findings with
+their flag fixes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from vllm_doctor.serve import ServeConfig, Sidecar
+
+GiB = float(1 << 30)
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    if pct:
+        return f"{v * 100:.1f}%"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+class WatchView:
+    """Builds one frame from a sidecar; remembers the preemption total between frames."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        self._prev: tuple[float, int] | None = None
+
+    def frame(self) -> Group:
+        """The renderable of the current state (takes the sidecar's lock while reading)."""
+        sc = self.sidecar
+        with sc.lock:
+            st = sc.pipeline.state
+            facts = st.facts()
+            stats = st.last_stats
+            m = st.last_metrics if sc.metrics_live() else None
+            preempt = st.preemptions_total
+            gpus = [g for _, g in sorted(st.gpus.items())]
+            active = [f for f in sc.pipeline.engine.findings.values() if f.active]
+            model = st.config_value("model")
+            version, engine = st.vllm_version, st.engine
+        now = time.monotonic()
+        delta = None
+        if self._prev is not None:
+            delta = (preempt - self._prev[1], now - self._prev[0])
+        self._prev = (now, preempt)
+
+        def pick(mf: str, sf: str) -> Any:
+            v = getattr(m, mf, None) if m is not None else None
+            return v if v is not None else (getattr(stats, sf, None) if stats is not None else None)
+
+        head = Text.assemble(("vllm-doctor watch", "bold"), "  vLLM ", version or "?",
+                             f" ({engine})" if engine else "", f"  model {model}" if model else "")
+        ttft = sc.scraper.ttft_quantiles if sc.scraper is not None else {}
+        pre = f"{preempt}" + (f"  (+{delta[0]} in the last {delta[1]:.0f} s)" if delta else "")
+        t = Table(show_header=False, box=None, padding=(0, 2))
+        t.add_column(style="bold")
+        t.add_column(justify="right")
+        t.add_column(style="bold")
+        t.add_column(justify="right")
+        t.add_row("running", _fmt(pick("num_running", "num_running")),
+                  "max_num_seqs", _fmt(facts.get("max_num_seqs")))
+        t.add_row("waiting", _fmt(pick("num_waiting", "num_waiting")),
+                  "max concurrency", _fmt(facts.get("max_concurrency")))
+        t.add_row("swapped", _fmt(pick("num_swapped", "num_swapped")),
+                  "KV cache tokens", _fmt(facts.get("kv_cache_tokens")))
+        t.add_row("KV cache usage", _fmt(pick("kv_cache_usage_ratio", "kv_cache_usage_ratio"), pct=True),
+                  "TTFT p50 / p99",
+                  f"{ttft['0.5']:.2f} s / {ttft['0.99']:.2f} s" if "0.5" in ttft and "0.99" in ttft else "-")
+        t.add_row("preemptions", pre, "", "")
+        parts: list[Any] = [head, t]
+        if gpus:
+            g = Table(show_header=True, header_style="bold")
+            for c in ("gpu", "model", "memory", "util", "power", "temp"):
+                g.add_column(c, justify="right")
+            for s in gpus:
+                mem = ("-" if s.memory_used_bytes is None or not s.memory_total_bytes else
+                       f"{s.memory_used_bytes / GiB:.1f}/{s.memory_total_bytes / GiB:.1f} GiB "
+                       f"({s.memory_used_bytes / s.memory_total_bytes:.0%})")
+                g.add_row(str(s.index), s.model, mem, _fmt(s.utilization_ratio, pct=True),
+                          "-" if s.power_watts is None else f"{s.power_watts:.0f} W",
+                          "-" if s.temperature_celsius is None else f"{s.temperature_celsius:.0f} C")
+            parts.append(g)
+        if active:
+            for f in active:
+                body = Text(f.message)
+                for x in f.fixes:
+                    body.append(f"\n  {x.flag} {x.value}", style="bold")
+                    body.append(f"  {x.why}")
+                style = {"critical": "red", "warning": "yellow"}.get(f.severity, "blue")
+                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity})"),
+                                   border_style=style, expand=False))
+        else:
+            parts.append(Text("no active finding", style="green"))
+        src = ", ".join(f"{s['source']}: {s['status']}" for s in sc.source_status())
+        parts.append(Text(f"sources: {src}", style="dim"))
+        return Group(*parts)
+
+
+def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
+          console: Console | None = None, nvml: Any = None) -> int:
+    """Run the live view until Ctrl-C (or one frame with ``once``). Returns the exit code."""
+    from rich.live import Live
+
+    console = console or Console()
+    sc = Sidecar(cfg, nvml=nvml)
+    sc.start()
+    view = WatchView(sc)
+    try:
+        if once:
+            if sc.nvml is not None:
+                sc.nvml.poll_once()
+            if sc.scraper is not None:
+                sc.scraper.scrape_once()
+            for s in sc.logs:  # a pipe: wait (bounded) for its end
+                join = getattr(s.reader, "join", None)
+                if join is not None:
+                    join(10)
+            sc.evaluate()
+            console.print(view.frame())
+            return 0
+        with Live(view.frame(), console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                time.sleep(interval)
+                sc.evaluate()
+                live.update(view.frame())
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sc.stop()

@@ -54,7 +54,7 @@ def diagnose(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
 ) -> None:
     """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
-    from .diagnose import diagnose as run
+    from .oneshot import diagnose as run
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
 
@@ -150,6 +150,64 @@ def export(
 
 
 # --- serve/watch (issue 3) ---
+def _serve_flags(**kw: object) -> dict:
+    """Only the options given on the command line (None = not given: env / config file decide)."""
+    return {k: (v if not isinstance(v, list) else [str(x) for x in v]) for k, v in kw.items()
+            if v is not None and v != []}
+
+
+@app.command()
+def serve(
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL, or 'none'. [default: http://127.0.0.1:8000/metrics]")] = None,
+    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", help="Poll the GPUs through NVML. [default: on]")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="Address to serve on. [default: 0.0.0.0]")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="Port to serve on. [default: 9401]")] = None,
+    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", help="Read files present at start from their beginning (default: from their end).")] = None,
+    state_file: Annotated[Optional[str], typer.Option("--state-file", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
+    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. [default: 5]")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. [default: info]")] = None,
+) -> None:
+    """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
+    /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
+    from .serve import load_config, run
+
+    try:
+        cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url, nvml=nvml, host=host, port=port,
+                                       from_start=from_start, state_file=state_file, rules=rules,
+                                       eval_interval=eval_interval, log_level=log_level), config_file=config)
+        code = run(cfg)
+    except VllmDoctorError as e:
+        _fail(str(e))
+    raise typer.Exit(code)
+
+
+@app.command()
+def watch(
+    log: Annotated[Optional[list[str]], typer.Argument(help="vLLM log file(s) to follow (- reads stdin).")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL (default: none).")] = None,
+    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Show the GPUs through NVML.")] = True,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
+    from_start: Annotated[bool, typer.Option("--from-start/--from-end", help="Read the log from its beginning first (default), or only what comes next.")] = True,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """A live terminal view of running / waiting, KV cache usage, preemptions, GPU memory and the
+    active findings."""
+    from .serve import load_config
+    from .watch import watch as run_watch
+
+    if not log and not metrics_url:
+        _fail("give a log file (or - for stdin) or --metrics-url")
+    try:
+        cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url or "none", nvml=nvml,
+                                       from_start=from_start, rules=rules), env={})
+        code = run_watch(cfg, interval=interval, once=once)
+    except VllmDoctorError as e:
+        _fail(str(e))
+    raise typer.Exit(code)
 # --- end serve/watch ---
 
 

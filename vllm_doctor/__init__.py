@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 
 def diagnose(paths, rules_dirs=(), metrics_files=()):
-    """Diagnose vLLM log files (paths; "-" is stdin; .gz read directly). See vllm_doctor.sources_file."""
-    from .diagnose import diagnose as _d
+    """Diagnose vLLM log files (paths; "-" is stdin; .gz read directly). See vllm_doctor.oneshot."""
+    from .oneshot import diagnose as _d
 
     return _d(paths, rules_dirs=rules_dirs, metrics_files=metrics_files)

@@ -60,7 +60,7 @@ LEADING_PROCS_RE = re.compile(r"^\s*((?:\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+
 LOGGER_RE = re.compile(
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?"
     r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
-    r"\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?"
+    r"(?:\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?)?"
 )
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
 EMBEDDED_RE = re.compile(
@@ -253,7 +253,7 @@ class Envelope:
             level = lm.group("level") or None
             if level == "WARN":
                 level = "WARNING"
-            src = f"{lm.group('file')}:{lm.group('line')}"
+            src = f"{lm.group('file')}:{lm.group('line')}" if lm.group("file") else "?"
             t = self.clock.to_epoch(int(lm.group("mon")), int(lm.group("day")), lm.group("hms"))
             if ts is None:
                 ts = t

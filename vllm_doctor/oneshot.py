@@ -1,4 +1,4 @@
-"""``diagnose``: read log files from start to end through the one pipeline.
+"""One-shot reading for ``diagnose``: log files from start to end through the one pipeline.
 
 Sources: a path (plain text or ``.gz``), or ``-`` for standard input. Several files of one
 deployment are merged in time order. ``--metrics FILE``: a saved vLLM /metrics capture adds what

@@ -143,6 +143,9 @@ class RuleEngine:
         def events(kind: str) -> list:
             return list(state.events.get(kind, ()))
 
+        def recent_events(kind: str) -> list:
+            return win.events(kind)
+
         def version_at_least(v: str) -> bool | None:
             pv = parse_version(state.vllm_version)
             return None if pv is None else pv >= parse_version(v)
@@ -162,7 +165,7 @@ class RuleEngine:
 
         funcs = dict(
             count=count, total=total, exists=exists, recent=recent, last_event=last_event,
-            first_event=first_event, events=events, preemptions=win.preemptions,
+            first_event=first_event, events=events, recent_events=recent_events, preemptions=win.preemptions,
             flag_exists=lambda f: flag_exists(f, state.vllm_version), fired=lambda n: n in fired_names,
             version_at_least=version_at_least, ttft_p99=ttft_p99,
         )

@@ -110,7 +110,7 @@ FUNCTIONS: dict[str, Callable] = {
     "str": str, "bool": bool, "any": any, "all": all, "sorted": sorted, "set": set,
 }
 # Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
-STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events",
+STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",
                    "preemptions", "flag_exists", "fired", "version_at_least", "ttft_p99")
 
 

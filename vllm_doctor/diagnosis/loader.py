@@ -210,7 +210,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         for a in attributes_of(expr, "t"):
             if a not in thresholds:
                 raise RuleLoadError(f"{path}: {where}: unknown threshold t.{a}")
-        for kind in re.findall(r"(?:count|total|exists|recent|last_event|first_event|events)\(\s*[\"']([\w:]+)[\"']", expr):
+        for kind in re.findall(r"(?:count|total|exists|recent|last_event|first_event|events|recent_events)\(\s*[\"']([\w:]+)[\"']", expr):
             if kind not in EVENT_KINDS and kind not in DERIVED_KINDS:
                 raise RuleLoadError(f"{path}: {where}: unknown event kind {kind!r}")
 

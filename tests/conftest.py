@@ -1,0 +1,56 @@
+"""Shared test helpers: paths of the real fixtures, and running diagnose in-process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+LOGS = FIXTURES / "logs"
+METRICS = FIXTURES / "metrics"
+CORE_RULES = {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound",
+              "gpu-memory-leak", "nccl-failure", "runtime-oom", "engine-dead"}
+
+
+def log(name_prefix: str) -> Path:
+    """The fixture log whose name starts with ``name_prefix`` (exactly one)."""
+    hits = sorted(p for p in LOGS.glob("*.log") if p.name.startswith(name_prefix))
+    assert len(hits) == 1, f"{name_prefix}: {hits}"
+    return hits[0]
+
+
+def expectations() -> dict[str, dict]:
+    """Rows of tests/fixtures/logs/README.md: file -> {must, may, facts, fix_max}."""
+    exp = {}
+    for line in (LOGS / "README.md").read_text().splitlines():
+        if not line.startswith("| ") or ".log" not in line.split("|")[1]:
+            continue
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        name, must, may, facts = c[0], c[3], c[4], c[5]
+        e = {"must": [] if must.startswith("(none") else [set(m.strip().split(" or ")) for m in must.split(",") if m.strip()],
+             "may": {m.strip() for m in may.split(",") if m.strip()}, "facts": {}, "fix_max": None}
+        for part in [p.strip() for p in facts.split(",") if p.strip()]:
+            m = re.match(r"fix (\S+) <= (\d+)", part)
+            if m:
+                e["fix_max"] = (m.group(1), int(m.group(2)))
+                continue
+            k, v = part.split("=", 1)
+            e["facts"][k.strip()] = float(v) if "." in v else int(v)
+        exp[name] = e
+    return exp
+
+
+@pytest.fixture(scope="session")
+def builtin_rules():
+    from vllm_doctor.diagnosis import load_rules
+
+    return load_rules()
+
+
+def diagnose_file(path: Path | str, **kw):
+    from vllm_doctor import diagnose
+
+    return diagnose([str(path)], **kw)

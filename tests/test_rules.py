@@ -1,0 +1,258 @@
+"""Each rule fires on real logs that show its incident, with the values and fixes computed from
+what the log shows, and stays silent on real logs that do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import LOGS, METRICS, diagnose_file, log
+
+
+def findings(rep):
+    return {f.name: f for f in rep.findings}
+
+
+def fixes(f):
+    return {fx.flag: fx.value for fx in f.fixes}
+
+
+# ---- VD001 preemption-storm -------------------------------------------------------------------
+def test_preemption_storm_v0_counts_from_cumulative_counter_not_lines():
+    rep = diagnose_file(log("014"))
+    f = findings(rep)["preemption-storm"]
+    assert rep.facts["preemptions_total"] == 151  # one warning line, cumulative 151
+    assert f.values["preempted"] == 151
+    assert f.values["kv_peak"] == pytest.approx(0.992)
+    assert fixes(f)["--max-num-seqs"] == "34"  # running when the KV cache was full
+    assert "34 sequences were running when the KV cache was full" in f.fixes[0].arithmetic
+    assert [e.lineno for e in f.evidence][:2] == [1, 2]
+
+
+def test_preemption_storm_unprefixed_v0_line():
+    rep = diagnose_file(log("019"))
+    assert rep.facts["preemptions_total"] == 101
+    assert rep.engine == "v0"
+    assert "preemption-storm" in findings(rep)
+
+
+def test_preemption_storm_v1_from_metrics_capture():
+    # The V1 log prints no preemption line; vLLM's own counter in /metrics says 105.
+    rep = diagnose_file(log("cpu-preemption"), metrics_files=[str(METRICS / "vllm-0.32-cpu-preemption.txt")])
+    f = findings(rep)["preemption-storm"]
+    assert rep.facts["preemptions_total"] == 105
+    assert f.values["preempted"] == 105
+    assert fixes(f)["--max-num-seqs"] == "2"  # 4,096 KV tokens / 2,048 max_model_len
+    assert "4096 KV cache tokens / 2048 max_model_len = 2 sequences" in f.fixes[0].arithmetic
+
+
+@pytest.mark.parametrize("name", ["026", "052", "025", "cpu-basic", "039"])
+def test_preemption_storm_silent_on_healthy(name):
+    assert "preemption-storm" not in findings(diagnose_file(log(name)))
+
+
+def test_v1_log_alone_reports_preemption_as_inferred():
+    rep = diagnose_file(log("cpu-preemption"))
+    assert rep.facts["preemptions_total"] is None
+    assert rep.facts["preemptions_inferred"] is True
+    f = findings(rep)["kv-capacity-bound"]
+    assert "inferred" in f.message
+
+
+# ---- VD002 startup-oom ------------------------------------------------------------------------
+@pytest.mark.parametrize("name,flag,value", [
+    ("004", "--max-model-len", "79392"),  # KV cache holds 79,392 tokens
+    ("011", "--max-model-len", "435584"),  # 1,048,576 x 9.97/24.00, down to a multiple of 16
+    ("cpu-startup-error-max-seq-len", "--max-model-len", "130944"),  # vLLM's own estimate
+    ("008", "--gpu-memory-utilization", "0.04"),  # 7.34/139.72 GiB free, less 1 %
+    ("cpu-startup-error-kv-cache-bigger", "--kv-cache-memory-bytes", "9769582592"),  # 90 % of 10.11 GiB, down to MiB
+    ("006", "--tensor-parallel-size", "2"),
+])
+def test_startup_oom_fix_values(name, flag, value):
+    f = findings(diagnose_file(log(name)))["startup-oom"]
+    assert f.severity == "critical"
+    assert fixes(f)[flag] == value
+
+
+def test_startup_oom_not_engine_dead_when_explained():
+    found = findings(diagnose_file(log("cpu-startup-error-max-seq-len")))
+    assert "startup-oom" in found and "engine-dead" not in found
+
+
+@pytest.mark.parametrize("name", ["039", "041", "066", "cpu-basic", "028"])
+def test_startup_oom_silent_on_healthy_startups(name):
+    assert not findings(diagnose_file(log(name)))
+
+
+# ---- VD003 prefill-blocking -------------------------------------------------------------------
+def test_prefill_blocking_v02():
+    rep = diagnose_file(log("033"))
+    f = findings(rep)["prefill-blocking"]
+    assert f.values["n_stalled"] == 2
+    assert f.values["gen_peak"] == pytest.approx(122.2)
+    assert fixes(f) == {"--max-num-batched-tokens": "2048"}
+    # 0.2 has no --enable-chunked-prefill: it is named with the version that has it, not recommended
+    assert any("--enable-chunked-prefill would help but needs vLLM >= 0.4.0" in n for n in f.notes)
+    assert [e.lineno for e in f.evidence] == [2, 3]
+
+
+@pytest.mark.parametrize("name", ["026", "054", "014", "cpu-basic"])
+def test_prefill_blocking_silent(name):
+    assert "prefill-blocking" not in findings(diagnose_file(log(name)))
+
+
+# ---- VD004 kv-capacity-bound ------------------------------------------------------------------
+def test_kv_capacity_bound_cpu_run_max_num_seqs_from_capacity():
+    rep = diagnose_file(log("cpu-preemption"))
+    f = findings(rep)["kv-capacity-bound"]
+    assert f.values["running"] == 4 and f.values["waiting_peak"] == 12
+    assert fixes(f)["--max-num-seqs"] == "2"
+    assert fixes(f)["--kv-cache-memory-bytes"] == str(4194304 * 2)
+    assert [e.lineno for e in f.evidence] == [138]  # the one interval at >= 95 % with a queue
+
+
+@pytest.mark.parametrize("name", ["034", "054"])
+def test_kv_capacity_bound_pastes(name):
+    assert "kv-capacity-bound" in findings(diagnose_file(log(name)))
+
+
+@pytest.mark.parametrize("name", ["052", "026", "033", "037"])
+def test_kv_capacity_bound_silent(name):
+    assert "kv-capacity-bound" not in findings(diagnose_file(log(name)))
+
+
+# ---- VD005 gpu-memory-leak --------------------------------------------------------------------
+def _idle_log(tmp_path: Path, kv_start: float, kv_step: float, running: int = 0) -> Path:
+    """The real 0.5.4 idle stats line (fixture 025) repeated every 5 minutes for 2 hours, with
+    KV cache usage changed to a rising series."""
+    line = (LOGS / "025-v0.5.4-idle-healthy-zero-load.log").read_text().splitlines()[0]
+    out = []
+    for i in range(25):
+        h, m = divmod(20 * 60 + 52 + i * 5, 60)
+        ln = line.replace("20:52:46", f"{h:02d}:{m:02d}:46").replace("Running: 0 reqs", f"Running: {running} reqs")
+        ln = ln.replace("GPU KV cache usage: 0.0%", f"GPU KV cache usage: {kv_start + i * kv_step:.1f}%")
+        out.append(ln)
+    p = tmp_path / "idle.log"
+    p.write_text("\n".join(out) + "\n")
+    return p
+
+
+def test_gpu_memory_leak_idle_kv_growth(tmp_path):
+    f = findings(diagnose_file(_idle_log(tmp_path, 5.0, 0.5)))["gpu-memory-leak"]
+    assert f.values["idle_slope"] == pytest.approx(0.06, rel=0.01)  # 0.5 % per 5 min = 6 %/h
+
+
+def test_gpu_memory_leak_silent_when_a_request_runs(tmp_path):
+    # one long request filling its own blocks is not a leak (fixture 052's shape)
+    assert "gpu-memory-leak" not in findings(diagnose_file(_idle_log(tmp_path, 5.0, 0.5, running=1)))
+    assert "gpu-memory-leak" not in findings(diagnose_file(log("052")))
+    assert "gpu-memory-leak" not in findings(diagnose_file(log("025")))
+
+
+def test_gpu_memory_leak_from_gpu_samples(builtin_rules):
+    from vllm_doctor.events import GpuSample, Meta
+    from vllm_doctor.pipeline import Pipeline
+
+    p = Pipeline(builtin_rules, follow=True)
+    t0 = 1_800_000_000.0
+    gib = 1 << 30
+    for i in range(61):  # one sample a minute for an hour, +1 GiB per hour
+        p.observe(GpuSample(Meta("nvml", ts=t0 + 60 * i), 0, "GPU-x", "NVIDIA H200",
+                            memory_used_bytes=int(100 * gib + i * gib / 60), memory_total_bytes=140 * gib))
+    active = {f.name: f for f in p.evaluate(t0 + 3600)}
+    f = active["gpu-memory-leak"]
+    assert f.values["gpu_slope"] == pytest.approx(gib, rel=0.01)
+    assert f.values["hours_to_full"] == pytest.approx(39.0, rel=0.02)  # 39 GiB left at 1 GiB/h
+    # flat memory: no finding
+    p2 = Pipeline(builtin_rules, follow=True)
+    for i in range(61):
+        p2.observe(GpuSample(Meta("nvml", ts=t0 + 60 * i), 0, "GPU-x", "NVIDIA H200",
+                             memory_used_bytes=100 * gib, memory_total_bytes=140 * gib))
+    assert not p2.evaluate(t0 + 3600)
+
+
+# ---- VD006 nccl-failure -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["044", "048", "064"])
+def test_nccl_failure(name):
+    assert "nccl-failure" in findings(diagnose_file(log(name)))
+
+
+def test_nccl_watchdog_values():
+    f = findings(diagnose_file(log("044")))["nccl-failure"]
+    assert f.values["op"] == "ALLREDUCE" and f.values["timeout_s"] == 1800
+
+
+@pytest.mark.parametrize("name", ["017", "043", "cpu-basic"])
+def test_nccl_failure_silent(name):
+    assert "nccl-failure" not in findings(diagnose_file(log(name)))
+
+
+# ---- VD007 runtime-oom ------------------------------------------------------------------------
+def test_runtime_oom_after_serving(tmp_path):
+    # A real serving log, then the real OOM line of fixture 006 re-timed after it.
+    served = log("cpu-basic").read_text().splitlines()[:580]
+    oom = log("006").read_text().splitlines()[0].replace("03-02 19:49:43", "11-30 09:08:50")
+    p = tmp_path / "served-then-oom.log"
+    p.write_text("\n".join(served + [oom]) + "\n")
+    rep = diagnose_file(p)
+    found = findings(rep)
+    assert "runtime-oom" in found and "startup-oom" not in found
+    f = found["runtime-oom"]
+    assert f.values["tried_mib"] == pytest.approx(20.0)
+    assert fixes(f)["--max-num-batched-tokens"] == "4096"  # default 8192 / 2
+    assert rep.facts["oom_events_total"] == 1
+
+
+def test_runtime_oom_silent_at_startup():
+    assert "runtime-oom" not in findings(diagnose_file(log("006")))
+
+
+# ---- VD008 engine-dead ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["017", "043", "cpu-request-errors"])
+def test_engine_dead(name):
+    assert "engine-dead" in findings(diagnose_file(log(name)))
+
+
+def test_engine_dead_names_first_error():
+    f = findings(diagnose_file(log("017")))["engine-dead"]
+    assert "background-task-failed" in f.values["kinds"]
+
+
+def test_engine_dead_silent_on_orderly_shutdown():
+    # the log ends with an EngineDeadError printed during a requested shutdown
+    assert "EngineDeadError" in log("cpu-preemption").read_text()
+    assert "engine-dead" not in findings(diagnose_file(log("cpu-preemption")))
+    assert "engine-dead" not in findings(diagnose_file(log("cpu-basic")))
+
+
+# ---- VD009 / VD010 ----------------------------------------------------------------------------
+def test_max_model_len_exceeds_model():
+    f = findings(diagnose_file(log("cpu-startup-error-max-model-len")))["max-model-len-exceeds-model"]
+    assert fixes(f) == {"--max-model-len": "4096"}
+
+
+TUNING_NOTE = """\
+vllm serve meta-llama/Llama-3-8B --kv-cache fp8 --chunked-prefill-size 4096 --max-num-seqs 512
+INFO 07-10 10:23:40 Initializing scheduler with max_num_seqs=512
+INFO 07-10 10:23:45 GPU KV cache size: 512,000 tokens
+INFO 07-10 10:23:45 CPU offload KV cache size: 128,000 tokens
+INFO 07-10 10:23:45 Maximum concurrency for 16,384 tokens: 128 sequences
+WARNING 07-10 10:30:01 Preempting seq_id=1021 (swap out, 512 blocks)
+INFO 07-10 10:30:05 running=128 pending=512 gpu_cache=0%
+WARNING 07-10 10:35:00 preemption count: 45 in last 5 minutes
+"""
+
+
+def test_tuning_note_lines_and_fake_flags(tmp_path):
+    p = tmp_path / "note.log"
+    p.write_text(TUNING_NOTE)
+    rep = diagnose_file(p)
+    assert rep.facts["kv_cache_tokens"] == 512000
+    assert rep.facts["max_num_seqs"] == 512
+    assert rep.facts["max_concurrency"] == 128
+    assert rep.facts["cpu_offload_kv_tokens"] == 128000
+    assert rep.facts["peak_num_running"] == 128 and rep.facts["peak_num_waiting"] == 512
+    f = findings(rep)["unknown-flag"]
+    assert fixes(f) == {"--max-num-batched-tokens": "2048", "--kv-cache-dtype": "fp8"}
+    assert set(rep.unknown_flags) == {"--kv-cache", "--chunked-prefill-size"}

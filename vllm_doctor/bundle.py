@@ -587,12 +587,17 @@ def dashboard(t: dict[str, float] | None = None):
                 "Each finding names the vLLM flag to change with a value computed from what was "
                 "observed. Open the sidecar (`kubectl port-forward pod/POD 9401` then "
                 "http://127.0.0.1:9401/) or `curl :9401/api/findings`.\n\n"
-                "| rule | first flags to look at |\n|---|---|\n"
-                "| preemption-storm | `--gpu-memory-utilization`, `--max-num-seqs` |\n"
-                "| kv-capacity-bound | `--gpu-memory-utilization`, `--max-model-len`, `--kv-cache-dtype` |\n"
-                "| prefill-blocking | `--enable-chunked-prefill`, `--max-num-batched-tokens` |\n"
-                "| startup-oom | `--gpu-memory-utilization`, `--max-model-len`, `--tensor-parallel-size` |\n"
-                "| gpu-memory-leak | restart; `--enforce-eager` to rule out CUDA graphs |\n"
+                "| rule | flags the finding computes |\n|---|---|\n"
+                "| VD001 preemption-storm | `--max-num-seqs`, `--gpu-memory-utilization`, `--kv-cache-dtype`, `--tensor-parallel-size` |\n"
+                "| VD002 startup-oom | `--max-model-len`, `--kv-cache-memory-bytes`, `--gpu-memory-utilization`, `--enforce-eager` |\n"
+                "| VD003 prefill-blocking | `--enable-chunked-prefill`, `--max-num-batched-tokens`, `--long-prefill-token-threshold` |\n"
+                "| VD004 kv-capacity-bound | `--max-num-seqs`, `--kv-cache-memory-bytes`, `--gpu-memory-utilization`, `--kv-cache-dtype` |\n"
+                "| VD005 gpu-memory-leak | `--gpu-memory-utilization` (headroom), then a restart |\n"
+                "| VD006 nccl-failure | `--disable-custom-all-reduce` |\n"
+                "| VD007 runtime-oom | `--gpu-memory-utilization`, `--max-num-batched-tokens` |\n"
+                "| VD008 engine-dead | `VLLM_ENGINE_ITERATION_TIMEOUT_S`; the traceback names the cause |\n"
+                "| VD009 max-model-len-exceeds-model | `--max-model-len` |\n"
+                "| VD010 unknown-flag | the setting vLLM really reads |\n"
             ),
         ),
         series(

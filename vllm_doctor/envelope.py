@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 PREFILTER = re.compile(
     rb"throughput|KV cache|blocks|oncurrency|reempt|rror|xception|Traceback|File \"|"
     rb"out of memory|OOM|emory|dead|Dead|died|timed out|failed|Failed|NCCL|Watchdog|"
-    rb"args|config|version|max_num|max model len|startup complete|Starting vLLM|Uvicorn running|"
+    rb"args|config|version|max_num|max model len|max_model_len|startup complete|Starting vLLM|Uvicorn running|"
     rb"running=|--kv-cache|--chunked-prefill-size|VLLM_USE_PREFILL|took|Killed|killed|"
     rb"block found|cache_config_info|shutdown|SIGTERM|SIGINT"
 )

@@ -86,26 +86,26 @@ def _stats(m: re.Match, meta: ev.Meta):
     if v0:  # V0: GPU is the KV cache, CPU the swap space
         for dev, val in devs:
             if dev == "GPU":
-                kv = val / 100
+                kv = round(val / 100, 6)
             elif dev == "CPU":
-                cpu = val / 100
+                cpu = round(val / 100, 6)
         kv_dev = "GPU"
     elif devs:  # V1: the one "<device> KV cache usage" is the KV cache (CPU on the CPU backend)
         kv_dev, val = devs[0]
-        kv = val / 100
+        kv = round(val / 100, 6)
     hit = fields.get("Prefix cache hit rate")
     pre = fields.get("Preemptions")
     return ev.SchedulerStats(
         meta, float(m.group("p")), float(m.group("g")), int(fields["Running"]), int(waiting),
         int(fields["Swapped"]) if "Swapped" in fields else None, kv, cpu,
-        None if hit is None else hit / 100, None if pre is None else int(pre),
+        None if hit is None else round(hit / 100, 6), None if pre is None else int(pre),
         int(m.group("eng")) if m.group("eng") else None, kv_dev,
     )
 
 
 @matcher("stats-note", r"running=(?P<r>\d+),? (?:pending|waiting)=(?P<w>\d+),? gpu_cache=(?P<u>[\d.]+)%")
 def _stats_note(m, meta):  # the tuning note's simplified stats line
-    return ev.SchedulerStats(meta, None, None, int(m["r"]), int(m["w"]), None, float(m["u"]) / 100, kv_device="GPU")
+    return ev.SchedulerStats(meta, None, None, int(m["r"]), int(m["w"]), None, round(float(m["u"]) / 100, 6), kv_device="GPU")
 
 
 # ---- KV cache capacity

@@ -1,0 +1,212 @@
+"""The ``vllm-doctor`` command as a user runs it: formats, exit codes, bad input, rules."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import LOGS, METRICS, ROOT, log
+
+EXE = [sys.executable, "-m", "vllm_doctor"]
+
+
+def run(*args, stdin: bytes | None = None, cwd: Path | None = None):
+    p = subprocess.run(EXE + [str(a) for a in args], input=stdin, capture_output=True, timeout=120, cwd=cwd)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def test_json_schema_fields():
+    rc, out, err = run("diagnose", "--format", "json", log("037"))
+    d = json.loads(out)
+    assert rc == 0, err
+    for key in ("vllm_version", "engine", "facts", "findings", "facts_defaulted", "schema_version", "sources"):
+        assert key in d
+    assert d["vllm_version"] == "0.24.0" and d["engine"] == "v1"
+    for k in ("kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency", "max_model_len",
+              "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "tensor_parallel_size",
+              "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching", "preemptions_total",
+              "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio"):
+        assert k in d["facts"], k
+    f = d["facts"]
+    assert (f["kv_cache_tokens"], f["max_concurrency"], f["max_model_len"], f["max_num_seqs"]) == (567978, 4.33, 131072, 1)
+    assert f["kv_cache_dtype"] == "fp8" and f["max_num_batched_tokens"] == 8192
+    # defaults of 0.24 filled in and marked
+    assert f["gpu_memory_utilization"] == 0.92 and "gpu_memory_utilization" in d["facts_defaulted"]
+    assert "max_num_seqs" not in d["facts_defaulted"]
+
+
+def test_finding_json_shape_and_exit_code():
+    rc, out, _ = run("diagnose", "-f", "json", log("014"))
+    assert rc == 1
+    f = json.loads(out)["findings"][0]
+    assert set(f) >= {"rule_id", "name", "severity", "title", "message", "evidence", "fixes"}
+    assert f["evidence"][0]["lineno"] >= 1 and f["evidence"][0]["text"]
+    assert {"flag", "value", "why"} <= set(f["fixes"][0])
+
+
+@pytest.mark.parametrize("fail_on,code", [("info", 1), ("warning", 1), ("critical", 0), ("never", 0)])
+def test_fail_on(fail_on, code):
+    assert run("diagnose", "--fail-on", fail_on, log("014"))[0] == code  # warnings only
+
+
+def test_fail_on_critical_with_critical():
+    assert run("diagnose", "--fail-on", "critical", log("004"))[0] == 1
+
+
+def test_healthy_exit_zero_and_text_report():
+    rc, out, _ = run("diagnose", log("039"))
+    assert rc == 0
+    assert "No incident found." in out and "kv_cache_tokens" in out and "922,496" in out
+
+
+@pytest.mark.parametrize("fmt,needle", [("markdown", "## Findings"), ("html", "<h2>Findings")])
+def test_other_formats(fmt, needle):
+    rc, out, _ = run("diagnose", "-f", fmt, log("014"))
+    assert rc == 1 and needle in out
+
+
+def test_html_escapes_log_text(tmp_path):
+    p = tmp_path / "x.log"
+    line = log("043").read_text().splitlines()[-3].replace("EngineDeadError: EngineCore", "EngineDeadError: <script>alert(1)</script> EngineCore")
+    p.write_text(line + "\n")
+    rc, out, _ = run("diagnose", "-f", "html", p)
+    assert "<script>alert(1)</script>" not in out and "&lt;script&gt;" in out
+
+
+def test_missing_file_exit_2():
+    rc, out, err = run("diagnose", "/nonexistent/vllm.log")
+    assert rc == 2 and out == "" and err.strip() == "vllm-doctor: /nonexistent/vllm.log: no such file"
+
+
+def test_directory_exit_2(tmp_path):
+    rc, _, err = run("diagnose", tmp_path)
+    assert rc == 2 and "is a directory" in err and "Traceback" not in err
+
+
+def test_binary_exit_2(tmp_path):
+    p = tmp_path / "model.bin"
+    p.write_bytes(os.urandom(65536))
+    rc, _, err = run("diagnose", p)
+    assert rc == 2 and "binary" in err and len(err.strip().splitlines()) == 1
+
+
+def test_empty_and_not_vllm(tmp_path):
+    e = tmp_path / "empty.log"
+    e.write_text("")
+    n = tmp_path / "nginx.log"
+    n.write_text('127.0.0.1 - - [30/Nov/2026:09:00:00 +0000] "GET / HTTP/1.1" 200 612\n' * 50)
+    for p in (e, n):
+        rc, out, err = run("diagnose", "-f", "json", p)
+        assert rc == 0, err
+        assert json.loads(out)["nothing_to_diagnose"] is True
+    rc, out, _ = run("diagnose", n)
+    assert "Nothing to diagnose" in out
+
+
+def test_truncated_lines_and_invalid_utf8(tmp_path):
+    raw = log("014").read_bytes()
+    p = tmp_path / "cut.log"
+    p.write_bytes(b"\xff\xfe\xc3" + raw[: len(raw) - 200])  # last line cut in the middle
+    rc, out, err = run("diagnose", "-f", "json", p)
+    assert rc == 1, err
+    assert json.loads(out)["facts"]["preemptions_total"] == 151
+
+
+def test_gzip_and_stdin(tmp_path):
+    gz = tmp_path / "a.log.gz"
+    gz.write_bytes(gzip.compress(log("014").read_bytes()))
+    rc, out, _ = run("diagnose", "-f", "json", gz)
+    assert json.loads(out)["facts"]["preemptions_total"] == 151
+    rc, out, _ = run("diagnose", "-f", "json", "-", stdin=log("014").read_bytes())
+    assert json.loads(out)["facts"]["preemptions_total"] == 151
+
+
+def test_several_files_merged_in_time_order(tmp_path):
+    # one run's log split in two files, given in the wrong order
+    lines = log("cpu-preemption").read_bytes().split(b"\n")
+    a, b = tmp_path / "part1.log", tmp_path / "part2.log"
+    a.write_bytes(b"\n".join(lines[:130]) + b"\n")
+    b.write_bytes(b"\n".join(lines[130:]))
+    rc, out, _ = run("diagnose", "-f", "json", b, a)
+    d = json.loads(out)
+    whole = json.loads(run("diagnose", "-f", "json", log("cpu-preemption"))[1])
+    assert d["facts"] == whole["facts"]
+    assert [f["name"] for f in d["findings"]] == [f["name"] for f in whole["findings"]]
+    assert {s["name"]: s["lines_total"] for s in d["sources"]} == {"part1.log": 130, "part2.log": len(lines) - 131}
+
+
+def test_metrics_capture_option():
+    rc, out, _ = run("diagnose", "-f", "json", "--metrics", METRICS / "vllm-0.32-cpu-preemption.txt", log("cpu-preemption"))
+    assert json.loads(out)["facts"]["preemptions_total"] == 105
+    rc, _, err = run("diagnose", "--metrics", log("014"), log("cpu-preemption"))
+    assert rc == 2 and "not a vLLM /metrics capture" in err
+
+
+def test_rules_and_explain():
+    rc, out, _ = run("rules")
+    assert rc == 0
+    names = [ln.split()[1] for ln in out.splitlines()]
+    assert {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound", "gpu-memory-leak",
+            "nccl-failure", "runtime-oom", "engine-dead"} <= set(names)
+    rc, out, _ = run("explain", "preemption-storm")
+    assert rc == 0 and "Why it matters" in out and "Example log line" in out and "total_num_cumulative_preemption" in out
+    assert run("explain", "VD002")[0] == 0
+    rc, _, err = run("explain", "no-such-rule")
+    assert rc == 2 and "no rule" in err
+
+
+def test_user_rules_dir(tmp_path):
+    (tmp_path / "my.yaml").write_text("""\
+id: XX001
+name: many-waiting
+title: Many requests wait
+severity: info
+category: scheduling
+when:
+  all: ["coalesce(max([x.num_waiting for x in stats]), 0) >= 100"]
+values:
+  w: max([x.num_waiting for x in stats])
+evidence: [SchedulerStats]
+message: "{w} waiting"
+docs: {why: queues, example_log: "Pending: 115 reqs"}
+""")
+    rc, out, _ = run("diagnose", "-f", "json", "--rules", tmp_path, log("034"))
+    f = {x["name"]: x for x in json.loads(out)["findings"]}
+    assert f["many-waiting"]["message"] == "115 waiting"
+
+
+@pytest.mark.parametrize("body,msg", [
+    ("id: VD001\nname: dup\n", "duplicate rule id VD001"),
+    ("id: XX002\nname: preemption-storm\n", "duplicate rule name preemption-storm"),
+    ("id: XX003\nname: bad\nwhen: {all: ['nosuch > 1']}\n", "unknown name 'nosuch'"),
+    ("id: XX004\nname: bad\nwhen: {all: ['t.nosuch > 1']}\n", "unknown threshold t.nosuch"),
+    ("id: XX005\nname: bad\nwhen: {all: ['1']}\nfixes: [{flag: --chunked-prefill-size, value: '1', why: x}]\n", "not a flag of any vLLM version"),
+    ("id: XX006\nname: bad\nwhen: {all: ['1']}\nbogus: 1\n", "bogus"),
+    ("id: XX007\nname: Bad_Name\nwhen: {all: ['1']}\n", "kebab-case"),
+    ("id: XX008\nname: bad\nwhen: {all: ['count(\"NoSuchEvent\") > 0']}\n", "unknown event kind"),
+    ("id: [\n", "not valid YAML"),
+])
+def test_rule_load_errors_are_one_line_exit_2(tmp_path, body, msg):
+    common = "title: t\nseverity: info\ncategory: c\nmessage: m\ndocs: {why: w, example_log: e}\n"
+    text = body if body.startswith("id: [") else body + ("" if "when" in body else "when: {all: ['1']}\n") + common
+    (tmp_path / "r.yaml").write_text(text)
+    rc, out, err = run("diagnose", "--rules", tmp_path, log("026"))
+    assert rc == 2, (out, err)
+    assert msg in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_python_m_and_version():
+    rc, out, _ = run("version")
+    assert rc == 0 and out.startswith("vllm-doctor ")
+
+
+def test_demo_log_in_readme_exists():
+    mk = (ROOT / "Makefile").read_text()
+    demo = [ln.split("?=")[1].strip() for ln in mk.splitlines() if ln.startswith("DEMO_LOG")][0]
+    assert (ROOT / demo).is_file()

@@ -1,0 +1,125 @@
+"""Parsers: the format of each vLLM version becomes the same typed event, units normalised."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_doctor import events as ev
+from test_envelope import one, parse_lines
+
+GIB = 1 << 30
+
+
+def test_kv_capacity_v0_blocks_and_cuda_blocks():
+    a = one("INFO 01-11 15:51:18 llm_engine.py:275] # GPU blocks: 229, # CPU blocks: 512", "KvCacheCapacity")
+    b = one("INFO 02-11 10:17:54 [executor_base.py:113] # cuda blocks: 36184, # CPU blocks: 2340", "KvCacheCapacity")
+    assert (a.num_gpu_blocks, a.num_cpu_blocks, a.device) == (229, 512, "GPU")
+    assert (b.num_gpu_blocks, b.num_cpu_blocks, b.device) == (36184, 2340, "GPU")
+
+
+def test_kv_capacity_v1_two_lines_and_one_line_forms():
+    a = one("INFO 07-28 23:02:27 [kv_cache_utils.py:833] GPU KV cache size: 176,240 tokens", "KvCacheCapacity")
+    c = one("INFO 07-28 23:02:27 [kv_cache_utils.py:837] Maximum concurrency for 8,192 tokens per request: 21.51x", "KvCacheCapacity")
+    one_line = one("(EngineCore pid=1) INFO 11-30 09:07:54 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, "
+                   "Maximum concurrency for 2,048 tokens per request: 512.00x", "KvCacheCapacity")
+    host = one("INFO 11-30 09:07:54 [kv_cache_utils.py:1147] GPU + host KV cache size: 9,000 tokens, "
+               "Maximum concurrency for 1,000 tokens per request: 9.00x", "KvCacheCapacity")
+    assert a.kv_cache_tokens == 176240 and c.max_concurrency == 21.51 and c.concurrency_tokens == 8192
+    assert (one_line.kv_cache_tokens, one_line.device, one_line.max_concurrency) == (1048576, "CPU", 512.0)
+    assert host.device == "GPU + host" and host.kv_cache_tokens == 9000
+
+
+def test_memory_lines_units():
+    a = one("(EngineCore_0 pid=1) INFO 08-19 14:58:40 [gpu_worker.py:277] Available KV cache memory: 112.61 GiB", "MemoryProfile")
+    b = one("INFO 10-23 19:55:16 model_runner.py:1067] Loading model weights took 19.8557 GB", "MemoryProfile")
+    c = one("INFO 02-11 10:17:54 [worker.py:294] the current vLLM instance can use total_gpu_memory (79.19GiB) x gpu_memory_utilization (0.80) = 63.35GiB", "MemoryProfile")
+    assert a.available_kv_cache_bytes == round(112.61 * GIB)
+    assert b.model_weights_bytes == round(19.8557 * GIB)
+    assert c.total_memory_bytes == round(79.19 * GIB) and c.gpu_memory_utilization == 0.80
+
+
+def test_v1_stats_preemptions_field_is_per_interval():
+    line = ("(APIServer pid=1) INFO 12-11 20:30:06 [loggers.py:236] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+            "Avg generation throughput: 10.0 tokens/s, Running: 1 reqs, Waiting: 5 reqs, Preemptions: 7, "
+            "GPU KV cache usage: 99.3%, Prefix cache hit rate: 68.2%")
+    s = one(line, "SchedulerStats")
+    assert s.preemptions == 7 and s.prefix_cache_hit_ratio == pytest.approx(0.682)
+
+
+def test_v0_preemption_warning_cumulative():
+    p = one("WARNING 06-16 21:24:15 scheduler.py:1089] Sequence group 165 is preempted by PreemptionMode.SWAP mode because "
+            "there is not enough KV cache space. total_num_cumulative_preemption=151", "Preemption")
+    assert (p.mode, p.cumulative, p.seq_id) == ("SWAP", 151, "165")
+
+
+def test_kv_too_small_wordings():
+    v0 = one("ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be stored in KV cache (79392). Try", "KvCacheTooSmall")
+    v083 = one("ERROR 04-05 01:12:55 [core.py:390] ValueError: To serve at least one request with the models's max seq len (1048576), "
+               "(24.00 GiB KV cache is needed, which is larger than the available KV cache memory (9.97 GiB). Try increasing", "KvCacheTooSmall")
+    v085 = one("ValueError: To serve at least one request with the models's max seq len (4096), (2.00 GiB KV cache is needed, which is "
+               "larger than the available KV cache memory (1.00 GiB). Based on the available memory,  Try increasing", "KvCacheTooSmall")
+    v09 = one("ValueError: To serve at least one request with the model's max seq len (262144), (0.25 GiB KV cache is needed, which "
+              "is larger than the available KV cache memory (0.12 GiB). Based on the available memory, the estimated maximum model length is 130944. Try", "KvCacheTooSmall")
+    old_gb = one("ValueError: To serve at least one request with the models's max seq len (8192), (1.00 GB KV cache is needed, which is larger than the available KV cache memory (0.50 GB). Try", "KvCacheTooSmall")
+    assert (v0.max_model_len, v0.kv_cache_tokens) == (131072, 79392)
+    assert v083.needed_bytes == 24 * GIB and v083.estimated_max_model_len is None
+    assert v085.estimated_max_model_len is None and v085.max_model_len == 4096
+    assert v09.estimated_max_model_len == 130944
+    assert old_gb.available_bytes == GIB // 2
+
+
+def test_cuda_oom_bytes():
+    o = one("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 2 has a total capacity of 14.62 GiB "
+            "of which 3.31 MiB is free. Including non-PyTorch memory, this process has 14.61 GiB memory in use.", "OutOfMemory")
+    old = one("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacty of 23.65 GiB "
+              "of which 1.00 GiB is free.", "OutOfMemory")
+    assert (o.tried_bytes, o.gpu_index, o.total_bytes) == (20 * (1 << 20), 2, round(14.62 * GIB))
+    assert o.free_bytes == round(3.31 * (1 << 20)) and o.in_use_bytes == round(14.61 * GIB)
+    assert old.tried_bytes == 2 * GIB and old.total_bytes == round(23.65 * GIB)
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "engine-dead"),
+    ("vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.", "engine-dead"),
+    ("ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed", "background-task-failed"),
+    ("ERROR 09-05 17:22:27 async_llm_engine.py:660] Engine iteration timed out. This should never happen!", "iteration-timeout"),
+    ("ERROR 08-19 14:58:40 [core.py:718] EngineCore failed to start.", "core-failed"),
+    ("ERROR 08-19 14:58:40 [core_client.py:564] Engine core proc EngineCore_0 died unexpectedly, shutting down client.", "proc-died"),
+])
+def test_engine_failures(text, kind):
+    assert one(text, "EngineFailure").kind == kind
+
+
+def test_nccl_watchdog():
+    n = one("(RayWorkerVllm pid=1) [E ProcessGroupNCCL.cpp:474] [Rank 1] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800762 milliseconds before timing out.", "NcclError")
+    assert (n.kind, n.op_type, n.timeout_seconds) == ("watchdog-timeout", "ALLREDUCE", 1800.0)
+
+
+def test_config_echoes_of_every_version():
+    ns = one("INFO 07-10 10:00:00 api_server.py:178] args: Namespace(host=None, port=8000, max_model_len=4096, "
+             "gpu_memory_utilization=0.85, max_num_seqs=128, block_size=16, enable_chunked_prefill=None, "
+             "served_model_name=['a, b'], kv_cache_dtype='auto')", "EngineConfigObserved")
+    nd = one("(APIServer pid=1) INFO 07-06 22:50:34 [api_utils.py:273] non-default args: {'model_tag': 'm', "
+             "'max_model_len': 131072, 'kv_cache_dtype': 'fp8', 'max_num_seqs': 1, 'enable_chunked_prefill': True}", "EngineConfigObserved")
+    evs = parse_lines(["(EngineCore pid=107) INFO 07-06 22:50:46 [core.py:114] Initializing a V1 LLM engine (v0.24.0) with "
+                       "config: model='m', speculative_config=None, max_seq_len=131072, tensor_parallel_size=2, "
+                       "kv_cache_dtype=fp8, enable_prefix_caching=True, compilation_config={\"level\": 3, \"x\": [1, 2]}"])
+    d = dict(ns.values)
+    assert (d["max_model_len"], d["gpu_memory_utilization"], d["max_num_seqs"], d["served_model_name"]) == (4096, 0.85, 128, ["a, b"])
+    assert dict(nd.values)["kv_cache_dtype"] == "fp8" and dict(nd.values)["max_num_seqs"] == 1
+    cfg = [e for e in evs if isinstance(e, ev.EngineConfigObserved)][0]
+    ver = [e for e in evs if isinstance(e, ev.VersionSeen)][0]
+    assert dict(cfg.values)["max_model_len"] == 131072 and dict(cfg.values)["tensor_parallel_size"] == 2
+    assert (ver.version, ver.engine) == ("0.24.0", "v1")
+
+
+def test_truncated_non_default_args_still_give_known_keys():
+    cfg = one("INFO 07-06 22:50:34 [api_utils.py:273] non-default args: {'model': 'm', 'max_model_len': 8192, 'max_num_seqs': 64, 'enable_pre",
+              "EngineConfigObserved")
+    assert dict(cfg.values)["max_model_len"] == 8192 and dict(cfg.values)["max_num_seqs"] == 64
+
+
+def test_version_banner_and_api_server_version():
+    assert one("(APIServer pid=1) INFO 11-30 09:10:22 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0", "VersionSeen").version == "0.32.0"
+    assert one("INFO 10-01 10:00:00 api_server.py:148] vLLM API server version 0.6.3.post1", "VersionSeen").version == "0.6.3.post1"

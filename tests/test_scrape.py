@@ -3,11 +3,10 @@ small HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from pathlib import Path
 
 import pytest
+from serve_helpers import Pages
 
 from vllm_doctor.sources.scrape import (
     HistogramWindow,
@@ -39,40 +38,6 @@ def timeline_pages() -> list[str]:
             "# TYPE vllm:num_preemptions counter\n"
             f"vllm:num_preemptions_total{lab} {kv['num_preemptions_total']}\n")
     return pages
-
-
-class Pages:
-    """A tiny vLLM stand-in: serves the given /metrics pages one after another (the last one
-    repeats), on 127.0.0.1 with an OS-chosen port."""
-
-    def __init__(self, pages: list[str], status: int = 200) -> None:
-        self.pages, self.i, self.status = pages, 0, status
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = outer.pages[min(outer.i, len(outer.pages) - 1)].encode()
-                outer.i += 1
-                self.send_response(outer.status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.t = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.t.start()
-        return self
-
-    def __exit__(self, *a):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_parse_real_vllm_032_preemption_capture():

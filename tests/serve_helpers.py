@@ -1,0 +1,119 @@
+"""Shared pieces of the serve tests: a sidecar on a real uvicorn server on 127.0.0.1, a tiny
+stand-in for vLLM's /metrics, and polling helpers (no sleep used as synchronisation)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_doctor.serve import Sidecar, load_config
+from vllm_doctor.server import create_app
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+    """Poll ``cond`` every 20 ms until it returns a truthy value; fail after ``timeout`` s."""
+    t0 = time.monotonic()
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text -> {(sample name, sorted label items): value}."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    return samples(text).get((metric, tuple(sorted(labels.items()))))
+
+
+class LiveSidecar:
+    """A :class:`Sidecar` served by uvicorn on 127.0.0.1 (OS-chosen port) in a thread."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        self.server = uvicorn.Server(uvicorn.Config(create_app(sidecar, manage=True), host="127.0.0.1",
+                                                    port=0, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.client = httpx.Client(timeout=10)
+        self.base = ""
+
+    def __enter__(self) -> LiveSidecar:
+        self.thread.start()
+        wait_for(lambda: self.server.started, 20, "uvicorn to start")
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(20)
+
+    def get(self, path: str) -> httpx.Response:
+        return self.client.get(self.base + path)
+
+    def metric(self, metric: str, /, **labels: str) -> float | None:
+        return value(self.get("/metrics").text, metric, **labels)
+
+
+@contextlib.contextmanager
+def live_sidecar(flags: dict, *, nvml=None, env: dict | None = None) -> Iterator[LiveSidecar]:
+    """Start a sidecar with these settings (defaults: no /metrics, no NVML, slow evaluation so
+    tests call ``evaluate()`` themselves)."""
+    base = {"metrics_url": "none", "nvml": nvml is not None, "eval_interval": 3600, "poll_interval": 0.2}
+    cfg = load_config({**base, **flags}, env=env or {})
+    with LiveSidecar(Sidecar(cfg, nvml=nvml)) as live:
+        yield live
+
+
+class Pages:
+    """A tiny vLLM /metrics stand-in on 127.0.0.1: serves the given pages one after another
+    (the last one repeats); ``status`` can be changed to make scrapes fail."""
+
+    def __init__(self, pages: list[str], status: int = 200) -> None:
+        self.pages, self.i, self.status = pages, 0, status
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                body = outer.pages[min(outer.i, len(outer.pages) - 1)].encode()
+                outer.i += 1
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.t = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Pages:
+        self.t.start()
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

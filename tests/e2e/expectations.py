@@ -1,0 +1,91 @@
+"""What vllm-doctor must say about each recorded scenario, shared by the live e2e tests and the
+replays of their recordings (test_replay.py). The numbers come from vLLM itself (its /metrics,
+/v1/models, its log's own error message), saved beside each recording as expected.json; nothing
+here is a value vllm-doctor computed.
+"""
+from __future__ import annotations
+
+from .harness import Diagnosis, as_int, fix_values
+
+INCIDENT_NAMES = {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound",
+                  "gpu-memory-leak", "nccl-failure", "runtime-oom", "engine-dead"}
+
+# scenario -> (must: a set of alternatives, at least one fires; may: acceptable extras)
+MUST = {
+    "healthy": (set(), set()),
+    "preemption-storm": ({"preemption-storm", "kv-capacity-bound"}, {"preemption-storm", "kv-capacity-bound"}),
+    "startup-oom": ({"startup-oom"}, {"engine-dead"}),
+    "engine-dead": ({"engine-dead"}, set()),
+}
+
+
+def check_names(scenario: str, names: set[str], where: str) -> None:
+    must, may = MUST[scenario]
+    incidents = names & INCIDENT_NAMES
+    if must:
+        assert incidents & must, f"{where}: expected one of {sorted(must)}, got {sorted(names)}"
+    extra = incidents - must - may
+    assert not extra, f"{where}: false positive(s) {sorted(extra)} (all findings: {sorted(names)})"
+
+
+def check_facts(facts: dict, truth: dict, keys: tuple[str, ...], where: str,
+                optional: tuple[str, ...] = ()) -> None:
+    """`keys` must equal vLLM's values; `optional` ones may be null (the log does not show them:
+    vLLM 0.32 on CPU prints neither the block size nor the number of blocks) but never wrong."""
+    bad = {}
+    for k in keys + optional:
+        want = truth.get(k)
+        got = facts.get(k)
+        if want is None or (got is None and k in optional):
+            continue
+        if got is None or abs(float(got) - float(want)) > 1e-6 * max(1.0, abs(float(want))):
+            bad[k] = (got, want)
+    assert not bad, f"{where}: facts differ from vLLM's own (got, vLLM): {bad}"
+
+
+def check_max_num_seqs_fix(findings: list[dict], truth: dict, where: str) -> int:
+    """A --max-num-seqs fix computed from the KV capacity: at least 1, at most the number of
+    max_model_len sequences the KV cache holds (vLLM's own "maximum concurrency"), and below the
+    --max-num-seqs the server ran with."""
+    vals = fix_values(findings, "--max-num-seqs")
+    assert vals, f"{where}: no --max-num-seqs fix in {[f.get('fixes') for f in findings]}"
+    cap = int(float(truth["max_concurrency"]))
+    ok = [as_int(v) for v in vals if 1 <= as_int(v) <= cap and as_int(v) < truth["max_num_seqs"]]
+    assert ok, (f"{where}: --max-num-seqs {vals} is not computed from the KV capacity "
+                f"({truth['kv_cache_tokens']} tokens / {truth['max_model_len']} = {cap} sequences)")
+    return ok[0]
+
+
+def check_max_model_len_fix(findings: list[dict], truth: dict, where: str) -> int:
+    vals = fix_values(findings, "--max-model-len")
+    assert vals, f"{where}: no --max-model-len fix in {[f.get('fixes') for f in findings]}"
+    est = truth["estimated_max_model_len"]
+    ok = [as_int(v) for v in vals if 0 < as_int(v) <= est]
+    assert ok, f"{where}: --max-model-len {vals} is larger than vLLM's estimate {est}"
+    return ok[0]
+
+
+def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool = False) -> None:
+    where = f"diagnose {scenario}{' --metrics' if with_metrics else ''} ({' '.join(d.cmd[1:])})"
+    assert d.rc in (0, 1), f"{where}: exit {d.rc}: {d.stderr[-1500:]}"
+    assert d.report is not None, f"{where}: stdout is not JSON: {d.stdout[:500]!r} {d.stderr[-500:]}"
+    assert d.report.get("engine") == "v1", f"{where}: engine {d.report.get('engine')!r}"
+    assert str(d.report.get("vllm_version", "")).startswith("0.32.0"), f"{where}: vllm_version {d.report.get('vllm_version')!r}"
+    check_names(scenario, d.names, where)
+    if scenario == "healthy":
+        check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"),
+                    where, optional=("num_gpu_blocks", "block_size"))
+        serious = [f for f in d.findings if f.get("severity") in ("warning", "critical")]
+        assert not serious, f"{where}: findings on a healthy server: {serious}"
+    elif scenario == "preemption-storm":
+        check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"),
+                    where, optional=("num_gpu_blocks", "block_size"))
+        storm = [f for f in d.findings if f.get("name") in MUST[scenario][0]]
+        check_max_num_seqs_fix(storm, truth, where)
+        if with_metrics:
+            assert d.facts.get("preemptions_total") == truth["preemptions_total"], (
+                f"{where}: preemptions_total {d.facts.get('preemptions_total')} != vLLM's "
+                f"vllm:num_preemptions_total {truth['preemptions_total']}")
+    elif scenario == "startup-oom":
+        check_facts(d.facts, truth, ("max_model_len",), where)
+        check_max_model_len_fix([f for f in d.findings if f.get("name") == "startup-oom"], truth, where)

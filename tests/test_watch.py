@@ -1,0 +1,45 @@
+"""``vllm-doctor watch``: one frame of the live view on a real vLLM log, and the CLI wrapper."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from vllm_doctor.cli import app
+from vllm_doctor.serve import load_config
+from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
+from vllm_doctor.sources.replay import restamp
+from vllm_doctor.watch import watch
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def test_one_frame_shows_state_gpu_and_findings(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_bytes(restamp((LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes()))
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": True,
+                       "eval_interval": 3600}, env={})
+    gpu = FakeGpu(used=120 << 30, util=93)
+    assert watch(cfg, once=True, console=console, nvml=FakeNvml([gpu])) == 0
+    out = console.export_text()
+    assert "vLLM 0.5.0 (v0)" in out
+    for label, v in (("running", "37"), ("waiting", "9779"), ("swapped", "137"), ("KV cache usage", "76.6%"),
+                     ("preemptions", "151")):
+        line = next(x for x in out.splitlines() if label in x)
+        assert v in line, (label, line)
+    assert "120.0/140.4 GiB (85%)" in out and "93.0%" in out
+    assert "VD001 preemption-storm (warning)" in out and "--max-num-seqs" in out
+
+
+def test_cli_watch_once_and_usage_error(tmp_path):
+    log = tmp_path / "vllm.log"
+    shutil.copy(LOGS / "cpu-basic-serve-and-load.log", log)
+    r = CliRunner().invoke(app, ["watch", str(log), "--once", "--no-nvml"])
+    assert r.exit_code == 0, r.output
+    assert "vLLM 0.32.0 (v1)" in r.output and "1048576" in r.output  # kv_cache_tokens
+    r = CliRunner().invoke(app, ["watch"])
+    assert r.exit_code == 2

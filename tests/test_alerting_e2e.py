@@ -293,3 +293,67 @@ def test_preemption_storm_reaches_alertmanager_and_a_healthy_log_raises_none(sta
     assert prom_query(prom, 'ALERTS{pod="healthy", alertname!="VllmDoctorDown"}') == []
     assert [a["labels"] for a in am_alerts(am) if a["labels"].get("pod") == "healthy"] == []
     procs.check_alive()
+
+
+# ------------------------------------------------------------------------------ Alertmanager alone
+
+def _alert(name: str, pod: str, severity: str, rule: str) -> dict:
+    return {"labels": {"alertname": name, "severity": severity, "rule": rule, "namespace": "llm", "pod": pod,
+                       "job": "vllm-doctor"}}
+
+
+def test_alertmanager_inhibits_the_symptoms_of_a_dead_engine_and_routes_by_severity(tmp_path):
+    """The shipped alertmanager.yml in a real Alertmanager: alerts posted to its API, their
+    state (active / suppressed by inhibition) and receivers read back."""
+    from vllm_doctor import bundle
+
+    alertmanager = tool("prometheus-alertmanager", "apt-get install prometheus-alertmanager")
+    procs = Processes(tmp_path)
+    try:
+        port = free_port()
+        am = f"http://127.0.0.1:{port}"
+        procs.start("alertmanager", [
+            alertmanager, f"--config.file={ROOT / 'alerts' / 'alertmanager.yml'}",
+            f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ])
+        wait_until("Alertmanager", lambda: procs.check_alive() or urllib.request.urlopen(f"{am}/-/ready", timeout=2),
+                   timeout=30)
+        symptoms = {
+            "VllmPreemptionStorm": "preemption-storm", "VllmKvCacheSaturated": "kv-cache-saturated",
+            "VllmKvCapacityBound": "kv-capacity-bound", "VllmTtftP99High": "prefill-blocking",
+            "VllmDoctorFinding": "max-model-len-exceeds-model", "VllmDoctorSourceDown": "vllm-doctor",
+            "VllmDoctorLogStale": "vllm-doctor",
+        }
+        assert set(symptoms) == set(bundle.SYMPTOM_ALERTS)
+        posted = [_alert("VllmEngineDead", "dead", "critical", "engine-dead"),
+                  _alert("VllmOutOfMemory", "dead", "critical", "out-of-memory")]
+        posted += [_alert(name, pod, "warning", rule) for name, rule in symptoms.items() for pod in ("dead", "alive")]
+        # A dedicated alert drops the generic finding of its rule; critical drops warning of a rule.
+        posted += [_alert("VllmPreemptionStorm", "busy", "warning", "preemption-storm"),
+                   _alert("VllmDoctorFinding", "busy", "warning", "preemption-storm"),
+                   _alert("VllmGpuMemoryFullSoon", "leaky", "critical", "gpu-memory-leak"),
+                   _alert("VllmGpuMemoryGrowth", "leaky", "warning", "gpu-memory-leak"),
+                   _alert("VllmDoctorFinding", "info", "info", "unknown-flag")]
+        req = urllib.request.Request(f"{am}/api/v2/alerts", data=json.dumps(posted).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=5)
+
+        def states() -> dict:
+            got = {(a["labels"]["alertname"], a["labels"]["pod"], a["labels"]["rule"]):
+                   (a["status"]["state"], [r["name"] for r in a["receivers"]]) for a in am_alerts(am)}
+            return got if len(got) == len(posted) else None
+
+        got = wait_until("all alerts in Alertmanager", states, timeout=10)
+        for name, rule in symptoms.items():
+            assert got[(name, "dead", rule)][0] == "suppressed", name
+            assert got[(name, "alive", rule)] == ("active", ["tickets"]), name
+        assert got[("VllmEngineDead", "dead", "engine-dead")] == ("active", ["pager"])
+        assert got[("VllmOutOfMemory", "dead", "out-of-memory")] == ("active", ["pager"])  # the cause stays
+        assert got[("VllmDoctorFinding", "busy", "preemption-storm")][0] == "suppressed"
+        assert got[("VllmPreemptionStorm", "busy", "preemption-storm")][0] == "active"
+        assert got[("VllmGpuMemoryGrowth", "leaky", "gpu-memory-leak")][0] == "suppressed"
+        assert got[("VllmGpuMemoryFullSoon", "leaky", "gpu-memory-leak")] == ("active", ["pager"])
+        assert got[("VllmDoctorFinding", "info", "unknown-flag")] == ("active", ["blackhole"])
+    finally:
+        procs.stop()

@@ -9,6 +9,8 @@ from vllm_doctor import events as ev
 from vllm_doctor.envelope import PREFILTER, Envelope, LineSplitter, LogClock
 from vllm_doctor.parsers import RecordParser
 
+from conftest import LOGS
+
 V1_LINE = "(APIServer pid=1) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 12.5 tokens/s, Avg generation throughput: 300.0 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%, Prefix cache hit rate: 0.0%"
 
 
@@ -123,14 +125,27 @@ def test_invalid_utf8_and_control_bytes_do_not_raise():
     assert recs and "\ufffd" in recs[0].msg
 
 
-def test_line_splitter_caps_long_lines_and_keeps_numbering():
+def test_line_splitter_caps_long_lines_without_copying_complete_lines():
     sp = LineSplitter(max_line_bytes=1024)
-    b1, first, n = sp.feed(b"a\n" + b"x" * 5_000_000)
-    assert (first, n) == (1, 1) and sp.pending_bytes == 5_000_000
-    b2, first, n = sp.feed(b"y" * 5_000_000 + b"\nlast")
-    assert first == 2 and n == 1 and len(b2) == 1024
-    b3, first, n = sp.flush()
-    assert (b3, first, n) == (b"last", 3, 1)
+    data = b"a\n" + b"x" * 5_000_000
+    spans = sp.feed(data)
+    assert spans == [(data, 0, 1)] and sp.pending_bytes == 5_000_000
+    data2 = b"y" * 5_000_000 + b"\nlast"
+    (head, s0, e0), = sp.feed(data2)
+    assert len(head[s0:e0]) == 1024 and head.startswith(b"x")
+    assert sp.flush() == [(b"last", 0, 4)]
+
+
+def test_pipeline_counts_lines_across_chunk_boundaries(builtin_rules):
+    from vllm_doctor.pipeline import Pipeline
+
+    raw = (LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes() * 3
+    p = Pipeline(builtin_rules)
+    for i in range(0, len(raw), 97):  # odd chunk size: lines split everywhere
+        p.feed("x.log", raw[i : i + 97])
+    p.end("x.log")
+    assert p.state.lines_total["x.log"] == raw.count(b"\n")
+    assert sorted(e.meta.lineno for e in p.state.events["Preemption"]) == [2, 5, 8]
 
 
 def test_prefilter_keeps_every_line_a_matcher_needs():

@@ -4,8 +4,9 @@
 ``eval_interval`` seconds of log time and at the end); ``serve`` pushes appended bytes and
 collector samples and calls :meth:`Pipeline.evaluate` on a timer. Nothing else wires stages.
 
-Speed: a log is handled in blocks of complete lines; :data:`~vllm_doctor.envelope.PREFILTER`
-finds, at C speed, the few lines any parser could match, and only those are decoded and parsed.
+Speed: a log is handled in blocks of complete lines; :class:`~vllm_doctor.envelope.KeywordScanner`
+finds (with Hyperscan, at grep speed) the few lines any parser could match, request-logging lines
+(user prompts) are skipped by their head, and only the rest are decoded and parsed.
 Lines are still counted (``state.lines_total``) and those that gave no event are counted as
 unparsed (``state.unparsed_total``). Kubernetes CRI logs are not prefiltered (a partial ``P`` line
 must be joined before it can be judged).
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .diagnosis import RuleEngine, RuleSet
-from .envelope import CRI_RE, PREFILTER, Envelope, LineSplitter, LogClock, Record
-from .events import SchedulerStats
+from .envelope import CRI_RE, REQUEST_HEAD_RE, Envelope, KeywordScanner, LineSplitter, LogClock, Record
+from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
 from .state import State
@@ -59,6 +60,9 @@ class Pipeline:
         self._sources: dict[str, _SourceCtx] = {}
         self._last_eval: float | None = None
         self.active: list[Finding] = []
+        self._scanner = KeywordScanner()
+        self._rule_last: dict[str, float] = {}
+        self._incident_pending = False
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -67,35 +71,45 @@ class Pipeline:
             ctx = self._sources[source] = _SourceCtx(source, self.base_year)
         return ctx
 
-    def records(self, source: str, block: bytes, first_lineno: int, nlines: int) -> Iterator[Record]:
-        """Records in a block of complete lines (counted in ``state.lines_total``)."""
+    def records(self, source: str, spans: list[tuple[bytes, int, int]]) -> Iterator[Record]:
+        """Records in spans of complete lines (see LineSplitter); every line is counted in
+        ``state.lines_total`` and numbered, candidates only are decoded."""
         ctx = self._ctx(source)
-        st = self.state
-        st.lines_total[source] += nlines
-        if not block and nlines == 0:
-            return
-        if ctx.prefilter is None:
-            first_line = block[: block.find(b"\n")] if b"\n" in block else block
-            ctx.prefilter = not CRI_RE.match(first_line[:200].decode("utf-8", "replace"))
-        if ctx.prefilter:
-            pos = 0
-            lineno = first_lineno
-            end_of_last = -1
-            for m in PREFILTER.finditer(block):
-                s = m.start()
-                if s <= end_of_last:
-                    continue
-                ls = block.rfind(b"\n", 0, s) + 1
-                le = block.find(b"\n", s)
-                if le < 0:
-                    le = len(block)
-                lineno += block.count(b"\n", pos, ls)
-                pos = ls
-                end_of_last = le
-                yield from ctx.envelope.records(lineno, block[ls:le][:65536])
-        else:
-            for i, line in enumerate(block.split(b"\n")):
-                yield from ctx.envelope.records(first_lineno + i, line[:65536])
+        for buf, start, end in spans:
+            if ctx.prefilter is None:
+                nl = buf.find(b"\n", start, end)
+                first_line = buf[start : nl if nl >= 0 else end]
+                ctx.prefilter = not CRI_RE.match(first_line[:200].decode("utf-8", "replace"))
+            base = ctx.splitter.lineno + 1  # number of the line at `start`
+            if ctx.prefilter:
+                pos = start
+                lineno = base
+                end_of_last = start - 1
+                for to in self._scanner.ends(buf):
+                    if to <= end_of_last or to <= start:
+                        continue
+                    if to > end:
+                        break
+                    ls = buf.rfind(b"\n", start, to) + 1 or start
+                    if ls < start:
+                        ls = start
+                    le = buf.find(b"\n", to, end)
+                    if le < 0:
+                        le = end
+                    end_of_last = le
+                    if REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)):
+                        continue  # a request-logging line: user text
+                    lineno += buf.count(b"\n", pos, ls)
+                    pos = ls
+                    yield from ctx.envelope.records(lineno, buf[ls:le][:65536])
+                n = lineno - base + buf.count(b"\n", pos, end) + 1
+            else:
+                lines = buf[start:end].split(b"\n")
+                n = len(lines)
+                for i, line in enumerate(lines):
+                    yield from ctx.envelope.records(base + i, line[:65536])
+            ctx.splitter.lineno += n
+            self.state.lines_total[source] += n
 
     # ---- stage 3 -> 5 ------------------------------------------------------------------------
     def consume(self, source: str, rec: Record) -> int:
@@ -116,12 +130,11 @@ class Pipeline:
             n += 1
             if isinstance(e, SchedulerStats):
                 st.note_src(rec.src)
-            if not self.follow and e.meta.ts is not None:
-                if self._last_eval is None:
-                    self._last_eval = e.meta.ts
-                elif e.meta.ts - self._last_eval >= self.eval_interval:
-                    self._last_eval = e.meta.ts
-                    self.active = self.engine.evaluate(st)
+            if not self.follow:
+                if not isinstance(e, (SchedulerStats, EngineConfigObserved, VersionSeen)):
+                    self._incident_pending = True
+                if e.meta.ts is not None:
+                    self._tick(e.meta.ts)
         return n
 
     def _count_parsed(self, source: str, recs: Iterable[Record]) -> None:
@@ -133,22 +146,41 @@ class Pipeline:
 
     _parsed: dict[str, int]
 
+    def _tick(self, ts: float) -> None:
+        """diagnose: run the rules that are due at log time ``ts``. A windowed rule runs every
+        max(eval_interval, window/4) seconds of log time (a condition that lasts a quarter of
+        its window is seen); a whole-log rule runs when an incident event arrived."""
+        due = set()
+        for rule in self.ruleset.rules:
+            w = self.ruleset.window_seconds(rule)
+            last = self._rule_last.get(rule.id)
+            if w is None:
+                if self._incident_pending and (last is None or ts - last >= self.eval_interval):
+                    due.add(rule.id)
+            elif last is None or ts - last >= max(self.eval_interval, w / 4):
+                due.add(rule.id)
+        if due:
+            for rid in due:
+                self._rule_last[rid] = ts
+            if any(self.ruleset.window_seconds(r) is None for r in self.ruleset.rules if r.id in due):
+                self._incident_pending = False
+            self.active = self.engine.evaluate(self.state, due)
+
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""
         if not hasattr(self, "_parsed"):
             self._parsed = {}
         ctx = self._ctx(source)
-        block, first, n = ctx.splitter.feed(data)
-        if n:
-            self._count_parsed(source, self.records(source, block, first, n))
+        spans = ctx.splitter.feed(data)
+        if spans:
+            self._count_parsed(source, self.records(source, spans))
 
     def end(self, source: str) -> None:
         """End of file (or rotation / truncation): the partial last line becomes a line."""
         if not hasattr(self, "_parsed"):
             self._parsed = {}
         ctx = self._ctx(source)
-        block, first, n = ctx.splitter.flush()
-        recs = list(self.records(source, block, first, n)) if n else []
+        recs = list(self.records(source, ctx.splitter.flush()))
         recs += ctx.envelope.flush()
         self._count_parsed(source, recs)
 
@@ -205,13 +237,11 @@ class Pipeline:
         seq = 0
         last_ts = 0.0
         for chunk in chunks:
-            block, first, n = ctx.splitter.feed(chunk)
-            for rec in self.records(name, block, first, n) if n else ():
+            for rec in self.records(name, ctx.splitter.feed(chunk)):
                 last_ts = rec.ts if rec.ts is not None else last_ts
                 seq += 1
                 yield (last_ts, seq, name, rec)
-        block, first, n = ctx.splitter.flush()
-        tail = list(self.records(name, block, first, n)) if n else []
+        tail = list(self.records(name, ctx.splitter.flush()))
         for rec in tail + ctx.envelope.flush():
             last_ts = rec.ts if rec.ts is not None else last_ts
             seq += 1

@@ -72,17 +72,28 @@ class RuleEngine:
         self.rule_errors: dict[str, list[str]] = {}
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
 
-    def evaluate(self, state: State) -> list[Finding]:
-        """Run all rules now; return the findings active now (critical first)."""
+    def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
+        """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
+        the findings active now (critical first)."""
         facts = state.facts()
         now = state.now
-        fired: dict[str, tuple[Rule, Evaluator, dict]] = {}
+        fired: dict[str, tuple[Rule, Evaluator, dict] | None] = {}
         for rule in self.ruleset.rules:
+            if due is not None and rule.id not in due:
+                prev = self.findings.get(rule.id)
+                if prev is not None and prev.active:
+                    fired[rule.name] = None  # still active from its last evaluation
+                continue
             res = self._eval_rule(rule, state, facts)
             if res is not None:
                 fired[rule.name] = (rule, *res)
-        active: list[Finding] = []
-        for name, (rule, ev, values) in fired.items():
+        active_ids: set[str] = set()
+        for name, got in fired.items():
+            if got is None:
+                rid = next(r.id for r in self.ruleset.rules if r.name == name)
+                active_ids.add(rid)
+                continue
+            rule, ev, values = got
             if any(u in fired for u in rule.unless):
                 continue
             f = self._finding(rule, ev, values, state)
@@ -99,11 +110,10 @@ class RuleEngine:
                 f.first_seen = now
             f.last_seen = now
             self.findings[rule.id] = f
-            active.append(f)
-        active_ids = {f.rule_id for f in active}
+            active_ids.add(rule.id)
         for rid, f in self.findings.items():
-            if rid not in active_ids:
-                f.active = False
+            f.active = rid in active_ids
+        active = [f for f in self.findings.values() if f.active]
         active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
         return active
 

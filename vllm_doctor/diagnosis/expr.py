@@ -150,9 +150,14 @@ class Evaluator:
     def set(self, name: str, value: Any) -> None:
         self._ev.names[name] = value
 
+    _parsed: dict[str, Any] = {}  # expression -> parsed AST, shared by all evaluators
+
     def __call__(self, expr: str) -> Any:
+        tree = self._parsed.get(expr)
+        if tree is None:
+            tree = self._parsed[expr] = self._ev.parse(expr)
         try:
-            return self._ev.eval(expr)
+            return self._ev.eval(expr, previously_parsed=tree)
         except TypeError:
             return None  # arithmetic or comparison on None: data missing
         except ZeroDivisionError:

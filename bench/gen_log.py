@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Generate a large, request-heavy vLLM log for benchmarks (stdout or --out FILE).
+
+The shape is that of a real vLLM 0.32 server (the line formats of tests/fixtures/logs/
+cpu-*.log) run with --enable-log-requests under steady load: for each request a
+"Received request ... prompt: '...'" line with the prompt echoed (1-4 KB, some prompts hold words
+such as "error" or "memory" that the prefilter must not be fooled by), an "Added request" line
+and a uvicorn access line; every 10 s of log time the periodic stats line; a start-up header.
+Deterministic for a given --seed.
+
+    python bench/gen_log.py --size 1GiB --out /tmp/big.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+HEADER = """\
+(APIServer pid=16315) INFO 11-30 09:10:22 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0
+(APIServer pid=16315) INFO 11-30 09:10:22 [api_utils.py:286] non-default args: {'host': '0.0.0.0', 'port': 8000, 'model': '/models/llama', 'max_model_len': 8192, 'max_num_seqs': 256, 'enable_log_requests': True}
+(EngineCore pid=16486) INFO 11-30 09:10:29 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/models/llama', max_seq_len=8192, tensor_parallel_size=1, kv_cache_dtype=auto, enable_prefix_caching=True, enable_chunked_prefill=True
+(EngineCore pid=16486) INFO 11-30 09:10:38 [gpu_worker.py:440] Available KV cache memory: 61.84 GiB
+(EngineCore pid=16486) INFO 11-30 09:10:38 [kv_cache_utils.py:2327] GPU KV cache size: 506,400 tokens, Maximum concurrency for 8,192 tokens per request: 61.82x
+INFO:     Application startup complete.
+"""
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there been one all we their has would when if so no what can out other were into "
+         "more some could time these two may then do first any my now such like our over man me even most made "
+         "after also did many before must through back years where much your way well down should because each "
+         "just those people how too little state good very make world still own see men work long get here between "
+         "both life being under never day same another know while last might us great old year off come since "
+         "against go came right used take three summarize translate explain code python function write story").split()
+RARE = "error memory version config failed timeout blocks concurrency".split()
+
+
+def size_arg(s: str) -> int:
+    s = s.strip().upper()
+    for suf, mul in (("GIB", 1 << 30), ("MIB", 1 << 20), ("KIB", 1 << 10), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if s.endswith(suf):
+            return int(float(s[: -len(suf)]) * mul)
+    return int(s)
+
+
+def ts(t: float) -> str:
+    d, r = divmod(int(t), 86400)
+    h, r = divmod(r, 3600)
+    m, s = divmod(r, 60)
+    return f"11-{30 + d if 30 + d <= 30 else 30:02d} {h:02d}:{m:02d}:{s:02d}" if d == 0 else f"12-{d:02d} {h:02d}:{m:02d}:{s:02d}"
+
+
+def generate(size: int, out, seed: int = 1, rps: float = 40.0) -> int:
+    rnd = random.Random(seed)
+    out.write(HEADER)
+    written = len(HEADER.encode())
+    t = 9 * 3600 + 11 * 60.0
+    next_stats = t + 10
+    n = 0
+    buf = []
+    while written < size:
+        t += rnd.expovariate(rps)
+        while t >= next_stats:
+            running = rnd.randint(20, 120)
+            buf.append(f"(APIServer pid=16315) INFO {ts(next_stats)} [loggers.py:335] Engine 000: Avg prompt throughput: "
+                       f"{rnd.uniform(2000, 9000):.1f} tokens/s, Avg generation throughput: {rnd.uniform(500, 4000):.1f} tokens/s, "
+                       f"Running: {running} reqs, Waiting: {rnd.randint(0, 3)} reqs, GPU KV cache usage: {rnd.uniform(20, 80):.1f}%, "
+                       f"Prefix cache hit rate: {rnd.uniform(10, 60):.1f}%\n")
+            next_stats += 10
+        rid = f"cmpl-{rnd.getrandbits(64):016x}-0"
+        words = [rnd.choice(WORDS) if rnd.random() > 0.002 else rnd.choice(RARE) for _ in range(rnd.randint(150, 700))]
+        prompt = " ".join(words)
+        stamp = ts(t)
+        buf.append(f"(APIServer pid=16315) INFO {stamp} [request_logger.py:65] Received request {rid}: prompt: '{prompt}', "
+                   f"params: SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+                   f"temperature=0.7, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], stop_token_ids=[], "
+                   f"max_tokens={rnd.randint(64, 1024)}, min_tokens=0, logprobs=None, skip_special_tokens=True), "
+                   f"lora_request: None.\n")
+        buf.append(f"(APIServer pid=16315) INFO {stamp} [async_llm.py:578] Added request {rid}-{rnd.getrandbits(32):08x}.\n")
+        buf.append(f'INFO:     127.0.0.1:{rnd.randint(30000, 60000)} - "POST /v1/completions HTTP/1.1" 200 OK\n')
+        n += 1
+        if len(buf) > 3000:
+            chunk = "".join(buf)
+            out.write(chunk)
+            written += len(chunk.encode())
+            buf = []
+    if buf:
+        out.write("".join(buf))
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="100MiB", help="approximate size (e.g. 1GiB, 200MiB)")
+    ap.add_argument("--out", default="-")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    size = size_arg(a.size)
+    if a.out == "-":
+        generate(size, sys.stdout)
+    else:
+        with open(a.out, "w") as fh:
+            n = generate(size, fh)
+        print(f"wrote {a.out}: {size_arg(a.size) / (1 << 20):.0f} MiB, {n:,} requests", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

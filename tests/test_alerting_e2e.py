@@ -284,6 +284,20 @@ def test_preemption_storm_reaches_alertmanager_and_a_healthy_log_raises_none(sta
     assert alert["annotations"]["runbook_url"].endswith("/docs/runbooks/vllm-preemption-storm.md")
     assert float(prom_query(prom, 'vllm_preemptions_total{pod="storm"}')[0]["value"][1]) >= 105
 
+    # The names the alerts and dashboards query are the names the real sidecar exports (those a
+    # storm log and a CPU vLLM capture can produce: no GPU, no TTFT window here).
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{pods['storm']['url']}/metrics", timeout=5) as r:
+        exported = set()
+        for fam in text_string_to_metric_families(r.read().decode()):
+            exported.update(s.name for s in fam.samples)
+    for name in ("vllm_preemptions_total", "vllm_kv_cache_usage_ratio", "vllm_running_sequences",
+                 "vllm_pending_sequences", "vllm_oom_events_total", "vllm_doctor_finding_active",
+                 "vllm_doctor_log_lines_total", "vllm_doctor_source_up", "vllm_doctor_build_info",
+                 "vllm_doctor_scrape_errors_total"):
+        assert name in exported, name
+
     # The healthy pod: its whole log was read, evaluations ran, and nothing is raised for it,
     # neither in Prometheus (pending or firing) nor in Alertmanager.
     wait_until("the healthy log to be read", lambda: float(prom_query(

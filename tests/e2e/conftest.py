@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("VLLM_DOCTOR_SKIP_E2E") == "1":
         skip = pytest.mark.skip(reason="VLLM_DOCTOR_SKIP_E2E=1: end-to-end tests against a real vLLM skipped")
         for item in items:
-            if "e2e" in item.keywords:
+            if item.get_closest_marker("e2e") is not None:
                 item.add_marker(skip)
 
 

@@ -257,6 +257,24 @@ class VllmServer:
             self._log.close()
 
 
+def vllm_resolved_config(setup: "Setup", args: dict) -> dict:
+    """What vLLM itself resolves for these engine args (its own defaults for this platform) without
+    starting a server: EngineArgs(...).create_engine_config(OPENAI_API_SERVER). About 8 s."""
+    code = ("import json,sys\n"
+            "from vllm.engine.arg_utils import EngineArgs\n"
+            "from vllm.usage.usage_lib import UsageContext\n"
+            "c = EngineArgs(**json.loads(sys.argv[1])).create_engine_config(UsageContext.OPENAI_API_SERVER)\n"
+            "print('RESOLVED=' + json.dumps({'max_num_seqs': c.scheduler_config.max_num_seqs,"
+            " 'max_num_batched_tokens': c.scheduler_config.max_num_batched_tokens,"
+            " 'block_size': c.cache_config.block_size}))\n")
+    p = subprocess.run([setup.python, "-c", code, json.dumps({"model": setup.model_dir, **args})],
+                       capture_output=True, text=True, timeout=120, env=vllm_env(), stdin=subprocess.DEVNULL)
+    m = re.search(r"^RESOLVED=(.*)$", p.stdout, re.M)
+    if not m:
+        raise RuntimeError(f"vLLM config resolution failed: {(p.stdout + p.stderr)[-1500:]}")
+    return json.loads(m.group(1))
+
+
 def doctor_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "vllm-doctor"
     if exe.exists():

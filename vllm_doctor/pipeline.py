@@ -148,8 +148,9 @@ class Pipeline:
 
     def _tick(self, ts: float) -> None:
         """diagnose: run the rules that are due at log time ``ts``. A windowed rule runs every
-        max(eval_interval, window/4) seconds of log time (a condition that lasts a quarter of
-        its window is seen); a whole-log rule runs when an incident event arrived."""
+        max(eval_interval, window/2) seconds of log time (consecutive evaluations overlap by half
+        a window, so events less than half a window apart are always judged together); a
+        whole-log rule runs when an incident event arrived."""
         due = set()
         for rule in self.ruleset.rules:
             w = self.ruleset.window_seconds(rule)
@@ -157,7 +158,7 @@ class Pipeline:
             if w is None:
                 if self._incident_pending and (last is None or ts - last >= self.eval_interval):
                     due.add(rule.id)
-            elif last is None or ts - last >= max(self.eval_interval, w / 4):
+            elif last is None or ts - last >= max(self.eval_interval, w / 2):
                 due.add(rule.id)
         if due:
             for rid in due:

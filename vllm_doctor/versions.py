@@ -21,6 +21,7 @@ def _data() -> dict:
     return json.loads(resources.files("vllm_doctor").joinpath("data/vllm_flags.json").read_text())
 
 
+@lru_cache(maxsize=256)
 def parse_version(v: str | None) -> Version | None:
     """``"0.10.1.1"``, ``"0.7.4.dev12+gabc"``, ``"0.32.0+cpu"`` -> Version, or None."""
     if not v:
@@ -34,6 +35,7 @@ def parse_version(v: str | None) -> Version | None:
         return None
 
 
+@lru_cache(maxsize=256)
 def nearest_examined(v: str | None) -> str:
     """The examined release that stands for version ``v`` (see the module doc)."""
     versions = _data()["versions"]
@@ -52,6 +54,7 @@ def _in_ranges(ranges: list[list[str]], v: str) -> bool:
     return any(Version(a) <= pv <= Version(b) for a, b in ranges)
 
 
+@lru_cache(maxsize=4096)
 def flag_exists(flag: str, version: str | None) -> bool:
     """Whether ``vllm serve`` of that version accepts ``--flag`` (or ``VLLM_*`` env var)."""
     d = _data()
@@ -75,6 +78,11 @@ def known_flag(flag: str) -> bool:
 
 
 def defaults(version: str | None, engine: str | None, gpu_total_bytes: int | None = None) -> dict[str, object]:
+    return dict(_defaults(version, engine, gpu_total_bytes))
+
+
+@lru_cache(maxsize=256)
+def _defaults(version: str | None, engine: str | None, gpu_total_bytes: int | None = None) -> tuple:
     """vLLM's defaults for the capacity facts in that version (``vllm serve``, CUDA).
 
     Returns a dict with any of gpu_memory_utilization, block_size, max_num_seqs,
@@ -83,7 +91,7 @@ def defaults(version: str | None, engine: str | None, gpu_total_bytes: int | Non
     than A100, else 256).
     """
     if version is None and engine is None:
-        return {"block_size": 16}
+        return (("block_size", 16),)
     if version is None and engine == "v0":
         version = "0.10.2"  # the V0 engine's last release: V0 defaults held throughout
     ex = nearest_examined(version)
@@ -106,7 +114,7 @@ def defaults(version: str | None, engine: str | None, gpu_total_bytes: int | Non
     elif pv is not None or engine == "v0":
         out["enable_prefix_caching"] = False
         out["enable_chunked_prefill"] = False
-    return out
+    return tuple(out.items())
 
 
 # file:line of the periodic stats line -> version (v1/metrics/loggers.py, engine/metrics.py),

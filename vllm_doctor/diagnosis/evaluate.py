@@ -15,7 +15,7 @@ from typing import Any
 from ..findings import Evidence, Finding, FlagFix
 from ..state import State
 from ..versions import flag_exists, flag_first_version, parse_version
-from .expr import Evaluator
+from .expr import Evaluator, names_in
 from .loader import TEMPLATE_RE, Rule, RuleSet
 
 MAX_EVIDENCE = 8
@@ -71,6 +71,7 @@ class RuleEngine:
         self.findings: dict[str, Finding] = {}
         self.rule_errors: dict[str, list[str]] = {}
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
+        self._gates: dict[str, list[str]] = {}
 
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
@@ -181,11 +182,26 @@ class RuleEngine:
         )
         return Evaluator(names, funcs), win
 
+    def _gating_values(self, rule: Rule) -> list[str]:
+        """The values the rule's conditions need (transitively), in declaration order."""
+        got = self._gates.get(rule.id)
+        if got is None:
+            need: set[str] = set()
+            todo = [n for c in rule.when.all + rule.when.any for n in names_in(c)]
+            while todo:
+                n = todo.pop()
+                if n in rule.values and n not in need:
+                    need.add(n)
+                    todo.extend(names_in(rule.values[n]))
+            got = self._gates[rule.id] = [k for k in rule.values if k in need]
+        return got
+
     def _eval_rule(self, rule: Rule, state: State, facts: dict):
         ev, win = self._namespace(rule, state, facts)
         values: dict[str, Any] = {}
-        for k, expr in rule.values.items():
-            values[k] = ev(expr)
+        gating = self._gating_values(rule)
+        for k in gating:  # the rest is computed only if the rule fires
+            values[k] = ev(rule.values[k])
             ev.set(k, values[k])
         ok_all = all(bool(ev(c)) for c in rule.when.all) if rule.when.all else True
         ok_any = any(bool(ev(c)) for c in rule.when.any) if rule.when.any else True
@@ -193,6 +209,11 @@ class RuleEngine:
             self.rule_errors[rule.id] = ev.errors[-5:]
         if not (ok_all and ok_any):
             return None
+        for k, expr in rule.values.items():
+            if k not in values:
+                values[k] = ev(expr)
+                ev.set(k, values[k])
+        values = {k: values[k] for k in rule.values}
         ev.win = win
         return ev, values
 

@@ -63,7 +63,7 @@ def generate(size: int, out, seed: int = 1, rps: float = 40.0) -> int:
         while t >= next_stats:
             running = rnd.randint(20, 120)
             buf.append(f"(APIServer pid=16315) INFO {ts(next_stats)} [loggers.py:335] Engine 000: Avg prompt throughput: "
-                       f"{rnd.uniform(2000, 9000):.1f} tokens/s, Avg generation throughput: {rnd.uniform(500, 4000):.1f} tokens/s, "
+                       f"{rnd.uniform(2000, 9000):.1f} tokens/s, Avg generation throughput: {rnd.uniform(2500, 4000):.1f} tokens/s, "
                        f"Running: {running} reqs, Waiting: {rnd.randint(0, 3)} reqs, GPU KV cache usage: {rnd.uniform(20, 80):.1f}%, "
                        f"Prefix cache hit rate: {rnd.uniform(10, 60):.1f}%\n")
             next_stats += 10

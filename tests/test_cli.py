@@ -210,3 +210,8 @@ def test_demo_log_in_readme_exists():
     mk = (ROOT / "Makefile").read_text()
     demo = [ln.split("?=")[1].strip() for ln in mk.splitlines() if ln.startswith("DEMO_LOG")][0]
     assert (ROOT / demo).is_file()
+
+
+def test_docs_rules_md_is_generated_from_the_rules():
+    rc, out, _ = run("rules", "--format", "markdown")
+    assert rc == 0 and out == (ROOT / "docs" / "rules.md").read_text(), "run: vllm-doctor rules --format markdown > docs/rules.md"

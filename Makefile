@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log
 
-.PHONY: setup system-deps demo test test-quick bench clean
+.PHONY: setup system-deps demo test test-quick bench bundle docs clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,12 @@ test-quick: setup
 
 bench: setup
 	$(BIN)/python bench/bench_diagnose.py
+
+bundle: setup
+	$(BIN)/python -m vllm_doctor.bundle --write
+
+docs: setup
+	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

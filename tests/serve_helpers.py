@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -117,3 +118,27 @@ class Pages:
     def __exit__(self, *a: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def timeline_pages() -> list[str]:
+    """metrics/vllm-0.32-cpu-preemption-timeline.txt (running / waiting / kv usage / preemptions
+    sampled every 2 s from a real vLLM 0.32 run) as the /metrics pages vLLM served at those times."""
+    types = {"num_requests_running": "gauge", "num_requests_waiting": "gauge",
+             "kv_cache_usage_perc": "gauge", "num_preemptions_total": "counter"}
+    pages = []
+    for row in (FIXTURES / "metrics" / "vllm-0.32-cpu-preemption-timeline.txt").read_text().splitlines():
+        kv = dict(x.split("=") for x in row.split()[1:])
+        out = []
+        for k, v in kv.items():
+            fam = k.removesuffix("_total")
+            out.append(f"# TYPE vllm:{fam} {types[k]}")
+            out.append(f'vllm:{k}{{engine="0",model_name="tiny"}} {v}')
+        pages.append("\n".join(out) + "\n")
+    return pages

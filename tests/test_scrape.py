@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from serve_helpers import Pages
+from serve_helpers import Pages, timeline_pages
 
 from vllm_doctor.sources.scrape import (
     HistogramWindow,
@@ -19,25 +19,6 @@ METRICS = Path(__file__).parent / "fixtures" / "metrics"
 BASIC = (METRICS / "vllm-0.32-cpu-basic.txt").read_text()
 PREEMPT = (METRICS / "vllm-0.32-cpu-preemption.txt").read_text()
 ASCEND = (METRICS / "ascend-0.20-kv-cache-usage-negative.txt").read_text()
-
-
-def timeline_pages() -> list[str]:
-    """vllm-0.32-cpu-preemption-timeline.txt (running / waiting / kv usage / preemptions sampled
-    every 2 s from the real run) as the /metrics pages vLLM 0.32 served at those times."""
-    pages = []
-    for row in (METRICS / "vllm-0.32-cpu-preemption-timeline.txt").read_text().splitlines():
-        kv = dict(x.split("=") for x in row.split()[1:])
-        lab = '{engine="0",model_name="tiny"}'
-        pages.append(
-            "# TYPE vllm:num_requests_running gauge\n"
-            f"vllm:num_requests_running{lab} {kv['num_requests_running']}\n"
-            "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{lab} {kv['num_requests_waiting']}\n"
-            "# TYPE vllm:kv_cache_usage_perc gauge\n"
-            f"vllm:kv_cache_usage_perc{lab} {kv['kv_cache_usage_perc']}\n"
-            "# TYPE vllm:num_preemptions counter\n"
-            f"vllm:num_preemptions_total{lab} {kv['num_preemptions_total']}\n")
-    return pages
 
 
 def test_parse_real_vllm_032_preemption_capture():

@@ -5,13 +5,11 @@ read back through Prometheus's HTTP API."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import time
 
 import httpx
 import pytest
-from serve_helpers import FIXTURES, live_sidecar, wait_for
+from serve_helpers import FIXTURES, free_port, live_sidecar, wait_for
 
 from vllm_doctor.sources.replay import restamp
 
@@ -25,17 +23,11 @@ pytestmark = pytest.mark.skipif(
            ".ci/apt-packages.txt)")
 
 
-def _free_port() -> int:
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
-
-
 class Prometheus:
     """/usr/bin/prometheus scraping one target every second, its data in ``tmp``."""
 
     def __init__(self, tmp, target: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"

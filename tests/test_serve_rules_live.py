@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from serve_helpers import FIXTURES, Pages, live_sidecar, value
+from serve_helpers import Pages, live_sidecar, timeline_pages, value
 
 from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
 
@@ -48,21 +48,12 @@ def test_flat_gpu_memory_is_not_a_leak(tmp_path):
         assert "VD005" not in s.get("/api/findings").json()["active"]
 
 
-def _timeline_pages() -> list[str]:
-    pages = []
-    for row in (FIXTURES / "metrics" / "vllm-0.32-cpu-preemption-timeline.txt").read_text().splitlines():
-        kv = dict(x.split("=") for x in row.split()[1:])
-        lab = '{engine="0",model_name="tiny"}'
-        pages.append("\n".join(f"vllm:{k}{lab} {v}" for k, v in kv.items()) + "\n")
-    return pages
-
-
 def test_preemption_storm_from_vllm_metrics_on_a_v1_engine(tmp_path):
     """The real run behind cpu-preemption-tiny-kv-cache.log: its V1 log shows no preemption, its
     /metrics counted 59 in 28 s."""
     log = tmp_path / "vllm.log"
     log.write_bytes(b"")
-    with Pages(_timeline_pages()) as vllm:
+    with Pages(timeline_pages()) as vllm:
         with live_sidecar({"logs": [str(log)], "metrics_url": vllm.url, "scrape_interval": 3600}) as s:
             for _ in range(15):
                 s.sidecar.scraper.scrape_once()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import FIXTURES, Pages, live_sidecar, samples, value, wait_for
+from serve_helpers import FIXTURES, Pages, free_port, live_sidecar, samples, value, wait_for
 
 from vllm_doctor.serve import ConfigError, load_config
 from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
@@ -197,12 +196,6 @@ def test_config_precedence_flags_env_file(tmp_path):
         load_config({}, env={}, config_file=tmp_path / "missing.yaml")
 
 
-def _free_port() -> int:
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
-
-
 def _serve(log: Path, state: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "vllm_doctor", "serve", "--log", str(log), "--metrics-url", "none",
@@ -224,7 +217,7 @@ def test_cli_serve_sigterm_writes_checkpoint_and_restart_does_not_double_count(t
     log.write_bytes(V1_RUN[:5000])  # present at start: read from its end
     first = restamp(V1_RUN[5000:15000])
     first = first[: first.rfind(b"\n") + 1]
-    port = _free_port()
+    port = free_port()
     p = _serve(log, state, port)
     try:
         wait_for(lambda: _lines_metric(port, log) == 0.0, 30, "the sidecar to answer")
@@ -243,7 +236,7 @@ def test_cli_serve_sigterm_writes_checkpoint_and_restart_does_not_double_count(t
     assert ck["offset"] == log.stat().st_size
     second = restamp(V1_RUN[15000:])
     append(log, second)  # written while the sidecar is down
-    port = _free_port()
+    port = free_port()
     p = _serve(log, state, port)
     try:
         n_second = second.count(b"\n")

@@ -36,6 +36,7 @@ from vllm_doctor.sources.follow import (
     LogFollower,
     PipeFollower,
     load_checkpoints,
+    load_state_extra,
     save_checkpoints,
 )
 from vllm_doctor.sources.nvml import NvmlPoller
@@ -45,6 +46,38 @@ log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
 ENV_PREFIX = "VLLM_DOCTOR_"
+
+
+#: State attributes that vLLM prints only at start-up (configuration, KV cache capacity, memory
+#: budget, version). They are kept in the state file so that a restarted sidecar, which resumes
+#: after those lines, still knows them.
+STICKY_STATE = ("config", "capacity", "memory", "vllm_version", "version_source", "engine",
+                "unknown_flags", "served")
+
+
+def sticky_snapshot(state: Any) -> dict:
+    """The sticky part of a :class:`vllm_doctor.state.State` as JSON-able data."""
+    snap = {}
+    for name in STICKY_STATE:
+        v = getattr(state, name, None)
+        if name == "config" and isinstance(v, dict):
+            v = {k: list(pv) for k, pv in v.items()}
+        snap[name] = v
+    return snap
+
+
+def restore_sticky(state: Any, snap: dict) -> None:
+    """Put a :func:`sticky_snapshot` back into a fresh State (what the new run logs wins later)."""
+    for name in STICKY_STATE:
+        if name not in snap or snap[name] is None or not hasattr(state, name):
+            continue
+        v = snap[name]
+        if name == "config":
+            v = {k: tuple(pv) for k, pv in v.items() if isinstance(pv, list) and len(pv) == 2}
+        if isinstance(getattr(state, name), dict) and isinstance(v, dict):
+            getattr(state, name).update(v)
+        else:
+            setattr(state, name, v)
 
 
 class ConfigError(VllmDoctorError):
@@ -186,6 +219,9 @@ class Sidecar:
         self._stop = threading.Event()
         self._eval_thread: threading.Thread | None = None
         checkpoints = load_checkpoints(cfg.state_file)
+        resumed = any(os.path.abspath(p) in checkpoints for p in cfg.logs if p != "-")
+        if resumed:  # resuming mid-file: the start-up lines were read by the previous run
+            restore_sticky(self.pipeline.state, load_state_extra(cfg.state_file, "sticky_state"))
         self.logs: list[LogSource] = []
         for path in cfg.logs:
             if path == "-":
@@ -320,7 +356,8 @@ class Sidecar:
         files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
         with self.lock:
             try:
-                save_checkpoints(self.cfg.state_file, files)
+                save_checkpoints(self.cfg.state_file, files,
+                                 extra={"sticky_state": sticky_snapshot(self.pipeline.state)})
             except OSError as exc:
                 log.warning("cannot write state file %s: %s", self.cfg.state_file, exc)
 
@@ -370,9 +407,10 @@ class Sidecar:
         return out
 
     def ready(self) -> tuple[bool, list[dict[str, Any]]]:
-        """(ready, sources): ready once started with at least one source up."""
-        srcs = self.source_status()
-        return self.started_at is not None and any(s["up"] for s in srcs), srcs
+        """(ready, sources): ready from start until stop. A source that is down does not make
+        the sidecar unready: it still answers scrapes (reporting the source down), and in a pod
+        an unready sidecar would take vLLM itself out of its Service."""
+        return self.started_at is not None and not self._stop.is_set(), self.source_status()
 
 
 def run(cfg: ServeConfig) -> int:

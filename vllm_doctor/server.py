@@ -5,8 +5,9 @@
                    (and the process collector: CPU, RSS, fds of the sidecar itself)
 ``GET /healthz``   200 ``{"status": "ok"}`` while the process serves; also the rule-load error
                    and pipeline error count
-``GET /readyz``    200 when started with at least one source up, else 503; each source with
-                   ``status`` live | stale | down and the age of its last data
+``GET /readyz``    200 from start until shutdown (503 before and during it); each source with
+                   ``status`` live | stale | down and the age of its last data; ``degraded``
+                   when one is down
 ``GET /api/findings``  the findings (active and cleared), the JSON of ``diagnose --format json``
 ``GET /api/state`` the whole report: ``Pipeline.report().to_dict()`` plus ``sources``
 ``GET /``          an HTML page (jinja2, autoescaped, no external assets): facts, live findings
@@ -113,7 +114,8 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
     @app.get("/readyz")
     def readyz() -> JSONResponse:
         ok, sources = sidecar.ready()
-        return JSONResponse({"ready": ok, "sources": sources}, status_code=200 if ok else 503)
+        return JSONResponse({"ready": ok, "degraded": any(not s["up"] for s in sources), "sources": sources},
+                            status_code=200 if ok else 503)
 
     @app.get("/api/findings")
     def findings() -> dict:

@@ -529,8 +529,23 @@ def load_checkpoints(path: str | os.PathLike[str] | None) -> dict[str, dict]:
     return good
 
 
-def save_checkpoints(path: str | os.PathLike[str], followers: Iterable[LogFollower]) -> None:
-    """Write the followers' checkpoints to ``path`` atomically (temp file + rename)."""
+def load_state_extra(path: str | os.PathLike[str] | None, key: str) -> dict:
+    """Another section of a ``--state-file`` (written with ``save_checkpoints(extra=...)``);
+    ``{}`` when absent or unreadable."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    v = data.get(key) if isinstance(data, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def save_checkpoints(path: str | os.PathLike[str], followers: Iterable[LogFollower],
+                     extra: dict | None = None) -> None:
+    """Write the followers' checkpoints to ``path`` atomically (temp file + rename).
+    ``extra``: more JSON sections stored beside ``files`` (e.g. the sticky facts)."""
     files = {}
     for f in followers:
         ck = f.checkpoint()
@@ -541,7 +556,7 @@ def save_checkpoints(path: str | os.PathLike[str], followers: Iterable[LogFollow
     fd, tmp = tempfile.mkstemp(prefix=".vllm-doctor-state.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"version": 1, "files": files}, fh, indent=1)
+            json.dump({"version": 1, "files": files, **(extra or {})}, fh, indent=1, default=str)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

@@ -7,6 +7,7 @@ stopped by killing that whole group, so no EngineCore or worker outlives a test.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -193,7 +194,19 @@ class VllmServer:
         env = "OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=auto HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1"
         return f"{env} {shlex.join(self.cmd)} >>{self.log_path.name} 2>&1"
 
-    def start(self) -> None:
+    def start(self, lock_timeout: float = 900) -> None:
+        # One vLLM at a time on this machine (2 shared cores), whichever test session starts it.
+        E2E_CACHE.mkdir(parents=True, exist_ok=True)
+        self._lock = open(E2E_CACHE / ".vllm-server.lock", "w")
+        deadline = time.monotonic() + lock_timeout
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another vLLM held {E2E_CACHE}/.vllm-server.lock for {lock_timeout:.0f} s")
+                time.sleep(1)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
         self.started_at = time.monotonic()
@@ -255,6 +268,9 @@ class VllmServer:
             kill_group(self.proc)
         if getattr(self, "_log", None):
             self._log.close()
+        if getattr(self, "_lock", None):
+            self._lock.close()  # releases the flock
+            self._lock = None
 
 
 def vllm_resolved_config(setup: "Setup", args: dict) -> dict:

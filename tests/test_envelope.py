@@ -169,3 +169,14 @@ def test_prefilter_keeps_every_line_a_matcher_needs():
     ]
     for s in samples:
         assert PREFILTER.search(s.encode()), s
+
+
+def test_json_formatter_records():
+    rec = {"asctime": "05-19 10:13:11", "levelname": "INFO", "filename": "loggers.py", "lineno": 271,
+           "message": V1_LINE.split("] ", 1)[1]}
+    s = one(json.dumps(rec), "SchedulerStats")
+    assert s.num_waiting == 43 and s.meta.level == "INFO"
+    tb = {"levelname": "ERROR", "message": "EngineCore failed to start.",
+          "exc_info": "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nValueError: No available memory for the cache blocks."}
+    evs = parse_lines([json.dumps(tb)])
+    assert {type(e).__name__ for e in evs} >= {"EngineFailure", "ExceptionRaised", "NoCacheMemory"}

@@ -2,6 +2,8 @@
 
 What wraps a vLLM record, outermost first, and what this module strips:
 
+* JSON log records (a JSON formatter through VLLM_LOGGING_CONFIG_PATH, vLLM 0.33's JSON_FORMAT):
+  message, level, time and file from their usual keys.
 * container runtimes: Kubernetes CRI lines (``2026-11-30T09:00:00.123456789Z stdout F msg``;
   ``P`` partial lines are joined with the following ``F`` line), docker's json-file driver
   (``{"log": "msg\\n", "stream": "stdout", "time": "..."}``), ``kubectl logs --timestamps``
@@ -198,9 +200,12 @@ class Envelope:
             text = ANSI_RE.sub("", text)
         outer_ts: float | None = None
         first = text[:1]
-        if first == "{" and text.startswith('{"log":'):
+        if first == "{":
             try:
                 obj = json.loads(text)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and "log" in obj:  # docker json-file
                 text = str(obj.get("log", "")).rstrip("\n").rstrip("\r")
                 dt = _parse_iso(str(obj.get("time", "")))
                 if dt:
@@ -209,8 +214,8 @@ class Envelope:
                 self.container_format = "docker"
                 if "\x1b" in text:
                     text = ANSI_RE.sub("", text)
-            except (ValueError, AttributeError):
-                pass
+            elif isinstance(obj, dict) and ("message" in obj or "msg" in obj):
+                return self._json_record(lineno, obj)
         elif first.isdigit() or first == "[":
             m = CRI_RE.match(text)
             if m:
@@ -245,6 +250,41 @@ class Envelope:
                     out.extend(self._split(lineno, seg, outer_ts))
             return out
         return self._split(lineno, text, outer_ts)
+
+    def _json_record(self, lineno: int, obj: dict) -> list[Record]:
+        """A JSON log record (VLLM_LOGGING_CONFIG_PATH with a JSON formatter, vLLM 0.33's
+        JSON_FORMAT, python-json-logger): message, level, time and file taken by their usual keys."""
+        msg = str(obj.get("message", obj.get("msg", ""))).rstrip("\n")
+        level = obj.get("levelname") or obj.get("level")
+        level = str(level).upper() if level else None
+        ts = None
+        for key in ("timestamp", "time", "asctime", "@timestamp"):
+            if key in obj:
+                v = obj[key]
+                if isinstance(v, (int, float)):
+                    ts = float(v)
+                else:
+                    dt = _parse_iso(str(v))
+                    if dt:
+                        ts = dt.timestamp()
+                    else:
+                        m = re.match(r"^(\d\d)-(\d\d) (\d\d:\d\d:\d\d)", str(v))
+                        if m:
+                            ts = self.clock.to_epoch(int(m.group(1)), int(m.group(2)), m.group(3))
+                break
+        src = f"{obj['filename']}:{obj.get('lineno', 0)}" if obj.get("filename") else "json"
+        if ts is None:
+            ts = self.last_ts
+        else:
+            self.last_ts = ts
+        out = []
+        for i, part in enumerate(msg.split("\n")):  # a traceback inside one JSON record
+            out.append(Record(lineno, part, level, ts, obj.get("processName") if isinstance(obj.get("processName"), str) else None,
+                              obj.get("process") if isinstance(obj.get("process"), int) else None, src))
+        exc = obj.get("exc_info") or obj.get("exception")
+        if isinstance(exc, str):
+            out.extend(Record(lineno, part, level, ts, None, None, src) for part in exc.split("\n") if part)
+        return out
 
     def _split(self, lineno: int, text: str, outer_ts: float | None) -> list[Record]:
         first = self._one(lineno, text, outer_ts)

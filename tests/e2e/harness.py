@@ -307,11 +307,12 @@ class Sidecar:
     out_path: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
 
     @property
     def cmd(self) -> list[str]:
         return [*doctor_cmd(), "serve", "--log", str(self.log_path), "--metrics-url", self.metrics_url,
-                "--no-nvml", "--host", "127.0.0.1", "--port", str(self.port), "--from-start"]
+                "--no-nvml", "--host", "127.0.0.1", "--port", str(self.port), "--from-start", *self.extra_args]
 
     @property
     def url(self) -> str:
@@ -575,3 +576,35 @@ def record(scenario: str, src_dir: Path, names: list[str]) -> Path | None:
         if (src_dir / n).exists():
             shutil.copy2(src_dir / n, dst / n)
     return dst
+
+
+class StaticMetricsServer:
+    """Serves a saved /metrics capture on 127.0.0.1 (a stand-in for vLLM's /metrics in replays)."""
+
+    def __init__(self, path: Path):
+        import http.server
+
+        body = path.read_bytes()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

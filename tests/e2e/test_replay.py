@@ -9,12 +9,15 @@ checks are the same as in the live e2e tests (expectations.py).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from . import expectations as ex
-from .harness import FIXTURES, diagnose
+import shutil
+
+from .harness import FIXTURES, Sidecar, StaticMetricsServer, diagnose, metric_value, wait_for
 
 SCENARIOS = ["healthy", "preemption-storm", "startup-oom", "engine-dead"]
 
@@ -61,3 +64,47 @@ def test_replay_unprinted_facts_not_wrong(scenario):
     d, exp = load(scenario)
     metrics = d / "metrics.txt" if scenario == "preemption-storm" else None
     ex.check_optional_facts(diagnose(d / "vllm.log", metrics), exp["truth"], f"diagnose {scenario}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_replay_sidecar(scenario, tmp_path):
+    """`vllm-doctor serve` reading the recorded log from the start and scraping the recorded
+    /metrics capture (served locally): the same findings as live, and for the storm the same
+    preemption count as vLLM's own counter."""
+    d, exp = load(scenario)
+    truth = exp["truth"]
+    log = tmp_path / "vllm.log"
+    shutil.copy(d / "vllm.log", log)
+    metrics = StaticMetricsServer(d / "metrics.txt") if (d / "metrics.txt").exists() else None
+    sc = Sidecar(log, metrics.url if metrics else "none", tmp_path / "sidecar.out",
+                 extra_args=["--eval-interval", "1"])
+    try:
+        sc.start()
+        must = ex.MUST[scenario][0]
+        if scenario == "preemption-storm":
+            wait_for(lambda: sc.metric("vllm_preemptions_total") == truth["preemptions_total"], 30, 0.5,
+                     f"vllm_preemptions_total == {truth['preemptions_total']}")
+        if must:
+            wait_for(lambda: {f.get("name") for f in sc.findings()} & must, 30, 0.5, f"one of {sorted(must)}")
+        else:
+            wait_for(lambda: (sc.state().get("facts") or {}).get("kv_cache_tokens") is not None, 30, 0.5, "facts")
+            time.sleep(3)  # a few evaluations
+        names = {f.get("name") for f in sc.findings()}
+        ex.check_names(scenario, names, f"sidecar replay {scenario}")
+        facts = sc.state().get("facts") or {}
+        if scenario in ("healthy", "preemption-storm"):
+            ex.check_facts(facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"),
+                           f"sidecar replay {scenario} /api/state")
+            got = {k: metric_value(sc.metrics_text(), "vllm_" + k)
+                   for k in ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs")}
+            ex.check_facts(got, truth, tuple(got), f"sidecar replay {scenario} /metrics")
+        if scenario == "preemption-storm":
+            storm = [f for f in sc.findings() if f.get("name") in must]
+            ex.check_max_num_seqs_fix(storm, truth, "sidecar replay")
+        if scenario == "startup-oom":
+            ex.check_max_model_len_fix([f for f in sc.findings() if f.get("name") == "startup-oom"], truth,
+                                       "sidecar replay")
+    finally:
+        sc.stop()
+        if metrics:
+            metrics.close()

@@ -342,3 +342,20 @@ def test_overlong_line_passes_in_pieces(tmp_path, over):
     f.poll()
     assert len(s.data) == over + 1 + len(lines(1)[0])
     assert s.lines[-1] == lines(1)[0].rstrip(b"\n")
+
+
+def test_unreadable_path_is_counted_not_fatal(tmp_path, caplog):
+    d = tmp_path / "vllm.log"
+    d.mkdir()  # a directory where the log should be
+    s = Sink()
+    f = follower(d, s, from_start=True)
+    with caplog.at_level("WARNING", logger="vllm_doctor.sources.follow"):
+        for _ in range(5):
+            assert f.poll() == 0
+    assert f.stats.errors == 5 and not f.stats.up and "IsADirectoryError" in f.stats.last_error
+    assert len([r for r in caplog.records if "following" in r.message]) == 1  # logged once
+    d.rmdir()
+    d.write_bytes(b"INFO 11-30 09:10:22 [api_utils.py:347] back\n")
+    f.poll()
+    assert s.lines == [b"INFO 11-30 09:10:22 [api_utils.py:347] back"] and f.stats.up
+    assert f.stats.last_error is None

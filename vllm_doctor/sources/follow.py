@@ -125,12 +125,17 @@ class LogFollower:
         """One step: detect rotation/truncation, read what is new, deliver whole lines.
         Returns the number of bytes read. Never raises for I/O errors (counted in stats)."""
         try:
-            return self._poll()
-        except OSError as exc:  # permissions, EIO, a vanished directory: count, keep going
+            n = self._poll()
+        except OSError as exc:  # permissions, EIO, a directory, ...: count, keep going
             self.stats.errors += 1
-            self.stats.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("following %s: %s", self.path, exc)
+            self.stats.up = False
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self.stats.last_error:  # once per distinct error, not once per poll
+                log.warning("following %s: %s", self.path, msg)
+            self.stats.last_error = msg
             return 0
+        self.stats.last_error = None
+        return n
 
     def checkpoint(self) -> dict | None:
         """The resume point: ``{"path", "dev", "ino", "offset", "tail"}`` where offset is
@@ -169,7 +174,12 @@ class LogFollower:
             self._open(self.path, st, 0)
             return self._read_available()
         if st is None or (st.st_dev, st.st_ino) != (cur.dev, cur.ino):
-            n = self._read_available()  # drain what was written before the rename/delete
+            try:
+                n = self._read_available()  # drain what was written before the rename/delete
+            except OSError as exc:  # the old file cannot be read (it was a directory, EIO, ...)
+                self.stats.errors += 1
+                log.warning("following %s: the replaced file could not be drained: %s", self.path, exc)
+                n = 0
             if st is None:
                 return n  # renamed or deleted; wait for the new file, keep draining the old
             self._end_file()

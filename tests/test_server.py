@@ -129,6 +129,7 @@ def test_health_and_readiness(tmp_path):
         assert s.metric("vllm_doctor_log_lines_total", source=str(missing)) == 1.0
         s.sidecar.stop()
         assert s.get("/readyz").status_code == 503 and s.get("/healthz").status_code == 200
+        s.sidecar.stop()  # again (as the app's shutdown will): nothing happens
 
 
 def test_page_escapes_log_text(tmp_path):

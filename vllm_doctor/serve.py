@@ -355,7 +355,10 @@ class Sidecar:
                  self.cfg.metrics_url, self.cfg.nvml)
 
     def stop(self) -> None:
-        """Stop every thread, read what is left, evaluate once more and write the checkpoint."""
+        """Stop every thread, read what is left, evaluate once more and write the checkpoint.
+        Idempotent (a second call does nothing: it must not overwrite the checkpoint)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self.follow_thread is not None:
             self.follow_thread.stop()

@@ -122,7 +122,9 @@ class ServeConfig(BaseModel):
     @classmethod
     def _listify(cls, v: Any) -> Any:
         if isinstance(v, str):
-            return [p for p in v.split(",") if p.strip()]
+            v = [p.strip() for p in v.split(",") if p.strip()]
+        if isinstance(v, list):
+            v = list(dict.fromkeys(str(x) for x in v))  # the same file twice is one source
         return v
 
 
@@ -406,6 +408,7 @@ class Sidecar:
     def _eval_loop(self) -> None:
         last_ck = time.monotonic()
         while not self._stop.wait(self.cfg.eval_interval):
+            self._sync_clock()  # also for a pipe, which has no follow thread
             self.evaluate()
             if time.monotonic() - last_ck >= self.cfg.checkpoint_interval:
                 self.save_checkpoint()

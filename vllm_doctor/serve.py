@@ -192,6 +192,7 @@ class LogSource:
 
     @property
     def stats(self) -> FollowStats:
+        """The reader's counters (bytes, rotations, truncations, up, last data time)."""
         return self.reader.stats
 
 

@@ -104,31 +104,37 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
 
     @app.get("/metrics")
     def metrics() -> Response:
+        """Prometheus text exposition (format 0.0.4)."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict:
+        """Alive: 200 while the process serves."""
         return {"status": "ok", "version": __version__, "rule_load_error": sidecar.rule_load_error,
                 "pipeline_errors": sidecar.pipeline_errors}
 
     @app.get("/readyz")
     def readyz() -> JSONResponse:
+        """Ready (200) from start until shutdown; each source live / stale / down."""
         ok, sources = sidecar.ready()
         return JSONResponse({"ready": ok, "degraded": any(not s["up"] for s in sources), "sources": sources},
                             status_code=200 if ok else 503)
 
     @app.get("/api/findings")
     def findings() -> dict:
+        """Findings, active and cleared (diagnose's JSON schema)."""
         fs = _findings(sidecar)
         return {"findings": fs, "active": [f["rule_id"] for f in fs if f.get("active")],
                 "rule_load_error": sidecar.rule_load_error}
 
     @app.get("/api/state")
     def state() -> dict:
+        """The whole report plus the live parts (see :func:`state_dict`)."""
         return state_dict(sidecar)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
+        """The HTML page (autoescaped)."""
         d = state_dict(sidecar)
         with sidecar.lock:
             recent = list(sidecar.pipeline.state.stats)[-15:]

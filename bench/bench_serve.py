@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
 import re
 import signal
@@ -88,6 +89,34 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def write_log(pool: bytes, log: Path, per_tick: int, tick: float, seconds: float, speedup: float,
+              t_start: float, log_t0: float, conn) -> None:
+    """Append ``per_tick`` bytes of whole lines every ``tick`` s for ``seconds`` s, restamped to
+    the replay clock; send back ([(monotonic time written, cumulative lines)], bytes, lines)."""
+    writes: list[tuple[float, int]] = []  # (time written, cumulative lines); CLOCK_MONOTONIC is system-wide
+    pos = total_bytes = total_lines = k = 0
+    with open(log, "ab", buffering=0) as fh:
+        while True:
+            now = time.monotonic()
+            if now - t_start >= seconds:
+                break
+            end = pool.rfind(b"\n", pos, pos + per_tick) + 1
+            if end <= pos:
+                pos, end = 0, pool.rfind(b"\n", 0, per_tick) + 1
+            chunk = restamp(pool[pos:end], log_t0 + (now - t_start) * speedup)
+            pos = end if end < len(pool) - per_tick else 0
+            fh.write(chunk)
+            total_bytes += len(chunk)
+            total_lines += chunk.count(b"\n")
+            writes.append((time.monotonic(), total_lines))
+            k += 1
+            delay = t_start + k * tick - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+    conn.send((writes, total_bytes, total_lines))
+    conn.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate-mb", type=float, default=10.0, help="MB/s appended (1 MB = 10^6 bytes)")
@@ -118,7 +147,6 @@ def main() -> int:
         print("sidecar did not start:", sidecar.stderr.read().decode()[-2000:])
         return 2
 
-    writes: list[tuple[float, int]] = []  # (time written, cumulative lines)
     seen: list[tuple[float, float]] = []  # (time polled, lines in /metrics)
     rss_series: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -143,27 +171,15 @@ def main() -> int:
     log_t0 = time.time()
     th = threading.Thread(target=poller, daemon=True)
     t_start = time.monotonic()
+    # the writer is a process of its own: in this one its regex work would hold the GIL and
+    # delay the poller, which would then blame the sidecar for the wait
+    recv, send = multiprocessing.Pipe(duplex=False)
+    writer = multiprocessing.get_context("fork").Process(
+        target=write_log, args=(pool, log, per_tick, a.tick, a.seconds, a.speedup, t_start, log_t0, send))
+    writer.start()
     th.start()
-    pos = total_bytes = total_lines = 0
-    with open(log, "ab", buffering=0) as fh:
-        k = 0
-        while True:
-            now = time.monotonic()
-            if now - t_start >= a.seconds:
-                break
-            end = pool.rfind(b"\n", pos, pos + per_tick) + 1
-            if end <= pos:
-                pos, end = 0, pool.rfind(b"\n", 0, per_tick) + 1
-            chunk = restamp(pool[pos:end], log_t0 + (now - t_start) * a.speedup)
-            pos = end if end < len(pool) - per_tick else 0
-            fh.write(chunk)
-            total_bytes += len(chunk)
-            total_lines += chunk.count(b"\n")
-            writes.append((time.monotonic(), total_lines))
-            k += 1
-            delay = t_start + k * a.tick - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+    writes, total_bytes, total_lines = recv.recv()
+    writer.join()
     wall = time.monotonic() - t_start
     cpu1 = proc_cpu_seconds(sidecar.pid)
     # let the sidecar catch up, then stop it

@@ -21,7 +21,9 @@ sidecar's health: ``vllm_doctor_log_lines_total{source}``,
 ``vllm_doctor_unparsed_lines_total{source}``, ``vllm_doctor_log_rotations_total{source}``,
 ``vllm_doctor_log_truncations_total{source}``, ``vllm_doctor_source_up{source}``,
 ``vllm_doctor_scrape_errors_total``, ``vllm_doctor_rejected_values_total``,
-``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_build_info{version}``.
+``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_evaluations_total``,
+``vllm_doctor_evaluation_seconds_total``, ``vllm_doctor_last_evaluation_duration_seconds``,
+``vllm_doctor_build_info{version}``.
 
 Labels are bounded: configured sources, GPU indexes, rule ids, NVML's compute processes. No
 prompt text, request id or other value from a log line becomes a label.
@@ -227,6 +229,17 @@ class SidecarCollector(Collector):
         perr = CounterMetricFamily("vllm_doctor_pipeline_errors", "Input the pipeline failed on "
                                    "(skipped; the sidecar keeps running).")
         perr.add_metric([], sc.pipeline_errors)
+        evals = CounterMetricFamily("vllm_doctor_evaluations", "Rule evaluations run.")
+        evals.add_metric([], sc.evaluations)
+        eval_s = CounterMetricFamily("vllm_doctor_evaluation_seconds", "Time spent evaluating the rules "
+                                     "(the pipeline is locked meanwhile).")
+        eval_s.add_metric([], sc.eval_seconds_total)
+        fams = [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, evals, eval_s]
+        if sc.last_eval_seconds is not None:
+            last = GaugeMetricFamily("vllm_doctor_last_evaluation_duration_seconds",
+                                     "How long the last rule evaluation took.")
+            last.add_metric([], sc.last_eval_seconds)
+            fams.append(last)
         info = InfoMetricFamily("vllm_doctor_build", "vllm-doctor's version.")
         info.add_metric([], {"version": __version__})
-        return [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, info]
+        return fams + [info]

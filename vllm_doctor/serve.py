@@ -219,6 +219,8 @@ class Sidecar:
         self.started_at: float | None = None
         self.last_eval_at: float | None = None
         self.evaluations = 0
+        self.eval_seconds_total = 0.0
+        self.last_eval_seconds: float | None = None
         self._stop = threading.Event()
         self._eval_thread: threading.Thread | None = None
         checkpoints = load_checkpoints(cfg.state_file)
@@ -385,11 +387,14 @@ class Sidecar:
     def evaluate(self) -> list:
         """Run the rules now (wall clock); never raises (a failure is logged and counted)."""
         with self.lock:
+            t0 = time.perf_counter()
             try:
                 out = self.pipeline.evaluate(self.now())
             except Exception:  # noqa: BLE001
                 self._pipeline_failed("rules")
                 return []
+            self.last_eval_seconds = time.perf_counter() - t0
+            self.eval_seconds_total += self.last_eval_seconds
             self.last_eval_at = time.monotonic()
             self.evaluations += 1
             return out

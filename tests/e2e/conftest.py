@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from .harness import E2E_CACHE, SetupFailed, SetupSkipped, run_setup
+from .harness import E2E_CACHE, SetupFailed, SetupSkipped, kill_all_started, run_setup
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,6 +25,13 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("e2e") is not None:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_processes():
+    """Whatever a failing test left behind, every process group the harness started dies here."""
+    yield
+    kill_all_started()
 
 
 @pytest.fixture(scope="session")

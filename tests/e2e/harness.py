@@ -7,6 +7,7 @@ stopped by killing that whole group, so no EngineCore or worker outlives a test.
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -94,9 +95,23 @@ def _pgrp_members(pgid: int) -> list[int]:
     return pids
 
 
+_STARTED: list[subprocess.Popen] = []  # every process group this module started
+
+
+def kill_all_started() -> None:
+    """Safety net (session teardown, atexit): kill every process group started here still alive."""
+    while _STARTED:
+        kill_group(_STARTED.pop(), grace=3.0)
+
+
+atexit.register(kill_all_started)
+
+
 def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the process group, wait, then SIGKILL whatever of the group is left."""
     pgid = proc.pid  # start_new_session=True: pgid == pid
+    if proc in _STARTED:
+        _STARTED.remove(proc)
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -213,6 +228,7 @@ class VllmServer:
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=vllm_env(), cwd=str(self.log_path.parent),
                                      start_new_session=True)
+        _STARTED.append(self.proc)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -264,13 +280,15 @@ class VllmServer:
         return pid
 
     def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc)
-        if getattr(self, "_log", None):
-            self._log.close()
-        if getattr(self, "_lock", None):
-            self._lock.close()  # releases the flock
-            self._lock = None
+        try:
+            if self.proc is not None:
+                kill_group(self.proc)
+        finally:
+            if getattr(self, "_log", None):
+                self._log.close()
+            if getattr(self, "_lock", None):
+                self._lock.close()  # releases the flock
+                self._lock = None
 
 
 def vllm_resolved_config(setup: "Setup", args: dict) -> dict:
@@ -322,6 +340,7 @@ class Sidecar:
         self._out = open(self.out_path, "ab", buffering=0)
         self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO))
+        _STARTED.append(self.proc)
 
         def up():
             if self.proc.poll() is not None:
@@ -414,6 +433,34 @@ def complete(base_url: str, prompt: str, max_tokens: int, timeout: float = 180) 
     req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.load(r)
+
+
+def stream_complete(base_url: str, prompt: str, max_tokens: int, started: threading.Event,
+                    timeout: float = 120) -> str:
+    """A streaming completion; sets `started` at the first token chunk. Returns "completed" when the
+    stream ended with [DONE] and no error event, else what went wrong."""
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0.0, "stream": True}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            done = False
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                if '"error"' in data:
+                    return "error event: " + data[:200]
+                started.set()
+            return "completed" if done else "stream ended without [DONE]"
+    except Exception as e:  # noqa: BLE001
+        return "exception: " + repr(e)[:200]
+    finally:
+        started.set()  # never leave the waiter hanging
 
 
 @dataclass

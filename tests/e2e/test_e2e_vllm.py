@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from . import expectations as ex
-from .harness import (Setup, Sampler, Sidecar, VllmServer, active_names, complete, diagnose, http_json,
-                      metric_labels, metric_value, parse_metrics, prompt_of, record, vllm_resolved_config, run_load, vllm_reported_version, wait_for,
+from .harness import (Sampler, Setup, Sidecar, VllmServer, active_names, complete, diagnose, http_json,
+                      metric_labels, metric_value, parse_metrics, prompt_of, record, run_load,
+                      stream_complete, vllm_reported_version, vllm_resolved_config, wait_for,
                       write_command_file)
 
 pytestmark = pytest.mark.e2e
@@ -90,9 +91,11 @@ def snapshot_sidecar(run: Run, sc: Sidecar | None) -> None:
 
 
 def finish(run: Run, sc: Sidecar | None, setup: Setup, steps: list[str], t0: float, files: list[str]) -> None:
-    run.vllm.stop()
-    if sc is not None:
-        sc.stop()
+    try:
+        run.vllm.stop()
+    finally:
+        if sc is not None:
+            sc.stop()
     run.notes["wall_seconds"] = round(time.monotonic() - t0, 1)
     TIMINGS[run.scenario] = run.notes["wall_seconds"]
     run.truth["vllm_version"] = vllm_reported_version(run.vllm.log_text())
@@ -227,16 +230,18 @@ def storm(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
     finally:
-        if sampler is not None and sampler.is_alive():
-            sampler.stop()
-        finish(run, sc, vllm_setup,
-               [f"# storm: {STORM_CLIENTS} concurrent clients, each sending POST /v1/completions back to back for "
-                f"{STORM_SECONDS} s ({STORM_PROMPT}-token prompt, max_tokens {STORM_MAX_TOKENS}, ignore_eos, temperature 0)",
-                "# every 2 s: GET /metrics -> metrics-timeline.txt (running, waiting, kv usage, preemptions, sidecar's count)",
-                "# after the next 'Engine 000:' stats line: GET /metrics > metrics.txt",
-                "vllm-doctor diagnose vllm.log --format json",
-                "vllm-doctor diagnose vllm.log --metrics metrics.txt --format json"],
-               t0, ["metrics.txt", "metrics-timeline.txt"])
+        try:
+            if sampler is not None and sampler.is_alive():
+                sampler.stop()
+        finally:
+            finish(run, sc, vllm_setup,
+                   [f"# storm: {STORM_CLIENTS} concurrent clients, each sending POST /v1/completions back to back for "
+                    f"{STORM_SECONDS} s ({STORM_PROMPT}-token prompt, max_tokens {STORM_MAX_TOKENS}, ignore_eos, temperature 0)",
+                    "# every 2 s: GET /metrics -> metrics-timeline.txt (running, waiting, kv usage, preemptions, sidecar's count)",
+                    "# after the next 'Engine 000:' stats line: GET /metrics > metrics.txt",
+                    "vllm-doctor diagnose vllm.log --format json",
+                    "vllm-doctor diagnose vllm.log --metrics metrics.txt --format json"],
+                   t0, ["metrics.txt", "metrics-timeline.txt"])
     return run
 
 
@@ -286,29 +291,23 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
         m = run.vllm.metrics()
         (d / "metrics.txt").write_text(m)
         run.truth.update(cache_config_truth(m))
-        inflight: dict = {"errors": 0, "completed": 0}
-        lock = threading.Lock()
+        outcomes: list[str] = []
+        started = threading.Event()
 
         def long_request(i):
-            try:
-                complete(run.vllm.url, prompt_of(100, i), 1900, timeout=120)
-                key = "completed"
-            except Exception:  # noqa: BLE001 - expected: the engine is killed under it
-                key = "errors"
-            with lock:
-                inflight[key] += 1
+            outcomes.append(stream_complete(run.vllm.url, prompt_of(100, i), 1900, started))
         ths = [threading.Thread(target=long_request, args=(i,), daemon=True) for i in range(4)]
         for th in ths:
             th.start()
-        wait_for(lambda: (metric_value(run.vllm.metrics(), "vllm:num_requests_running") or 0) >= 1, 20, 0.2,
-                 "a running request")
+        assert started.wait(30), "no streamed token within 30 s"
         pid = run.vllm.engine_core_pid()
         os.kill(pid, signal.SIGKILL)
         run.truth["killed_engine_core_pid"] = pid
         for th in ths:
             th.join(60)
-        run.truth["inflight_requests_failed"] = inflight["errors"]
-        run.truth["inflight_requests_completed"] = inflight["completed"]
+        run.truth["inflight_requests_failed"] = sum(o != "completed" for o in outcomes)
+        run.truth["inflight_requests_completed"] = sum(o == "completed" for o in outcomes)
+        run.notes["inflight_outcomes"] = outcomes
         try:
             run.truth["api_server_exit_code"] = run.vllm.wait_exit(60)
         except TimeoutError:
@@ -327,8 +326,8 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
     finally:
         finish(run, sc, vllm_setup,
                ["# one POST /v1/completions (max_tokens 16); GET /metrics > metrics.txt",
-                "# 4 concurrent POST /v1/completions (100-token prompt, max_tokens 1900) in flight; as soon as",
-                "# vllm:num_requests_running >= 1:",
+                "# 4 concurrent streaming POST /v1/completions (100-token prompt, max_tokens 1900); at the first",
+                "# streamed token:",
                 "kill -9 <pid of '(EngineCore pid=N)' in vllm.log>",
                 "# the API server notices, logs EngineDeadError and exits by itself",
                 "vllm-doctor diagnose vllm.log --format json"], t0, ["metrics.txt"])

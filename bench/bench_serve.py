@@ -8,7 +8,7 @@ latency from a line written to it being counted in /metrics (``vllm_doctor_log_l
 p50 / p99 / max, measured by polling /metrics every ``--poll`` seconds (the polling itself is
 included in the CPU figure, so it is pessimistic); and a memory-flatness check: the RSS slope over
 the second half of the run. The log's clock runs ``--speedup`` times faster than the wall clock
-(default 120: one minute of writing replays two hours of vLLM log time), so the state's time windows
+(default 180: one minute of writing replays three hours of vLLM log time), so the state's time windows
 fill and roll over as they would in an hour of serving.
 
 The log lines come from bench/gen_log.py (vLLM 0.32 formats with --enable-log-requests: 1-4 KB
@@ -122,7 +122,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate-mb", type=float, default=10.0, help="MB/s appended (1 MB = 10^6 bytes)")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--speedup", type=float, default=120.0, help="log time per wall second")
+    ap.add_argument("--speedup", type=float, default=180.0, help="log time per wall second")
     ap.add_argument("--tick", type=float, default=0.05, help="seconds between writes")
     ap.add_argument("--poll", type=float, default=0.1, help="seconds between /metrics polls")
     a = ap.parse_args()

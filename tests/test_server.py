@@ -253,3 +253,34 @@ def test_cli_serve_sigterm_writes_checkpoint_and_restart_does_not_double_count(t
         p.send_signal(signal.SIGTERM)
         p.wait(20)
     assert n_first + n_second == V1_RUN[5000:].count(b"\n")
+
+
+def test_cli_serve_reads_a_pipe(tmp_path):
+    """``vllm serve ... 2>&1 | tee vllm.log | vllm-doctor serve --log -``"""
+    port = free_port()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "vllm_doctor", "serve", "--log", "-", "--metrics-url", "none", "--no-nvml",
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "VLLM_DOCTOR_CONFIG": ""})
+    base = f"http://127.0.0.1:{port}"
+
+    def lines() -> float | None:
+        try:
+            return value(httpx.get(base + "/metrics", timeout=2).text, "vllm_doctor_log_lines_total", source="-")
+        except httpx.HTTPError:
+            return None
+
+    try:
+        wait_for(lambda: lines() == 0.0, 30, "the sidecar to answer")
+        p.stdin.write(restamp(V0_STORM))
+        p.stdin.flush()
+        wait_for(lambda: lines() == 3.0, 10, "3 lines from the pipe")
+        assert value(httpx.get(base + "/metrics").text, "vllm_preemptions_total") == 151.0
+        p.stdin.close()  # vLLM exited: end of input
+        wait_for(lambda: httpx.get(base + "/readyz").json()["sources"][0]["status"] == "down", 10, "EOF")
+        assert httpx.get(base + "/readyz").json()["sources"][0]["detail"] == "end of input"
+        assert httpx.get(base + "/healthz").status_code == 200  # still serving what it learned
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(20)

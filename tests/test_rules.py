@@ -45,6 +45,9 @@ def test_preemption_storm_v1_from_metrics_capture():
     assert f.values["preempted"] == 105
     assert fixes(f)["--max-num-seqs"] == "2"  # 4,096 KV tokens / 2,048 max_model_len
     assert "4096 KV cache tokens / 2048 max_model_len = 2 sequences" in f.fixes[0].arithmetic
+    # vllm:cache_config_info gives what vLLM resolved: block_size 128 on CPU, not the default 16
+    assert rep.facts["block_size"] == 128 and "block_size" not in rep.facts_defaulted
+    assert rep.facts["num_gpu_blocks"] == 32
 
 
 @pytest.mark.parametrize("name", ["026", "052", "025", "cpu-basic", "039"])

@@ -44,6 +44,9 @@ for v in versions:
         "max_num_seqs": mns if isinstance(mns, int) else None,
         "max_num_seqs_by_gpu": mns if isinstance(mns, dict) else None,
         "swap_space_gib": df.get("swap_space_gib"),
+        # CPU backend, OpenAI server: "128*world_size" -> 128 per rank
+        "max_num_seqs_cpu_server": (int(str(df["max_num_seqs_cpu"]["OpenAI server"]).split("*")[0])
+                                    if isinstance(df.get("max_num_seqs_cpu"), dict) else None),
     }
 out = {
     "source": "shared/reference/vllm-flags.json (ast over vllm wheels 0.3.3-0.33.0)",

@@ -204,6 +204,8 @@ class State:
         self.preemptions_reported = True
 
     def _on_VllmMetricsSample(self, e: ev.VllmMetricsSample) -> None:
+        if e.cache_config:
+            self._cache_config(dict(e.cache_config))
         self.metrics.append(e)
         if len(self.metrics) > self.max_items:
             self.metrics.popleft()
@@ -217,6 +219,31 @@ class State:
             self._update_preemptions(e.meta.ts)
         if (e.num_running or 0) > 0:
             self.served = True
+
+    def _cache_config(self, cc: dict[str, str]) -> None:
+        """``vllm:cache_config_info`` labels (v1/metrics/loggers.py, 0.8+; V0 engine/metrics.py
+        0.6+): the values vLLM resolved at start-up, authoritative over flags and defaults."""
+
+        def num(v: str | None) -> float | None:
+            try:
+                return float(v) if v not in (None, "None", "") else None
+            except ValueError:
+                return None
+
+        for key, fact in (("block_size", "block_size"), ("gpu_memory_utilization", "gpu_memory_utilization"),
+                          ("kv_cache_memory_bytes", "kv_cache_memory_bytes")):
+            v = num(cc.get(key))
+            if v is not None:
+                self.config[fact] = (6, v if fact == "gpu_memory_utilization" else int(v))
+        if cc.get("cache_dtype") not in (None, "None"):
+            self.config["kv_cache_dtype"] = (6, cc["cache_dtype"])
+        if cc.get("enable_prefix_caching") in ("True", "False"):
+            self.config["enable_prefix_caching"] = (6, cc["enable_prefix_caching"] == "True")
+        for key, cap in (("num_gpu_blocks", "num_gpu_blocks"), ("num_cpu_blocks", "num_cpu_blocks"),
+                         ("kv_cache_size_tokens", "kv_cache_tokens"), ("kv_cache_max_concurrency", "max_concurrency")):
+            v = num(cc.get(key))
+            if v is not None:
+                self.capacity[cap] = v if cap == "max_concurrency" else int(v)
 
     def _on_GpuSample(self, e: ev.GpuSample) -> None:
         self.gpus[e.index] = e
@@ -266,7 +293,14 @@ class State:
             if k in f and k in self.config:
                 f[k] = self.config[k][1]
         self.defaulted = []
-        dflt = version_defaults(self.vllm_version, self.engine, self.memory.get("total_memory_bytes"))
+        tp = self.config.get("tensor_parallel_size", (0, 1))[1]
+        pp = self.config.get("pipeline_parallel_size", (0, 1))[1]
+        try:
+            world = int(tp or 1) * int(pp or 1)
+        except (TypeError, ValueError):
+            world = 1
+        dflt = version_defaults(self.vllm_version, self.engine, self.memory.get("total_memory_bytes"),
+                                self.capacity.get("device"), world)
         for k, v in dflt.items():
             if k in f and f[k] is None:
                 f[k] = v

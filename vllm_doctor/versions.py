@@ -77,15 +77,26 @@ def known_flag(flag: str) -> bool:
     return flag_first_version(flag) is not None
 
 
-def defaults(version: str | None, engine: str | None, gpu_total_bytes: int | None = None) -> dict[str, object]:
-    return dict(_defaults(version, engine, gpu_total_bytes))
+def defaults(version: str | None, engine: str | None, gpu_total_bytes: int | None = None,
+             device: str | None = None, world_size: int = 1) -> dict[str, object]:
+    """See :func:`_defaults`; ``device`` "CPU" (the CPU backend): max_num_seqs is the CPU
+    server default (128 x world_size from 0.10) and block_size is left unknown (the CPU attention
+    backend picks it: 128 on 0.32)."""
+    out = dict(_defaults(version, engine, gpu_total_bytes))
+    if device == "CPU":
+        out.pop("block_size", None)
+        out.pop("max_num_seqs", None)
+        cpu = _data()["defaults"].get(nearest_examined(version), {}).get("max_num_seqs_cpu_server")
+        if cpu:
+            out["max_num_seqs"] = cpu * max(1, world_size)
+    return out
 
 
 @lru_cache(maxsize=256)
 def _defaults(version: str | None, engine: str | None, gpu_total_bytes: int | None = None) -> tuple:
     """vLLM's defaults for the capacity facts in that version (``vllm serve``, CUDA).
 
-    Returns a dict with any of gpu_memory_utilization, block_size, max_num_seqs,
+    Returns (as a tuple of items, cached) any of gpu_memory_utilization, block_size, max_num_seqs,
     enable_prefix_caching, enable_chunked_prefill; a key is absent where the default depends on
     something unknown (V1's max_num_seqs depends on the GPU: 1024 on >= 70 GiB GPUs other
     than A100, else 256).

@@ -107,7 +107,8 @@ def finish(run: Run, sc: Sidecar | None, setup: Setup, steps: list[str], t0: flo
     (run.dir / "RUN.json").write_text(json.dumps(
         {"notes": run.notes, "sidecar_error": run.sidecar_error,
          "sidecar_findings": sorted(run.sidecar_findings)}, indent=1, default=str) + "\n")
-    record(run.scenario, run.dir, ["vllm.log", *files, "COMMAND.txt", "expected.json"])
+    if run.notes.get("completed"):  # never overwrite a recording with a run that broke half-way
+        record(run.scenario, run.dir, ["vllm.log", *files, "COMMAND.txt", "expected.json"])
     print(f"\n[e2e] {run.scenario}: {run.notes['wall_seconds']} s; vLLM: {run.truth}; "
           f"sidecar findings: {sorted(run.sidecar_findings)}; {run.sidecar_error or ''}")
 
@@ -174,6 +175,7 @@ def healthy(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
             except Exception as e:  # noqa: BLE001
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
+        run.notes["completed"] = True
     finally:
         finish(run, sc, vllm_setup,
                ["# light load: 2 concurrent clients x 3 POST /v1/completions (64-token prompt, max_tokens 32, ignore_eos)",
@@ -229,6 +231,7 @@ def storm(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
             except Exception as e:  # noqa: BLE001
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
+        run.notes["completed"] = True
     finally:
         try:
             if sampler is not None and sampler.is_alive():
@@ -269,6 +272,7 @@ def startup(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
             except Exception as e:  # noqa: BLE001
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
+        run.notes["completed"] = True
     finally:
         finish(run, sc, vllm_setup,
                ["# vLLM exits by itself: the 4 MiB KV cache cannot hold one 8192-token sequence",
@@ -323,6 +327,7 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
             except Exception as e:  # noqa: BLE001
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
+        run.notes["completed"] = True
     finally:
         finish(run, sc, vllm_setup,
                ["# one POST /v1/completions (max_tokens 16); GET /metrics > metrics.txt",

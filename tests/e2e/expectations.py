@@ -80,7 +80,8 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
         check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"), where)
         storm = [f for f in d.findings if f.get("name") in MUST[scenario][0]]
         check_max_num_seqs_fix(storm, truth, where)
-        if with_metrics:
+        if with_metrics:  # the capture's vllm:cache_config_info names them: they must be read
+            check_facts(d.facts, truth, ("block_size", "num_gpu_blocks"), where)
             assert d.facts.get("preemptions_total") == truth["preemptions_total"], (
                 f"{where}: preemptions_total {d.facts.get('preemptions_total')} != vLLM's "
                 f"vllm:num_preemptions_total {truth['preemptions_total']}")
@@ -93,9 +94,6 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
 # unset on the command line). vllm-doctor may leave them null, but a value it reports must be the
 # one vLLM used: vLLM's own /metrics (cache_config_info) or vLLM's own EngineArgs resolution.
 OPTIONAL_FACTS = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")
-KNOWN_FACT_MISMATCH = ("known mismatch, reported to the core owner: diagnose fills in block_size=16 (vLLM's GPU "
-                       "default) where vLLM 0.32 on CPU uses 128, and max_num_seqs=256 where the CPU default of "
-                       "the OpenAI server is 128")
 
 
 def check_optional_facts(d: Diagnosis, truth: dict, where: str) -> None:

@@ -469,7 +469,6 @@ def test_death_diagnose(death: Run):
     ex.check_diagnosis("engine-dead", diagnose(death.log), death.truth)
 
 
-@pytest.mark.xfail(reason=ex.KNOWN_FACT_MISMATCH, strict=False)
 @pytest.mark.parametrize("scenario", ["healthy", "storm", "death"])
 def test_diagnose_unprinted_facts_not_wrong(scenario, request):
     run: Run = request.getfixturevalue(scenario)
@@ -477,7 +476,6 @@ def test_diagnose_unprinted_facts_not_wrong(scenario, request):
     ex.check_optional_facts(diagnose(run.log, metrics), run.truth, f"diagnose {run.scenario}")
 
 
-@pytest.mark.xfail(reason=ex.KNOWN_FACT_MISMATCH, strict=False)
 def test_sidecar_default_max_num_seqs_not_wrong(death: Run):
     """--max-num-seqs left to vLLM's default: the sidecar's vllm_max_num_seqs must be vLLM's value."""
     death.need_sidecar()

@@ -58,7 +58,6 @@ def test_replay_healthy_metrics_capture_matches_log():
     assert "max_num_seqs': 8" in log
 
 
-@pytest.mark.xfail(reason=ex.KNOWN_FACT_MISMATCH, strict=False)
 @pytest.mark.parametrize("scenario", ["healthy", "preemption-storm", "engine-dead"])
 def test_replay_unprinted_facts_not_wrong(scenario):
     d, exp = load(scenario)

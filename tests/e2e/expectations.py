@@ -19,10 +19,11 @@ MUST = {
 }
 
 
-def check_names(scenario: str, names: set[str], where: str) -> None:
+def check_names(scenario: str, names: set[str], where: str, require: bool = True) -> None:
+    """One of the scenario's `must` names fired (when `require`), and no other incident name."""
     must, may = MUST[scenario]
     incidents = names & INCIDENT_NAMES
-    if must:
+    if must and require:
         assert incidents & must, f"{where}: expected one of {sorted(must)}, got {sorted(names)}"
     extra = incidents - must - may
     assert not extra, f"{where}: false positive(s) {sorted(extra)} (all findings: {sorted(names)})"
@@ -71,7 +72,12 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
     assert d.report is not None, f"{where}: stdout is not JSON: {d.stdout[:500]!r} {d.stderr[-500:]}"
     assert d.report.get("engine") == "v1", f"{where}: engine {d.report.get('engine')!r}"
     assert str(d.report.get("vllm_version", "")).startswith("0.32.0"), f"{where}: vllm_version {d.report.get('vllm_version')!r}"
-    check_names(scenario, d.names, where)
+    # From a V1 log alone (no --metrics) a storm shows only in the periodic stats lines; how many of
+    # them caught the KV cache full with requests waiting depends on timing (10 s apart, 128-token
+    # blocks on CPU). Require a storm finding when vLLM's own log shows that signature at least once.
+    require = not (scenario == "preemption-storm" and not with_metrics
+                   and truth.get("log_stats_lines_kv_full_with_waiting", 1) == 0)
+    check_names(scenario, d.names, where, require=require)
     if scenario == "healthy":
         check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"), where)
         serious = [f for f in d.findings if f.get("severity") in ("warning", "critical")]
@@ -79,7 +85,8 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
     elif scenario == "preemption-storm":
         check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"), where)
         storm = [f for f in d.findings if f.get("name") in MUST[scenario][0]]
-        check_max_num_seqs_fix(storm, truth, where)
+        if require or storm:
+            check_max_num_seqs_fix(storm, truth, where)
         if with_metrics:  # the capture's vllm:cache_config_info names them: they must be read
             check_facts(d.facts, truth, ("block_size", "num_gpu_blocks"), where)
             assert d.facts.get("preemptions_total") == truth["preemptions_total"], (
@@ -98,3 +105,20 @@ OPTIONAL_FACTS = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batch
 
 def check_optional_facts(d: Diagnosis, truth: dict, where: str) -> None:
     check_facts(d.facts, truth, (), where, optional=OPTIONAL_FACTS)
+
+
+KNOWN_PLATEAU_MISS = (
+    "reported to the core owner: from a V1 CPU log alone, diagnose names nothing when the stats lines show "
+    "Running: 2-3 (vLLM's maximum concurrency 2.00x) and Waiting: 11-13 with max_num_seqs 32 but the sampled "
+    "KV usage is 52-90% (below kv_cache_full_ratio 0.95)")
+
+
+def check_capacity_plateau(d: Diagnosis, truth: dict, where: str) -> None:
+    """When vLLM's log shows the kv-capacity-bound signature in words (see
+    harness.plateau_stats_lines) on at least two stats lines, diagnose of the log alone names it."""
+    n = truth.get("log_stats_lines_capacity_plateau", 0)
+    if n < 2:
+        return
+    assert d.names & MUST["preemption-storm"][0], (
+        f"{where}: {n} stats lines show running at the KV capacity ({truth['max_concurrency']}x) far below "
+        f"max_num_seqs {truth['max_num_seqs']} with requests waiting, yet no kv-capacity-bound: {sorted(d.names)}")

@@ -436,9 +436,10 @@ def complete(base_url: str, prompt: str, max_tokens: int, timeout: float = 180) 
 
 
 def stream_complete(base_url: str, prompt: str, max_tokens: int, started: threading.Event,
-                    timeout: float = 120) -> str:
-    """A streaming completion; sets `started` at the first token chunk. Returns "completed" when the
-    stream ended with [DONE] and no error event, else what went wrong."""
+                    timeout: float = 120, on_first_token=None) -> str:
+    """A streaming completion; at the first token chunk calls on_first_token() (from this thread, so
+    nothing waits on a busy main thread) and sets `started`. Returns "completed" when the stream
+    ended with [DONE] and no error event, else what went wrong."""
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                        "temperature": 0.0, "stream": True}).encode()
     req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
@@ -455,6 +456,8 @@ def stream_complete(base_url: str, prompt: str, max_tokens: int, started: thread
                     break
                 if '"error"' in data:
                     return "error event: " + data[:200]
+                if not started.is_set() and on_first_token is not None:
+                    on_first_token()
                 started.set()
             return "completed" if done else "stream ended without [DONE]"
     except Exception as e:  # noqa: BLE001
@@ -592,6 +595,27 @@ def as_int(v) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # recording
+
+
+STATS_RE = re.compile(r"Engine \d+: .*?Running: (\d+) reqs, Waiting: (\d+) reqs, (?:GPU|CPU) KV cache usage: ([\d.]+)%")
+
+
+def saturated_stats_lines(log_text: str, kv_full_ratio: float = 0.95) -> int:
+    """vLLM's own periodic stats lines that show the KV cache full (>= kv_full_ratio, the documented
+    kv_cache_full_ratio of rules/thresholds.yaml) while requests wait: the signature a V1 log can
+    show of a preemption storm (V1 logs no preemption line)."""
+    return sum(1 for r, w, kv in STATS_RE.findall(log_text) if float(kv) / 100 >= kv_full_ratio and int(w) >= 1)
+
+
+def plateau_stats_lines(log_text: str, max_concurrency: float, max_num_seqs: int,
+                        far_below_ratio: float = 0.75) -> int:
+    """Stats lines with requests waiting while the running ones sit at what the KV cache holds
+    (at most twice vLLM's "maximum concurrency", requests being shorter than max_model_len) and far
+    below max_num_seqs (kv_capacity_far_below_ratio of rules/thresholds.yaml): the words of the
+    kv-capacity-bound incident ("running requests plateau at what the KV cache holds, far below
+    max_num_seqs, with a waiting queue"), whatever the sampled KV usage ratio."""
+    return sum(1 for r, w, kv in STATS_RE.findall(log_text)
+               if int(w) >= 1 and 1 <= int(r) <= 2 * max_concurrency and int(r) < far_below_ratio * max_num_seqs)
 
 
 def vllm_reported_version(log_text: str) -> str | None:

@@ -237,3 +237,49 @@ def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "json", str(log("014"))],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and json.loads(r.stdout)["facts"]["preemptions_total"] == 151
+
+
+def test_fifo_and_process_substitution(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    data = log("014").read_bytes()
+    import threading
+
+    def writer():
+        with open(fifo, "wb") as w:
+            w.write(data)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    rc, out, err = run("diagnose", "-f", "json", fifo)
+    t.join(10)
+    assert rc == 1, err
+    assert json.loads(out)["facts"]["preemptions_total"] == 151
+
+
+def test_two_files_across_new_year(tmp_path):
+    stats = log("026").read_text().splitlines()[0]  # a real 0.6.4 stats line
+    dec = tmp_path / "dec.log"
+    jan = tmp_path / "jan.log"
+    dec.write_text(stats.replace("01-22 18:27:20", "12-31 23:59:50") + "\n")
+    jan.write_text(stats.replace("01-22 18:27:20", "01-01 00:00:10").replace("Running: 1 reqs", "Running: 7 reqs") + "\n")
+    jan_time = 1_767_225_600 + 86400 * 3  # 2026-01-04: both files written in January
+    for p in (dec, jan):
+        os.utime(p, (jan_time, jan_time))
+    from vllm_doctor import diagnose
+
+    rep = diagnose([str(jan), str(dec)])
+    assert rep.facts["peak_num_running"] == 7
+    # the state's newest stats line is January's: December sorted first
+    from vllm_doctor.oneshot import open_source  # noqa: F401  (same path the CLI takes)
+    rc, out, _ = run("diagnose", "-f", "json", jan, dec)
+    assert json.loads(out)["sources"][0]["name"] == "jan.log"
+
+
+def test_markdown_escapes_log_text(tmp_path):
+    p = tmp_path / "x.log"
+    line = log("043").read_text().splitlines()[-3].replace("EngineDeadError: EngineCore", "EngineDeadError: <img src=x onerror=alert(1)> EngineCore")
+    p.write_text(line + "\n")
+    rc, out, _ = run("diagnose", "-f", "markdown", p)
+    prose = out.split("```")[0::2]  # outside code fences, where Markdown renders HTML
+    assert not any("<img" in part for part in prose) and "<img" in out  # only inside the evidence fence

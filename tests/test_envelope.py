@@ -180,3 +180,32 @@ def test_json_formatter_records():
           "exc_info": "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nValueError: No available memory for the cache blocks."}
     evs = parse_lines([json.dumps(tb)])
     assert {type(e).__name__ for e in evs} >= {"EngineFailure", "ExceptionRaised", "NoCacheMemory"}
+
+
+def test_docker_partial_entries_are_joined():
+    body = "(EngineCore pid=1) INFO 05-19 10:13:11 [core.py:114] Initializing a V1 LLM engine (v0.24.0) with config: model='m', max_seq_len=131072, tensor_parallel_size=2"
+    parts = [body[:50], body[50:120], body[120:] + "\n"]  # docker cuts lines over 16 KiB like this
+    lines = [json.dumps({"log": p, "stream": "stdout", "time": "2025-05-19T10:13:11Z"}) for p in parts]
+    cfg = one(lines, "EngineConfigObserved")
+    assert dict(cfg.values)["max_model_len"] == 131072 and cfg.meta.lineno == 1
+
+
+def test_stats_usage_above_100_percent_or_huge_is_rejected():
+    import time as _t
+
+    over = V1_LINE.replace("95.9%", "195.9%")
+    assert [e for e in parse_lines([over]) if isinstance(e, ev.SchedulerStats)] == []  # > 100 %: damaged
+    huge = V1_LINE.replace("95.9%", "1" + "9" * 400 + "%")
+    (s,) = [e for e in parse_lines([huge]) if isinstance(e, ev.SchedulerStats)]
+    assert s.kv_cache_usage_ratio is None and s.num_running == 18  # never float("inf")
+    long = V1_LINE.replace("95.9%", "9" * 300_000 + "%")
+    t0 = _t.perf_counter()
+    parse_lines([long])
+    assert _t.perf_counter() - t0 < 2.0  # linear, bounded: the sidecar never stalls on such a line
+
+
+def test_first_month_after_the_reference_month_is_last_year():
+    clock = LogClock(2026, ref_month=1)  # a file written in January 2026
+    dec = clock.to_epoch(12, 31, "23:59:50")
+    jan = clock.to_epoch(1, 1, "00:00:05")
+    assert jan - dec == 15

@@ -70,12 +70,20 @@ def test_v1_log_alone_reports_preemption_as_inferred():
     ("cpu-startup-error-max-seq-len", "--max-model-len", "130944"),  # vLLM's own estimate
     ("008", "--gpu-memory-utilization", "0.04"),  # 7.34/139.72 GiB free, less 1 %
     ("cpu-startup-error-kv-cache-bigger", "--kv-cache-memory-bytes", "9769582592"),  # 90 % of 10.11 GiB, down to MiB
-    ("006", "--tensor-parallel-size", "2"),
 ])
 def test_startup_oom_fix_values(name, flag, value):
     f = findings(diagnose_file(log(name)))["startup-oom"]
     assert f.severity == "critical"
     assert fixes(f)[flag] == value
+
+
+def test_startup_oom_parallel_size_from_worker_processes():
+    # 006 shows no configuration but two VllmWorkerProcess pids: TP >= 3, so "--tensor-parallel-size 2"
+    # (double the default) would be wrong; the message says what is known instead.
+    f = findings(diagnose_file(log("006")))["startup-oom"]
+    assert "--tensor-parallel-size" not in fixes(f)
+    assert "2 worker processes write to this log, so tensor parallelism is already at least 3" in f.message
+    assert f.values["oom_tried_mib"] == pytest.approx(20.0)
 
 
 def test_startup_oom_not_engine_dead_when_explained():
@@ -94,10 +102,20 @@ def test_prefill_blocking_v02():
     f = findings(rep)["prefill-blocking"]
     assert f.values["n_stalled"] == 2
     assert f.values["gen_peak"] == pytest.approx(122.2)
-    assert fixes(f) == {"--max-num-batched-tokens": "2048"}
-    # 0.2 has no --enable-chunked-prefill: it is named with the version that has it, not recommended
+    # 0.2 has no chunked prefill: --enable-chunked-prefill is named with the version that has it, and
+    # a smaller --max-num-batched-tokens is not offered (without chunked prefill it must be >= max_model_len)
+    assert fixes(f) == {}
     assert any("--enable-chunked-prefill would help but needs vLLM >= 0.4.0" in n for n in f.notes)
     assert [e.lineno for e in f.evidence] == [2, 3]
+
+
+def test_prefill_blocking_fixes_on_v0_with_chunked_prefill(tmp_path):
+    # the same stats on a 0.5.4 V0 server: chunked prefill exists and is recommended with a small budget
+    lines = log("033").read_text().replace("llm_engine.py:624", "metrics.py:406").splitlines()
+    p = tmp_path / "v054.log"
+    p.write_text("\n".join(["INFO 11-21 00:12:00 api_server.py:148] vLLM API server version 0.5.4"] + lines) + "\n")
+    f = findings(diagnose_file(p))["prefill-blocking"]
+    assert fixes(f) == {"--enable-chunked-prefill": "", "--max-num-batched-tokens": "2048"}
 
 
 @pytest.mark.parametrize("name", ["026", "054", "014", "cpu-basic"])
@@ -257,5 +275,6 @@ def test_tuning_note_lines_and_fake_flags(tmp_path):
     assert rep.facts["cpu_offload_kv_tokens"] == 128000
     assert rep.facts["peak_num_running"] == 128 and rep.facts["peak_num_waiting"] == 512
     f = findings(rep)["unknown-flag"]
-    assert fixes(f) == {"--max-num-batched-tokens": "2048", "--kv-cache-dtype": "fp8"}
+    # the value given to the fake flag goes to the real one
+    assert fixes(f) == {"--max-num-batched-tokens": "4096", "--kv-cache-dtype": "fp8"}
     assert set(rep.unknown_flags) == {"--kv-cache", "--chunked-prefill-size"}

@@ -64,6 +64,8 @@ def diagnose(
         _fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+    for rid, errs in rep.rule_errors.items():
+        print(f"vllm-doctor: rule {rid}: expression failed: {errs[-1]}", file=sys.stderr)
     if format == Format.text:
         text = to_text(rep, color=output is None and sys.stdout.isatty())
     else:
@@ -89,9 +91,11 @@ def diagnose(
 @app.command("rules")
 def rules_cmd(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
-    format: Annotated[str, typer.Option("--format", help="text or markdown")] = "text",
+    format: Annotated[str, typer.Option("--format", help="text, markdown or json")] = "text",
 ) -> None:
     """List the rule catalogue."""
+    if format not in ("text", "markdown", "json"):
+        _fail(f"unknown format {format!r}: text, markdown or json")
     from .diagnosis import load_rules
 
     try:
@@ -102,6 +106,13 @@ def rules_cmd(
         from .docs import rules_markdown
 
         sys.stdout.write(rules_markdown(rs))
+        return
+    if format == "json":
+        import json
+
+        print(json.dumps([{"id": r.id, "name": r.name, "severity": r.severity, "category": r.category,
+                           "title": r.title, "window_seconds": rs.window_seconds(r),
+                           "flags": sorted({f.flag for f in r.fixes})} for r in rs.rules], indent=2))
         return
     for r in rs.rules:
         win = rs.window_seconds(r)
@@ -212,11 +223,21 @@ def watch(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. An unexpected error is one line on stderr and exit 2
+    (VLLM_DOCTOR_DEBUG=1 shows the traceback)."""
+    import os
+
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback
+        if os.environ.get("VLLM_DOCTOR_DEBUG"):
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        print(f"vllm-doctor: internal error: {type(e).__name__}: {msg} (VLLM_DOCTOR_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":

@@ -136,12 +136,17 @@ class LogClock:
     Small backward steps (lines of several processes, pastes regrouped by hand) do not.
     Times are taken as UTC (vLLM prints local time without a zone; only differences matter).
 
-    base_year: the year of the first line (from a container timestamp when there is one, else
-    from the file's modification time, else today).
+    base_year: the year of the reference time (a container timestamp when there is one, else the
+    file's modification time, else today); ref_month: that time's month (a first line in a later
+    month belongs to the year before).
     """
 
-    def __init__(self, base_year: int | None = None) -> None:
-        self.year = base_year or time.gmtime().tm_year
+    def __init__(self, base_year: int | None = None, ref_month: int | None = None) -> None:
+        now = time.gmtime()
+        self.year = base_year or now.tm_year
+        # The month of the reference time (file modification, or now): a first line in a later
+        # month than that was written the year before (a December log read in January).
+        self.ref_month = ref_month if ref_month is not None else (None if base_year else now.tm_mon)
         self._year_fixed = False
         self._last_month: int | None = None
 
@@ -152,6 +157,8 @@ class LogClock:
 
     def to_epoch(self, month: int, day: int, hms: str) -> float | None:
         """Epoch seconds of ``month-day hms`` in the inferred year, or None if invalid."""
+        if self._last_month is None and not self._year_fixed and self.ref_month is not None and month > self.ref_month:
+            self.year -= 1
         if self._last_month is not None and not self._year_fixed and month + 6 <= self._last_month:
             self.year += 1
         self._last_month = month
@@ -206,7 +213,19 @@ class Envelope:
             except ValueError:
                 obj = None
             if isinstance(obj, dict) and "log" in obj:  # docker json-file
-                text = str(obj.get("log", "")).rstrip("\n").rstrip("\r")
+                log_text = str(obj.get("log", ""))
+                if not log_text.endswith("\n"):  # docker splits lines over 16 KiB: join the parts
+                    if not self._partial:
+                        self._partial_lineno = lineno
+                    if sum(len(p) for p in self._partial) < 1 << 20:
+                        self._partial.append(log_text)
+                    self.container_format = "docker"
+                    return []
+                if self._partial:
+                    log_text = "".join(self._partial) + log_text
+                    lineno = self._partial_lineno
+                    self._partial = []
+                text = log_text.rstrip("\n").rstrip("\r")
                 dt = _parse_iso(str(obj.get("time", "")))
                 if dt:
                     outer_ts = dt.timestamp()

@@ -312,6 +312,7 @@ class UnknownFlag:
     meta: Meta
     flag: str
     real_flag: str | None = None
+    value: str | None = None  # the value given to it, when the line shows one
 
 
 # ---- events from collectors (serve): one sample per scrape / poll ------------------------------

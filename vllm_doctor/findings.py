@@ -21,6 +21,7 @@ class Evidence:
     lineno: int
     text: str
     end_lineno: int | None = None
+    ts: float | None = None  # epoch seconds of the line (log time), when it has one
 
 
 @dataclass
@@ -33,6 +34,13 @@ class FlagFix:
     value: str
     why: str
     arithmetic: str | None = None
+    kind: str = "flag"  # "flag" (vllm serve --flag value) or "env" (NAME=value)
+
+    def command(self) -> str:
+        """As typed: ``--max-num-seqs 31``, ``--enable-chunked-prefill``, ``NCCL_P2P_DISABLE=1``."""
+        if self.kind == "env":
+            return f"{self.flag}={self.value}"
+        return f"{self.flag} {self.value}".rstrip()
 
 
 @dataclass

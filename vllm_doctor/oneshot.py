@@ -8,6 +8,7 @@ logs cannot show (V1 preemptions).
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .diagnosis import load_rules
 from .errors import InputError
-from .pipeline import Pipeline, Report, file_year
+from .pipeline import Pipeline, Report, file_year, file_year_month
 
 CHUNK = 1 << 20
 
@@ -43,38 +44,74 @@ def _looks_binary(head: bytes) -> bool:
     return text / len(sample) < 0.85
 
 
-def open_source(path: str) -> tuple[str, Iterator[bytes]]:
-    """(display name, byte chunks) for a path or "-". Raises InputError with a one-line reason."""
-    if path == "-":
-        return "-", _chunks(sys.stdin.buffer)
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, not a log file")
+def _read_some(fh, n: int) -> tuple[bytes, Exception | None]:
+    """Up to n bytes; a truncated .gz gives what could be decompressed and the error."""
+    parts: list[bytes] = []
+    got = 0
     try:
-        fh = open(p, "rb")
-        magic = fh.read(2)
-        fh.seek(0)
-        if magic == b"\x1f\x8b":
-            fh = gzip.open(p, "rb")
-        head = fh.read(CHUNK)
+        while got < n:
+            b = fh.read(min(65536, n - got))
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+    except (OSError, EOFError) as e:
+        return b"".join(parts), e
+    return b"".join(parts), None
+
+
+def open_source(path: str) -> tuple[str, Iterator[bytes]]:
+    """(display name, byte chunks) for a path, a pipe or FIFO (``<(kubectl logs ...)``), or "-".
+
+    Raises InputError with a one-line reason: missing, a directory, permission denied, binary."""
+    if path == "-":
+        raw = sys.stdin.buffer
+        name = "-"
+    else:
+        p = Path(path)
+        try:
+            if p.is_dir():
+                raise InputError(f"{path}: is a directory, not a log file")
+            raw = open(p, "rb")
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file") from None
+        except PermissionError:
+            raise InputError(f"{path}: permission denied") from None
+        except OSError as e:
+            raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+        name = p.name if p.is_file() else path  # a pipe (/dev/fd/63) keeps its path
+    try:
+        br = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
+        fh = gzip.GzipFile(fileobj=br, mode="rb") if br.peek(2)[:2] == b"\x1f\x8b" else br
+        head, err = _read_some(fh, CHUNK)
     except PermissionError:
         raise InputError(f"{path}: permission denied") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     if _looks_binary(head):
         raise InputError(f"{path}: binary data, not a text log")
 
     def gen() -> Iterator[bytes]:
         try:
-            yield from _chunks(fh, head)
+            if head:
+                yield head
+            if err is None:
+                while True:
+                    b, e = _read_some(fh, CHUNK)
+                    if b:
+                        yield b
+                    if e is not None:
+                        raise e
+                    if not b:
+                        break
+            else:
+                raise err
         except (OSError, EOFError) as e:  # a truncated .gz: keep what was read
             print(f"vllm-doctor: {path}: input ends early ({e}); diagnosing what was read", file=sys.stderr)
         finally:
             fh.close()
 
-    return p.name, gen()
+    return name, gen()
 
 
 def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
@@ -88,6 +125,10 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
     names = [n for n, _ in sources]
     if len(set(names)) != len(names):  # same base name in two folders: use the paths given
         sources = [(p, it) for p, (_, it) in zip(paths, sources)]
+    for (name, _), path in zip(sources, paths):
+        ym = file_year_month(path) if path != "-" else None
+        if ym:
+            pipe.source_times[name] = ym
     for mf in metrics_files:
         for sample in load_metrics_file(mf):
             pipe.observe(sample)
@@ -102,12 +143,14 @@ def load_metrics_file(path: str):
     from .sources.scrape import parse_metrics
 
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{path}: no such metrics file")
     try:
         text = p.read_text(errors="replace")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such metrics file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a metrics file") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
         ts = os.stat(p).st_mtime
     except OSError:

@@ -62,7 +62,7 @@ def matcher(name: str, pattern: str, search: bool = False, flags: int = 0):
 # ---- periodic stats (engine/metrics.py V0 0.3.3-0.10.2, llm_engine.py 0.1-0.3, v1/metrics/loggers.py V1)
 STATS_FIELD = re.compile(
     r"(Running|Swapped|Pending|Waiting|Preemptions|Prefix cache hit rate|"
-    r"(?P<dev>[A-Z][\w]*(?: \+ \w+)?) KV cache usage): (?P<val>[\d.]+)"
+    r"(?P<dev>[A-Z][A-Za-z]{0,15}(?: \+ \w{1,15})?) KV cache usage): (?P<val>\d{1,9}(?:\.\d{1,6})?)(?![\d.])"
 )
 
 
@@ -79,6 +79,8 @@ def _stats(m: re.Match, meta: ev.Meta):
             fields.setdefault(key, val)
     if "Running" not in fields:
         return None
+    if any(v > 100.0 for _, v in devs) or (fields.get("Prefix cache hit rate") or 0) > 100.0:
+        return None  # a usage above 100 % cannot be true (a damaged line)
     v0 = "Pending" in fields or "Swapped" in fields
     waiting = fields.get("Pending", fields.get("Waiting", 0.0))
     kv = cpu = None
@@ -227,7 +229,7 @@ def _oom2(m, meta):
 
 # ---- engine death / hangs
 _ENGINE_FAILURES = [
-    ("engine-dead", r"(?:\w+\.)*(?:MQ|Async)?EngineDeadError\b"),
+    ("engine-dead", r"(?:MQ|Async)?EngineDeadError\b"),
     ("background-task-failed", r"Engine background task failed"),
     ("iteration-timeout", r"Engine iteration timed out"),
     ("core-failed", r"EngineCore failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start"),
@@ -353,7 +355,7 @@ FAKE_FLAGS = {
     "VLLM_LOG_LEVEL": "VLLM_LOGGING_LEVEL",
 }
 FAKE_KEYS = {"kv_cache": "--kv-cache", "chunked_prefill_size": "--chunked-prefill-size"}
-_FAKE_RE = re.compile(r"(?<![\w-])(--kv-cache|--chunked-prefill-size|VLLM_USE_PREFILL|VLLM_LOG_LEVEL)(?![\w-])")
+_FAKE_RE = re.compile(r"(?<![\w-])(--kv-cache|--chunked-prefill-size|VLLM_USE_PREFILL|VLLM_LOG_LEVEL)(?![\w-])(?:[ =]+([\w.]+))?")
 
 
 def _literal(v: str) -> object:
@@ -397,7 +399,8 @@ def _kv_pairs(text: str) -> dict[str, object]:
 def _config(meta: ev.Meta, kind: str, values: dict[str, object]):
     unknown = tuple(FAKE_KEYS[k] for k in values if k in FAKE_KEYS)
     cfg = ev.EngineConfigObserved(meta, kind, tuple(values.items()), unknown)
-    return [cfg] + [ev.UnknownFlag(meta, f, FAKE_FLAGS[f]) for f in unknown]
+    return [cfg] + [ev.UnknownFlag(meta, f, FAKE_FLAGS[f], str(values.get(k)) if values.get(k) is not None else None)
+                    for k, f in FAKE_KEYS.items() if f in unknown]
 
 
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
@@ -415,8 +418,10 @@ class RecordParser:
         self.source = source
         self._tb: dict[object, tuple[int, list[str]]] = {}  # process key -> (start line, frames)
 
+    MAX_MESSAGE = 32768  # longer messages are matched on their first 32 KiB
+
     def parse(self, rec: Record) -> list:
-        msg = rec.msg
+        msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]
         if not msg or REQUEST_LOG_RE.match(msg):
             return []
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
@@ -445,8 +450,8 @@ class RecordParser:
                 else:
                     out.append(res)
         if ("--" in msg or "VLLM_" in msg) and not any(isinstance(e, ev.UnknownFlag) for e in out):
-            for f in dict.fromkeys(_FAKE_RE.findall(msg)):
-                out.append(ev.UnknownFlag(meta, f, FAKE_FLAGS[f]))
+            for m in _FAKE_RE.finditer(msg):
+                out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
 

@@ -32,10 +32,10 @@ from .state import State
 class _SourceCtx:
     """Per-source stage state: line splitter, envelope, parser."""
 
-    def __init__(self, name: str, base_year: int | None) -> None:
+    def __init__(self, name: str, base_year: int | None, ref_month: int | None = None) -> None:
         self.name = name
         self.splitter = LineSplitter()
-        self.envelope = Envelope(LogClock(base_year))
+        self.envelope = Envelope(LogClock(base_year, ref_month))
         self.parser = RecordParser(name)
         self.prefilter: bool | None = None  # decided on the first line
         self.vllm_records = 0
@@ -56,11 +56,12 @@ class Pipeline:
         self.base_year = base_year
         longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
         self.state = State(max_window_seconds=longest + 60)
-        self.engine = RuleEngine(ruleset)
+        self.engine = RuleEngine(ruleset, log_time=not follow)
         self._sources: dict[str, _SourceCtx] = {}
         self._last_eval: float | None = None
         self.active: list[Finding] = []
         self._scanner = KeywordScanner()
+        self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
 
@@ -68,7 +69,8 @@ class Pipeline:
     def _ctx(self, source: str) -> _SourceCtx:
         ctx = self._sources.get(source)
         if ctx is None:
-            ctx = self._sources[source] = _SourceCtx(source, self.base_year)
+            year, month = self.source_times.get(source, (self.base_year, None))
+            ctx = self._sources[source] = _SourceCtx(source, year, month)
         return ctx
 
     def records(self, source: str, spans: list[tuple[bytes, int, int]]) -> Iterator[Record]:
@@ -120,6 +122,8 @@ class Pipeline:
         evs = ctx.parser.parse(rec)
         n = 0
         st = self.state
+        if rec.process:
+            st.note_process(rec.process, rec.pid)
         for e in evs:
             if e is None:
                 n += 1
@@ -310,7 +314,14 @@ class Report:
 
 def file_year(path: str) -> int | None:
     """The year of a file's modification time (the base year of its year-less timestamps)."""
+    ym = file_year_month(path)
+    return ym[0] if ym else None
+
+
+def file_year_month(path: str) -> tuple[int, int] | None:
+    """(year, month) of a file's modification time, or None."""
     try:
-        return time.gmtime(os.stat(path).st_mtime).tm_year
+        t = time.gmtime(os.stat(path).st_mtime)
+        return t.tm_year, t.tm_mon
     except OSError:
         return None

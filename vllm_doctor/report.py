@@ -4,6 +4,7 @@ input and may hold ``<script>``)."""
 
 from __future__ import annotations
 
+import html
 import json
 from datetime import datetime, timezone
 
@@ -51,7 +52,7 @@ def to_text(rep: Report, color: bool = False) -> str:
 
     sev_col = {"critical": "1;31", "warning": "1;33", "info": "1;36"}
     lines = []
-    src = ", ".join(f"{s['name']} ({s['lines_total']:,} lines)" for s in rep.sources)
+    src = ", ".join(f"{s['name']} ({s['lines_total']:,} line{'' if s['lines_total'] == 1 else 's'})" for s in rep.sources)
     eng = rep.engine.upper() if rep.engine else "engine unknown"
     ver = rep.vllm_version or "version unknown"
     if rep.vllm_version and rep.vllm_version_source == "fingerprint":
@@ -85,7 +86,7 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
-                lines.append(f"    {fx.flag} {fx.value}".rstrip())
+                lines.append(f"    {fx.command()}")
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
                     lines.append(f"        how: {fx.arithmetic}")
@@ -95,13 +96,19 @@ def to_text(rep: Report, color: bool = False) -> str:
             lines.append("  Evidence:")
             for e in f.evidence[:8]:
                 rng = f"{e.lineno}-{e.end_lineno}" if e.end_lineno else f"{e.lineno}"
-                lines.append(f"    {e.source}:{rng}: {e.text[:160]}")
+                text = e.text if len(e.text) <= 240 else e.text[:239] + "…"
+                lines.append(f"    {e.source}:{rng}: {text}")
         lines.append(f"  More: vllm-doctor explain {f.name}")
     if rep.unknown_flags:
         lines.append("")
         for k, v in rep.unknown_flags.items():
             lines.append(f"note: {k} is not a vLLM flag; the real one is {v}")
     return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    """Log text in Markdown prose: HTML is escaped (a prompt can hold ``<script>``)."""
+    return html.escape(text, quote=False)
 
 
 def to_markdown(rep: Report) -> str:
@@ -120,12 +127,12 @@ def to_markdown(rep: Report) -> str:
     if not rep.findings:
         out.append("No incident found.")
     for f in rep.findings:
-        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", "", f.message.replace("\n", "  \n"), ""]
+        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", "", _md(f.message).replace("\n", "  \n"), ""]
         if f.fixes:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
-                out.append(f"- `{(fx.flag + ' ' + fx.value).strip()}`: {fx.why}" + (f" ({fx.arithmetic})" if fx.arithmetic else ""))
+                out.append(f"- `{fx.command()}`: {_md(fx.why)}" + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
         if f.evidence:
             out.append("**Evidence**")

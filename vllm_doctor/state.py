@@ -30,7 +30,7 @@ FACT_NAMES = (
     "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio",
     "kv_cache_memory_bytes", "available_kv_cache_bytes", "gpu_total_memory_bytes", "kv_device",
     "model_weights_bytes", "cpu_offload_kv_tokens", "preemptions_inferred", "oom_events_total",
-    "quantization", "swap_space",
+    "quantization", "swap_space", "workers_seen",
 )
 # Higher wins when two sources give the same config value.
 KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
@@ -80,6 +80,8 @@ class State:
         self.preemption_timeline: deque[tuple[float | None, int]] = deque()
         self.preemptions_reported = False
         self.shutting_down = False
+        self.preemptions_trimmed = False
+        self.worker_pids: set[tuple[str, int | None]] = set()
 
     # ---- intake --------------------------------------------------------------------------
     def apply(self, e: Any) -> None:
@@ -113,6 +115,7 @@ class State:
             self.gpu_series.popleft()
         while len(self.preemption_timeline) > 2 and (self.preemption_timeline[1][0] or cutoff) < cutoff:
             self.preemption_timeline.popleft()
+            self.preemptions_trimmed = True
 
     def _on_VersionSeen(self, e: ev.VersionSeen) -> None:
         if e.version:
@@ -183,6 +186,17 @@ class State:
             self.preemptions_reported = True
             self._v1_interval_sum += e.preemptions
             self._update_preemptions(e.meta.ts)
+
+    def note_process(self, process: str | None, pid: int | None) -> None:
+        """A record's process prefix: counts distinct worker processes (a lower bound on the
+        parallel size when the log shows no configuration) and tells the engine: ``EngineCore``
+        processes exist only in V1 (0.7+)."""
+        if not process:
+            return
+        if "orker" in process and len(self.worker_pids) < 1024:
+            self.worker_pids.add((process, pid))
+        elif self.engine is None and process.startswith("EngineCore"):
+            self.engine = "v1"
 
     def note_src(self, src: str | None) -> None:
         """Version fingerprint from the stats line's ``file:line`` when no banner was seen."""
@@ -262,6 +276,10 @@ class State:
         phase = "runtime" if self.served else "startup"
         self.events["OutOfMemory:" + phase].append(e)
 
+    def _on_ExceptionRaised(self, e: ev.ExceptionRaised) -> None:
+        if self.engine is None and e.exc_type.startswith("vllm.v1."):
+            self.engine = "v1"
+
     def _on_ServerReady(self, e: ev.ServerReady) -> None:
         self.served = True
         self.shutting_down = False
@@ -340,6 +358,7 @@ class State:
         f["peak_gpu_kv_cache_usage_ratio"] = self.peak_kv
         f["oom_events_total"] = self.oom_events_total
         f["preemptions_inferred"] = self.preemptions_inferred()
+        f["workers_seen"] = len(self.worker_pids)
         return f
 
     def preemptions_inferred(self) -> bool:
@@ -392,6 +411,17 @@ class Window:
             if self.start is not None and ts is not None and ts < self.start:
                 base = total
         return self.state.preemptions_total - base
+
+    def preemptions_counted(self) -> bool:
+        """True when :meth:`preemptions` is an exact count for the window: the counter was seen
+        before the window began, or its first value was the first preemption. False when the
+        counter was first seen inside the window already high (those preemptions may be older)."""
+        tl = self.state.preemption_timeline
+        if not tl:
+            return True
+        if self.start is not None and tl[0][0] is not None and tl[0][0] < self.start:
+            return True
+        return tl[0][1] <= 1 and not self.state.preemptions_trimmed
 
     def gpu_series(self) -> list[tuple[float, int, int | None]]:
         return [g for g in self.state.gpu_series if self._in(g[0])]

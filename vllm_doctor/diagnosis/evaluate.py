@@ -16,7 +16,7 @@ from ..findings import Evidence, Finding, FlagFix
 from ..state import State
 from ..versions import flag_exists, flag_first_version, parse_version
 from .expr import Evaluator, names_in
-from .loader import TEMPLATE_RE, Rule, RuleSet
+from .loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
 
 MAX_EVIDENCE = 8
 
@@ -25,8 +25,8 @@ def render(template: str, ev: Evaluator) -> str:
     """Fill ``{expr}`` / ``{expr:spec}`` placeholders; None renders as "unknown"."""
 
     def sub(m: re.Match) -> str:
-        val = ev(m.group(1).strip())
-        spec = m.group(2)
+        expr, spec = split_placeholder(m.group(1))
+        val = ev(expr.strip())
         if val is None:
             return "unknown"
         if spec:
@@ -66,8 +66,9 @@ def _jsonable(v: Any) -> Any:
 class RuleEngine:
     """Runs a RuleSet on a State. ``findings``: rule id -> Finding, everything seen so far."""
 
-    def __init__(self, ruleset: RuleSet) -> None:
+    def __init__(self, ruleset: RuleSet, log_time: bool = False) -> None:
         self.ruleset = ruleset
+        self.log_time = log_time
         self.findings: dict[str, Finding] = {}
         self.rule_errors: dict[str, list[str]] = {}
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
@@ -110,6 +111,11 @@ class RuleEngine:
             else:
                 f.first_seen = now
             f.last_seen = now
+            if self.log_time:  # diagnose: when the cited lines were written, not when judged
+                times = [e.ts for e in f.evidence if e.ts is not None]
+                if times:
+                    f.first_seen = min(times) if prev is None else min(prev.first_seen or min(times), min(times))
+                    f.last_seen = max(times)
             self.findings[rule.id] = f
             active_ids.add(rule.id)
         for rid, f in self.findings.items():
@@ -176,7 +182,8 @@ class RuleEngine:
 
         funcs = dict(
             count=count, total=total, exists=exists, recent=recent, last_event=last_event,
-            first_event=first_event, events=events, recent_events=recent_events, preemptions=win.preemptions,
+            first_event=first_event, events=events, recent_events=recent_events,
+            preemptions_counted=win.preemptions_counted, preemptions_total=lambda: state.preemptions_total, preemptions=win.preemptions,
             flag_exists=lambda f: flag_exists(f, state.vllm_version), fired=lambda n: n in fired_names,
             version_at_least=version_at_least, ttft_p99=ttft_p99,
         )
@@ -246,7 +253,8 @@ class RuleEngine:
                     continue
                 seen.add(key)
                 evidence.append(Evidence(e.meta.source, e.meta.lineno, e.meta.text[:300],
-                                         e.meta.end_lineno if e.meta.end_lineno != e.meta.lineno else None))
+                                         e.meta.end_lineno if e.meta.end_lineno != e.meta.lineno else None,
+                                         e.meta.ts))
         evidence.sort(key=lambda e: (e.source, e.lineno))
         fixes: list[FlagFix] = []
         notes: list[str] = []
@@ -259,13 +267,14 @@ class RuleEngine:
             value = _flag_value(ev(fx.value))
             if value is None:
                 continue
-            if not flag_exists(fx.flag, state.vllm_version):
+            if (fx.kind == "flag" or fx.flag.startswith("VLLM_")) and not flag_exists(fx.flag, state.vllm_version):
                 first = flag_first_version(fx.flag)
                 if first and state.vllm_version and parse_version(first) > parse_version(state.vllm_version):
                     notes.append(f"{fx.flag} would help but needs vLLM >= {first} (this is {state.vllm_version})")
                 continue
             flags_done.add(fx.flag)
-            fixes.append(FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None))
+            fixes.append(FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None,
+                                 fx.kind))
         return Finding(
             rule_id=rule.id, name=rule.name, severity=rule.severity, title=rule.title,
             message=self._message(rule, ev), evidence=evidence, fixes=fixes,

@@ -28,7 +28,31 @@ from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, names_in
 SEVERITIES = ("info", "warning", "critical")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "window_seconds", "vllm_version", "engine",
                                  "gpu", "None", "True", "False", "unknown_flags"}
-TEMPLATE_RE = re.compile(r"\{([^{}:]+?)(?::([^{}]*))?\}")
+TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
+_SPEC_RE = re.compile(r"[<>^=+\- #0-9,._%a-zA-Z]*")
+
+
+def split_placeholder(inner: str) -> tuple[str, str | None]:
+    """``expr:spec`` -> (expr, spec): the last colon outside quotes and brackets, when what
+    follows it is a format spec (``.1%``, ``,``, ``.2f``); else the whole text is the expression."""
+    depth = 0
+    quote = None
+    cut = -1
+    for i, ch in enumerate(inner):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == ":" and depth == 0:
+            cut = i
+    if cut >= 0 and _SPEC_RE.fullmatch(inner[cut + 1 :]):
+        return inner[:cut], inner[cut + 1 :]
+    return inner, None
 DERIVED_KINDS = {"OutOfMemory:startup", "OutOfMemory:runtime"}
 
 
@@ -43,6 +67,7 @@ class When(Strict):
 
 class Fix(Strict):
     flag: str
+    kind: Literal["flag", "env"] = "flag"  # env: an environment variable (NCCL_*, VLLM_*)
     value: str
     if_: str | None = Field(default=None, alias="if")
     why: str
@@ -149,8 +174,12 @@ def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), builtin: bool = T
         files += [(p, True) for p in sorted(base.glob("VD*.yaml"))]
     for d in extra_dirs:
         d = Path(d)
-        if not d.is_dir():
-            raise RuleLoadError(f"{d}: rules directory not found")
+        try:
+            if not d.is_dir():
+                raise RuleLoadError(f"{d}: not a rules directory" + (" (a file)" if d.exists() else " (not found)"))
+            list(d.iterdir())
+        except PermissionError:
+            raise RuleLoadError(f"{d}: permission denied") from None
         if (d / "thresholds.yaml").exists():
             thresholds = {**thresholds, **load_thresholds(d / "thresholds.yaml")}
         files += [(p, False) for p in sorted([*d.glob("*.yaml"), *d.glob("*.yml")]) if p.name != "thresholds.yaml"]
@@ -175,8 +204,12 @@ def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), builtin: bool = T
 
 def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rule:
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleLoadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise RuleLoadError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise RuleLoadError(f"{path}: a rule file must be a mapping")
@@ -216,7 +249,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
 
     def check_template(text: str, where: str) -> None:
         for m in TEMPLATE_RE.finditer(text):
-            check(m.group(1), where)
+            check(split_placeholder(m.group(1))[0], where)
 
     for k, e in rule.values.items():
         check(e, f"values.{k}")
@@ -234,7 +267,12 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
                 check(case.if_, f"message[{i}].if")
             check_template(case.text, f"message[{i}]")
     for i, f in enumerate(rule.fixes):
-        if not known_flag(f.flag):
+        if f.kind == "env":
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]*", f.flag):
+                raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not an environment variable name")
+            if f.flag.startswith("VLLM_") and not known_flag(f.flag):
+                raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not an environment variable of any vLLM version")
+        elif not known_flag(f.flag):
             raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not a flag of any vLLM version")
         check(f.value, f"fixes[{i}].value")
         if f.if_:

@@ -144,7 +144,8 @@ class SidecarCollector(Collector):
         c = CounterMetricFamily("vllm_preemptions", "Preemptions, one counter whichever source saw "
                                 "them (V0 log warnings' cumulative count, V1 stats 'Preemptions', "
                                 "vllm:num_preemptions_total); never counted twice.")
-        c.add_metric([], st.preemptions_total)
+        if st.preemptions_reported:  # unknown (a V1 log without /metrics) is not zero
+            c.add_metric([], st.preemptions_total)
         fams.append(c)
         c = CounterMetricFamily("vllm_oom_events", "CUDA / torch out-of-memory errors seen in the log.")
         c.add_metric([], st.oom_events_total)

@@ -289,9 +289,15 @@ class MetricsScraper:
             text = resp.text
         except Exception as exc:  # noqa: BLE001 - any failure is a failed scrape
             self.stats.errors += 1
+            err = f"{type(exc).__name__}: {exc}"[:300]
+            if self.stats.up or self.stats.last_error is None or self.stats.last_error.split(":")[0] != err.split(":")[0]:
+                # one line when the source goes down or the kind of failure changes, not every scrape
+                log.warning("vLLM /metrics at %s unreachable: %s (retrying every %ss)", self.url, err,
+                            getattr(self, "interval", "few "))
+            else:
+                log.debug("scrape %s failed: %s", self.url, exc)
             self.stats.up = False
-            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
-            log.debug("scrape %s failed: %s", self.url, exc)
+            self.stats.last_error = err
             return None
         try:
             parsed = parse_metrics(text, now=self.clock())

@@ -107,12 +107,6 @@ def check_optional_facts(d: Diagnosis, truth: dict, where: str) -> None:
     check_facts(d.facts, truth, (), where, optional=OPTIONAL_FACTS)
 
 
-KNOWN_PLATEAU_MISS = (
-    "reported to the core owner: from a V1 CPU log alone, diagnose names nothing when the stats lines show "
-    "Running: 2-3 (vLLM's maximum concurrency 2.00x) and Waiting: 11-13 with max_num_seqs 32 but the sampled "
-    "KV usage is 52-90% (below kv_cache_full_ratio 0.95)")
-
-
 def check_capacity_plateau(d: Diagnosis, truth: dict, where: str) -> None:
     """When vLLM's log shows the kv-capacity-bound signature in words (see
     harness.plateau_stats_lines) on at least two stats lines, diagnose of the log alone names it."""

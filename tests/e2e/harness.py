@@ -608,14 +608,16 @@ def saturated_stats_lines(log_text: str, kv_full_ratio: float = 0.95) -> int:
 
 
 def plateau_stats_lines(log_text: str, max_concurrency: float, max_num_seqs: int,
-                        far_below_ratio: float = 0.75) -> int:
+                        far_below_ratio: float = 0.75, min_kv_ratio: float = 0.5) -> int:
     """Stats lines with requests waiting while the running ones sit at what the KV cache holds
     (at most twice vLLM's "maximum concurrency", requests being shorter than max_model_len) and far
     below max_num_seqs (kv_capacity_far_below_ratio of rules/thresholds.yaml): the words of the
     kv-capacity-bound incident ("running requests plateau at what the KV cache holds, far below
-    max_num_seqs, with a waiting queue"), whatever the sampled KV usage ratio."""
+    max_num_seqs, with a waiting queue"), with the KV cache at least half used (V1 samples the usage
+    between steps: on CPU, 128-token blocks and recompute preemption leave it anywhere from 50 to 100%)."""
     return sum(1 for r, w, kv in STATS_RE.findall(log_text)
-               if int(w) >= 1 and 1 <= int(r) <= 2 * max_concurrency and int(r) < far_below_ratio * max_num_seqs)
+               if int(w) >= 1 and 1 <= int(r) <= 2 * max_concurrency and int(r) < far_below_ratio * max_num_seqs
+               and float(kv) / 100 >= min_kv_ratio)
 
 
 def vllm_reported_version(log_text: str) -> str | None:

@@ -449,7 +449,6 @@ def test_storm_diagnose_log(storm_run: Run):
     ex.check_diagnosis(storm_run.kind, diagnose(storm_run.log), storm_run.truth)
 
 
-@pytest.mark.xfail(reason=ex.KNOWN_PLATEAU_MISS, strict=False)
 def test_storm_diagnose_log_capacity_plateau(storm_run: Run):
     ex.check_capacity_plateau(diagnose(storm_run.log), storm_run.truth, f"diagnose {storm_run.scenario}")
 

@@ -116,7 +116,6 @@ def test_replay_sidecar(scenario, tmp_path):
             metrics.close()
 
 
-@pytest.mark.xfail(reason=ex.KNOWN_PLATEAU_MISS, strict=False)
 @pytest.mark.parametrize("scenario", STORMS)
 def test_replay_storm_log_capacity_plateau(scenario):
     d, exp = load(scenario)

@@ -79,6 +79,16 @@ def gib(b: float | None) -> float | None:
     return None if b is None else b / (1 << 30)
 
 
+def human_bytes(b: float | None) -> str | None:
+    """Bytes as a person reads them: ``4.0 MiB``, ``24.00 GiB``; None if None."""
+    if b is None:
+        return None
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(b) >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{int(b)} B"
+
+
 def percentile(xs: list, q: float) -> float | None:
     v = sorted(_vals(xs))
     if not v:
@@ -104,7 +114,7 @@ FUNCTIONS: dict[str, Callable] = {
     "first": _agg(lambda v: v[0]), "last": _agg(lambda v: v[-1]),
     "len": lambda xs: len(xs) if xs is not None else 0,
     "slope_per_hour": slope_per_hour, "percentile": percentile,
-    "coalesce": coalesce, "clamp": clamp, "floor_to": floor_to, "gib": gib,
+    "coalesce": coalesce, "clamp": clamp, "floor_to": floor_to, "gib": gib, "human_bytes": human_bytes,
     "floor": _safe(lambda x: int(math.floor(x))), "ceil": _safe(lambda x: int(math.ceil(x))),
     "round": _safe(round), "int": _safe(int), "float": _safe(float), "abs": _safe(abs),
     "str": str, "bool": bool, "any": any, "all": all, "sorted": sorted, "set": set,

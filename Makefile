@@ -6,7 +6,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEMO_LOG ?= tests/fixtures/logs/014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log
+DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
+DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
 .PHONY: setup system-deps demo test test-quick bench bundle docs clean
 
@@ -22,7 +23,7 @@ system-deps:
 	bash .ci/system-deps.sh
 
 demo: setup
-	$(BIN)/vllm-doctor diagnose $(DEMO_LOG); test $$? -le 1
+	$(BIN)/vllm-doctor diagnose --metrics $(DEMO_METRICS) $(DEMO_LOG); test $$? -le 1
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q

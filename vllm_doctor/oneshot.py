@@ -129,10 +129,10 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
         ym = file_year_month(path) if path != "-" else None
         if ym:
             pipe.source_times[name] = ym
-    for mf in metrics_files:
-        for sample in load_metrics_file(mf):
-            pipe.observe(sample)
-    pipe.run_files(sources)
+    samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
+    # A capture is taken after the run it describes: it joins the state after the logs, and the
+    # rules are judged once more with it (not before any log line was read).
+    pipe.run_files(sources, after=lambda: [pipe.observe(s) for s in samples])
     return pipe.report()
 
 

@@ -218,9 +218,10 @@ class Pipeline:
         return ctx.vllm_records if ctx else 0
 
     # ---- diagnose: whole files, merged in time order ------------------------------------------
-    def run_files(self, sources: list[tuple[str, Iterable[bytes]]]) -> None:
+    def run_files(self, sources: list[tuple[str, Iterable[bytes]]], after=None) -> None:
         """Read each source (name, iterable of byte chunks) to its end; several sources are
-        merged in time order (records without a timestamp keep their place in their file)."""
+        merged in time order (records without a timestamp keep their place in their file).
+        ``after()`` runs once the logs are read, before the final evaluation."""
         self._parsed = getattr(self, "_parsed", {})
         if len(sources) == 1:
             name, chunks = sources[0]
@@ -235,6 +236,8 @@ class Pipeline:
                     parsed[name].add(rec.lineno)
             for name, lines in parsed.items():
                 self._parsed[name] = self._parsed.get(name, 0) + len(lines)
+        if after is not None:
+            after()
         self.active = self.engine.evaluate(self.state)
 
     def _record_stream(self, name: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, str, Record]]:

@@ -283,3 +283,28 @@ def test_markdown_escapes_log_text(tmp_path):
     rc, out, _ = run("diagnose", "-f", "markdown", p)
     prose = out.split("```")[0::2]  # outside code fences, where Markdown renders HTML
     assert not any("<img" in part for part in prose) and "<img" in out  # only inside the evidence fence
+
+
+def test_parallel_reader_gives_the_same_report(tmp_path, monkeypatch):
+    """A large file is scanned by worker processes over byte ranges; the report must equal the
+    one-process report: same line count, facts, findings and evidence line numbers."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gen_log import generate
+
+    from vllm_doctor import oneshot
+
+    p = tmp_path / "big.log"
+    with open(p, "w") as fh:
+        generate(6 << 20, fh, seed=7)
+        fh.write(log("cpu-preemption").read_text())  # a real incident at the end
+    monkeypatch.setattr(oneshot, "PARALLEL_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(oneshot, "RANGE_BYTES", 1 << 20)  # ranges cut lines everywhere
+    assert oneshot._parallel_source(str(p)) and len(oneshot._ranges(str(p), p.stat().st_size)) >= 6
+    par = oneshot.diagnose([str(p)]).to_dict()
+    monkeypatch.setenv("VLLM_DOCTOR_WORKERS", "1")
+    one = oneshot.diagnose([str(p)]).to_dict()
+    assert par["sources"] == one["sources"] and par["sources"][0]["lines_total"] == p.read_bytes().count(b"\n")
+    assert par["facts"] == one["facts"]
+    assert [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in par["findings"]] == \
+           [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in one["findings"]]
+    assert "kv-capacity-bound" in {f["name"] for f in par["findings"]}

@@ -385,6 +385,36 @@ class Envelope:
         return self._split(self._partial_lineno, text, self.last_ts)
 
 
+def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+                    max_line: int = 65536) -> tuple[list[tuple[int, bytes]], int]:
+    """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated) that a parser could
+    match: ``([(index of the line from 0, its bytes cut to max_line)], number of lines)``.
+    Request-logging lines (user prompts) are skipped by their head. Pure: the parallel reader of
+    ``diagnose`` runs it in worker processes on byte ranges of one file."""
+    out: list[tuple[int, bytes]] = []
+    pos = start
+    idx = 0
+    end_of_last = start - 1
+    for to in scanner.ends(buf):
+        if to <= end_of_last or to <= start:
+            continue
+        if to > end:
+            break
+        ls = buf.rfind(b"\n", start, to) + 1 or start
+        if ls < start:
+            ls = start
+        le = buf.find(b"\n", to, end)
+        if le < 0:
+            le = end
+        end_of_last = le
+        if REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)):
+            continue  # a request-logging line: user text
+        idx += buf.count(b"\n", pos, ls)
+        pos = ls
+        out.append((idx, buf[ls:le][:max_line]))
+    return out, idx + buf.count(b"\n", pos, end) + 1
+
+
 class LineSplitter:
     """Splits a byte stream into spans of complete lines, without copying.
 

@@ -1,7 +1,9 @@
 """One-shot reading for ``diagnose``: log files from start to end through the one pipeline.
 
 Sources: a path (plain text or ``.gz``), or ``-`` for standard input. Several files of one
-deployment are merged in time order. ``--metrics FILE``: a saved vLLM /metrics capture adds what
+deployment are merged in time order. A single large plain file is scanned on all cores (worker
+processes find the candidate lines of byte ranges; this process parses them in order);
+``VLLM_DOCTOR_WORKERS=1`` keeps one process. ``--metrics FILE``: a saved vLLM /metrics capture adds what
 logs cannot show (V1 preemptions).
 """
 
@@ -114,6 +116,87 @@ def open_source(path: str) -> tuple[str, Iterator[bytes]]:
     return name, gen()
 
 
+PARALLEL_MIN_BYTES = 64 << 20  # below this one process is faster than starting workers
+RANGE_BYTES = 64 << 20  # a worker's share at a time
+
+
+def _scan_range(path: str, a: int, b: int) -> tuple[list[tuple[int, bytes]], int]:
+    """Worker: the candidate lines of bytes [a, b) of ``path`` (a and b at line starts), numbered
+    from 1 within the range, and the number of lines in the range. Memory: one chunk."""
+    from .envelope import KeywordScanner, LineSplitter, candidate_lines
+
+    scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", KeywordScanner())
+    sp = LineSplitter()
+    out: list[tuple[int, bytes]] = []
+    done = 0
+    with open(path, "rb") as fh:
+        fh.seek(a)
+        left = b - a
+        while True:
+            chunk = fh.read(min(CHUNK * 4, left)) if left > 0 else b""
+            left -= len(chunk)
+            spans = sp.feed(chunk) if chunk else sp.flush()
+            for buf, start, end in spans:
+                cands, n = candidate_lines(scanner, buf, start, end)
+                out.extend((done + i + 1, line) for i, line in cands)
+                done += n
+            if not chunk:
+                return out, done
+
+
+_worker_scanner: dict = {}
+
+
+def _ranges(path: str, size: int) -> list[tuple[int, int]]:
+    """Byte ranges of about RANGE_BYTES, each starting at a line start."""
+    cuts = [0]
+    with open(path, "rb") as fh:
+        pos = RANGE_BYTES
+        while pos < size:
+            fh.seek(pos)
+            fh.readline()  # to the end of the line that crosses the cut
+            nxt = fh.tell()
+            if nxt >= size:
+                break
+            if nxt > cuts[-1]:
+                cuts.append(nxt)
+            pos = nxt + RANGE_BYTES
+    cuts.append(size)
+    return [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+
+
+def _parallel_source(path: str) -> bool:
+    """A large plain (not gzip, not CRI) regular file, on a machine with more than one core."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not (os.path.isfile(path) and st.st_size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1):
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    from .envelope import CRI_RE
+
+    first = head.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
+    return head[:2] != b"\x1f\x8b" and not _looks_binary(head) and not CRI_RE.match(first)
+
+
+def _run_parallel(pipe: Pipeline, path: str, name: str) -> None:
+    """The source stage on several cores: workers find candidate lines of byte ranges; this
+    process feeds them, in file order, through the same envelope, parser, state and rules."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ranges = _ranges(path, os.stat(path).st_size)
+    workers = min(os.cpu_count() or 2, 4, len(ranges))
+    base = 0
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+        for cands, n in ex.map(_scan_range, [path] * len(ranges), *zip(*ranges)):
+            pipe.feed_candidates(name, ((base + i, line) for i, line in cands), n)
+            base += n
+    pipe.end(name)
+
+
 def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
     """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
     if not paths:
@@ -132,7 +215,15 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
     samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
     # A capture is taken after the run it describes: it joins the state after the logs, and the
     # rules are judged once more with it (not before any log line was read).
-    pipe.run_files(sources, after=lambda: [pipe.observe(s) for s in samples])
+    after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
+    if len(paths) == 1 and paths[0] != "-" and os.environ.get("VLLM_DOCTOR_WORKERS") != "1" and _parallel_source(paths[0]):
+        for _, it in sources:
+            it.close()
+        _run_parallel(pipe, paths[0], sources[0][0])
+        after()
+        pipe.active = pipe.engine.evaluate(pipe.state)
+    else:
+        pipe.run_files(sources, after=after)
     return pipe.report()
 
 

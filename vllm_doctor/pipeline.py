@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .diagnosis import RuleEngine, RuleSet
-from .envelope import CRI_RE, REQUEST_HEAD_RE, Envelope, KeywordScanner, LineSplitter, LogClock, Record
+from .envelope import CRI_RE, Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
@@ -84,27 +84,9 @@ class Pipeline:
                 ctx.prefilter = not CRI_RE.match(first_line[:200].decode("utf-8", "replace"))
             base = ctx.splitter.lineno + 1  # number of the line at `start`
             if ctx.prefilter:
-                pos = start
-                lineno = base
-                end_of_last = start - 1
-                for to in self._scanner.ends(buf):
-                    if to <= end_of_last or to <= start:
-                        continue
-                    if to > end:
-                        break
-                    ls = buf.rfind(b"\n", start, to) + 1 or start
-                    if ls < start:
-                        ls = start
-                    le = buf.find(b"\n", to, end)
-                    if le < 0:
-                        le = end
-                    end_of_last = le
-                    if REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)):
-                        continue  # a request-logging line: user text
-                    lineno += buf.count(b"\n", pos, ls)
-                    pos = ls
-                    yield from ctx.envelope.records(lineno, buf[ls:le][:65536])
-                n = lineno - base + buf.count(b"\n", pos, end) + 1
+                cands, n = candidate_lines(self._scanner, buf, start, end)
+                for idx, line in cands:
+                    yield from ctx.envelope.records(base + idx, line)
             else:
                 lines = buf[start:end].split(b"\n")
                 n = len(lines)
@@ -179,6 +161,22 @@ class Pipeline:
         spans = ctx.splitter.feed(data)
         if spans:
             self._count_parsed(source, self.records(source, spans))
+
+    def feed_candidates(self, source: str, cands: Iterable[tuple[int, bytes]], nlines: int) -> None:
+        """Candidate lines found by a parallel reader (``(line number, bytes)``, in order) out of
+        ``nlines`` lines: the same envelope, parser, state and rules as :meth:`feed`."""
+        if not hasattr(self, "_parsed"):
+            self._parsed = {}
+        ctx = self._ctx(source)
+        ctx.prefilter = True
+        self.state.lines_total[source] += nlines
+        ctx.splitter.lineno += nlines
+
+        def recs():
+            for lineno, line in cands:
+                yield from ctx.envelope.records(lineno, line)
+
+        self._count_parsed(source, recs())
 
     def end(self, source: str) -> None:
         """End of file (or rotation / truncation): the partial last line becomes a line."""

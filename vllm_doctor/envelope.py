@@ -343,12 +343,7 @@ class Envelope:
         # The logger prefix must start the message, or follow non-vLLM text glued before it
         # (tqdm): accept it anywhere only when a level is present.
         if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0)):
-            if lm.start() > 0:
-                head = text[: lm.start()]
-                # A glued head (tqdm) is kept only if it is not whitespace.
-                if head.strip():
-                    # Emit the head as its own record is not needed: it is never a vLLM message.
-                    pass
+            # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
             level = lm.group("level") or None
             if level == "WARN":
                 level = "WARNING"
@@ -365,11 +360,8 @@ class Envelope:
                     process, pid_s = procs[-1]
                     pid = int(pid_s)
                 text = text[m2.end():]
-        else:
-            # 0.31+ puts "(Proc pid=N)" inside the formatter, before the level: handled above.
-            # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes
-            # without prefix) keep their text; strip the indentation marker only.
-            pass
+        # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes without a
+        # prefix) keep their text as it is.
         if ts is None:
             ts = self.last_ts
         else:

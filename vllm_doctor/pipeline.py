@@ -58,9 +58,9 @@ class Pipeline:
         self.state = State(max_window_seconds=longest + 60)
         self.engine = RuleEngine(ruleset, log_time=not follow)
         self._sources: dict[str, _SourceCtx] = {}
-        self._last_eval: float | None = None
         self.active: list[Finding] = []
         self._scanner = KeywordScanner()
+        self._parsed: dict[str, int] = {}  # source -> lines that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
@@ -110,8 +110,6 @@ class Pipeline:
             if e is None:
                 n += 1
                 continue
-            if self.follow and e.meta.ts is None:
-                pass
             st.apply(e)
             n += 1
             if isinstance(e, SchedulerStats):
@@ -129,8 +127,6 @@ class Pipeline:
             if self.consume(source, rec):
                 parsed_lines.add(rec.lineno)
         self._parsed[source] = self._parsed.get(source, 0) + len(parsed_lines)
-
-    _parsed: dict[str, int]
 
     def _tick(self, ts: float) -> None:
         """diagnose: run the rules that are due at log time ``ts``. A windowed rule runs every
@@ -155,8 +151,6 @@ class Pipeline:
 
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""
-        if not hasattr(self, "_parsed"):
-            self._parsed = {}
         ctx = self._ctx(source)
         spans = ctx.splitter.feed(data)
         if spans:
@@ -165,8 +159,6 @@ class Pipeline:
     def feed_candidates(self, source: str, cands: Iterable[tuple[int, bytes]], nlines: int) -> None:
         """Candidate lines found by a parallel reader (``(line number, bytes)``, in order) out of
         ``nlines`` lines: the same envelope, parser, state and rules as :meth:`feed`."""
-        if not hasattr(self, "_parsed"):
-            self._parsed = {}
         ctx = self._ctx(source)
         ctx.prefilter = True
         self.state.lines_total[source] += nlines
@@ -180,8 +172,6 @@ class Pipeline:
 
     def end(self, source: str) -> None:
         """End of file (or rotation / truncation): the partial last line becomes a line."""
-        if not hasattr(self, "_parsed"):
-            self._parsed = {}
         ctx = self._ctx(source)
         recs = list(self.records(source, ctx.splitter.flush()))
         recs += ctx.envelope.flush()
@@ -208,7 +198,7 @@ class Pipeline:
 
     def unparsed(self, source: str) -> int:
         """Lines of ``source`` that gave no event."""
-        return self.state.lines_total.get(source, 0) - getattr(self, "_parsed", {}).get(source, 0)
+        return self.state.lines_total.get(source, 0) - self._parsed.get(source, 0)
 
     def vllm_records(self, source: str) -> int:
         """Records of ``source`` that carried vLLM's logger prefix."""
@@ -220,7 +210,6 @@ class Pipeline:
         """Read each source (name, iterable of byte chunks) to its end; several sources are
         merged in time order (records without a timestamp keep their place in their file).
         ``after()`` runs once the logs are read, before the final evaluation."""
-        self._parsed = getattr(self, "_parsed", {})
         if len(sources) == 1:
             name, chunks = sources[0]
             for chunk in chunks:

@@ -180,8 +180,6 @@ class State:
             self.peak_kv = max(self.peak_kv or 0.0, e.kv_cache_usage_ratio)
         if self.engine is None:
             self.engine = "v0" if e.num_swapped is not None else ("v1" if e.engine_index is not None or e.kv_device else None)
-        if self.vllm_version is None and e.meta.source and e.meta.level:
-            pass
         if e.preemptions is not None:
             self.preemptions_reported = True
             self._v1_interval_sum += e.preemptions

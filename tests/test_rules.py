@@ -280,3 +280,25 @@ def test_tuning_note_lines_and_fake_flags(tmp_path):
     # the value given to the fake flag goes to the real one
     assert fixes(f) == {"--max-num-batched-tokens": "4096", "--kv-cache-dtype": "fp8"}
     assert set(rep.unknown_flags) == {"--kv-cache", "--chunked-prefill-size"}
+
+
+def test_kv_capacity_bound_plateau_with_short_queue_near_full():
+    # A real 0.32 CPU run: Running 4 (= 2 x max_concurrency 2.0), Waiting 12 then 2, KV usage 93.5 %
+    # (sampled below the 95 % "full" mark): the plateau counts when the cache is nearly full.
+    p = Path(__file__).parent / "fixtures" / "regressions" / "cpu-0.32-storm-long-short-queue.log"
+    f = findings(diagnose_file(p))["kv-capacity-bound"]
+    assert f.values["running"] == 4 and fixes(f)["--max-num-seqs"] == "2"
+    assert len(f.evidence) == 2
+
+
+def test_kv_capacity_bound_silent_on_a_busy_healthy_server(tmp_path):
+    # bench/gen_log.py: running 20-120 of max_num_seqs 256, 0-3 waiting, KV 20-80 %, 61.8x concurrency
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_log import generate
+
+    p = tmp_path / "busy.log"
+    with open(p, "w") as fh:
+        generate(30 << 20, fh, seed=3)  # about 10 minutes of log time, 60 stats lines
+    assert not findings(diagnose_file(p))

@@ -607,17 +607,24 @@ def saturated_stats_lines(log_text: str, kv_full_ratio: float = 0.95) -> int:
     return sum(1 for r, w, kv in STATS_RE.findall(log_text) if float(kv) / 100 >= kv_full_ratio and int(w) >= 1)
 
 
-def plateau_stats_lines(log_text: str, max_concurrency: float, max_num_seqs: int,
-                        far_below_ratio: float = 0.75, min_kv_ratio: float = 0.5) -> int:
+def plateau_stats_lines(log_text: str, max_concurrency: float, max_num_seqs: int) -> int:
     """Stats lines with requests waiting while the running ones sit at what the KV cache holds
-    (at most twice vLLM's "maximum concurrency", requests being shorter than max_model_len) and far
-    below max_num_seqs (kv_capacity_far_below_ratio of rules/thresholds.yaml): the words of the
-    kv-capacity-bound incident ("running requests plateau at what the KV cache holds, far below
-    max_num_seqs, with a waiting queue"), with the KV cache at least half used (V1 samples the usage
-    between steps: on CPU, 128-token blocks and recompute preemption leave it anywhere from 50 to 100%)."""
+    (at most kv_capacity_plateau_factor x vLLM's "maximum concurrency", requests being shorter than
+    max_model_len) and far below max_num_seqs: the words of the kv-capacity-bound incident
+    ("running requests plateau at what the KV cache holds, far below max_num_seqs, with a waiting
+    queue"). The KV cache must be at least kv_capacity_plateau_min_usage_ratio used (V1 samples the
+    usage between steps: on CPU, 128-token blocks and recompute preemption leave it anywhere from
+    50 to 100 %), and the queue at least as long as what runs unless the cache is nearly full
+    (kv_capacity_plateau_near_full_ratio): a few requests waiting a moment on a busy server with
+    room left is not the incident. The numbers are the documented ones of rules/thresholds.yaml."""
+    import yaml
+
+    t = {k: v["value"] for k, v in yaml.safe_load((Path(__file__).resolve().parents[2] / "rules" / "thresholds.yaml").read_text()).items()}
     return sum(1 for r, w, kv in STATS_RE.findall(log_text)
-               if int(w) >= 1 and 1 <= int(r) <= 2 * max_concurrency and int(r) < far_below_ratio * max_num_seqs
-               and float(kv) / 100 >= min_kv_ratio)
+               if int(w) >= t["waiting_min"] and 1 <= int(r) <= t["kv_capacity_plateau_factor"] * max_concurrency
+               and int(r) < t["kv_capacity_far_below_ratio"] * max_num_seqs
+               and float(kv) / 100 >= t["kv_capacity_plateau_min_usage_ratio"]
+               and (int(w) >= int(r) or float(kv) / 100 >= t["kv_capacity_plateau_near_full_ratio"]))
 
 
 def vllm_reported_version(log_text: str) -> str | None:

@@ -170,16 +170,16 @@ def _serve_flags(**kw: object) -> dict:
 @app.command()
 def serve(
     log: Annotated[Optional[list[str]], typer.Option("--log", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL, or 'none'. [default: http://127.0.0.1:8000/metrics]")] = None,
-    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", help="Poll the GPUs through NVML. [default: on]")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="Address to serve on. [default: 0.0.0.0]")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="Port to serve on. [default: 9401]")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
+    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", help="Poll the GPUs through NVML. (default: on)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="Address to serve on. (default: 0.0.0.0)")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="Port to serve on. (default: 9401)")] = None,
     from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", help="Read files present at start from their beginning (default: from their end).")] = None,
     state_file: Annotated[Optional[str], typer.Option("--state-file", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. [default: 5]")] = None,
+    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. (default: 5)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. [default: info]")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. (default: info)")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""

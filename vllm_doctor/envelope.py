@@ -196,7 +196,6 @@ class Envelope:
         self._partial: list[str] = []
         self._partial_lineno = 0
         self.last_ts: float | None = None
-        self.container_format: str | None = None  # "cri" | "docker" | None
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
         """Records in one raw line (usually one; several when records were glued together)."""
@@ -219,7 +218,6 @@ class Envelope:
                         self._partial_lineno = lineno
                     if sum(len(p) for p in self._partial) < 1 << 20:
                         self._partial.append(log_text)
-                    self.container_format = "docker"
                     return []
                 if self._partial:
                     log_text = "".join(self._partial) + log_text
@@ -230,7 +228,6 @@ class Envelope:
                 if dt:
                     outer_ts = dt.timestamp()
                     self.clock.set_year(dt.year)
-                self.container_format = "docker"
                 if "\x1b" in text:
                     text = ANSI_RE.sub("", text)
             elif isinstance(obj, dict) and ("message" in obj or "msg" in obj):
@@ -238,7 +235,6 @@ class Envelope:
         elif first.isdigit() or first == "[":
             m = CRI_RE.match(text)
             if m:
-                self.container_format = "cri"
                 dt = _parse_iso(m.group("ts"))
                 if dt:
                     outer_ts = dt.timestamp()

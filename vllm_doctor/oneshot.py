@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +63,21 @@ def _read_some(fh, n: int) -> tuple[bytes, Exception | None]:
     return b"".join(parts), None
 
 
+@contextmanager
+def _input_errors(path: str, kind: str) -> Iterator[None]:
+    """OS errors while opening or reading a ``kind`` ("log" or "metrics") file -> InputError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such {'file' if kind == 'log' else kind + ' file'}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a {kind} file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def open_source(path: str) -> tuple[str, Iterator[bytes]]:
     """(display name, byte chunks) for a path, a pipe or FIFO (``<(kubectl logs ...)``), or "-".
 
@@ -71,25 +87,15 @@ def open_source(path: str) -> tuple[str, Iterator[bytes]]:
         name = "-"
     else:
         p = Path(path)
-        try:
+        with _input_errors(path, "log"):
             if p.is_dir():
-                raise InputError(f"{path}: is a directory, not a log file")
+                raise IsADirectoryError(path)
             raw = open(p, "rb")
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except PermissionError:
-            raise InputError(f"{path}: permission denied") from None
-        except OSError as e:
-            raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
         name = p.name if p.is_file() else path  # a pipe (/dev/fd/63) keeps its path
-    try:
+    with _input_errors(path, "log"):
         br = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
         fh = gzip.GzipFile(fileobj=br, mode="rb") if br.peek(2)[:2] == b"\x1f\x8b" else br
         head, err = _read_some(fh, CHUNK)
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     if _looks_binary(head):
         raise InputError(f"{path}: binary data, not a text log")
 
@@ -234,14 +240,8 @@ def load_metrics_file(path: str):
     from .sources.scrape import parse_metrics
 
     p = Path(path)
-    try:
+    with _input_errors(path, "metrics"):
         text = p.read_text(errors="replace")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such metrics file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a metrics file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
         ts = os.stat(p).st_mtime
     except OSError:

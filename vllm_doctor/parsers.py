@@ -24,6 +24,7 @@ from typing import Any
 
 from . import events as ev
 from .envelope import REQUEST_LOG_RE, Record
+from .textscan import top_level
 
 GIB = 1 << 30
 UNITS = {"B": 1, "KiB": 1 << 10, "KB": 1 << 10, "MiB": 1 << 20, "MB": 1 << 20, "GiB": GIB, "GB": GIB,
@@ -369,24 +370,8 @@ def _literal(v: str) -> object:
 def _kv_pairs(text: str) -> dict[str, object]:
     """``a=1, b='x, y', c=[1, 2]`` -> dict, splitting only at top-level commas."""
     out: dict[str, object] = {}
-    depth = 0
-    quote = None
-    start = 0
-    parts = []
-    for i, ch in enumerate(text):
-        if quote:
-            if ch == quote and text[i - 1] != "\\":
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
+    cuts = [-1, *top_level(text, ","), len(text)]
+    parts = [text[cuts[i] + 1 : cuts[i + 1]] for i in range(len(cuts) - 1)]
     for p in parts:
         if "=" in p:
             k, v = p.split("=", 1)
@@ -454,5 +439,3 @@ class RecordParser:
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
-
-MATCHER_NAMES = [name for name, *_ in _MATCHERS]

@@ -251,7 +251,7 @@ class Pipeline:
             vllm_version_source=st.version_source,
             engine=st.engine,
             facts=facts,
-            facts_defaulted=sorted(getattr(st, "defaulted", [])),
+            facts_defaulted=sorted(st.defaulted),
             findings=sorted(self.engine.findings.values(),
                             key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id)),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),

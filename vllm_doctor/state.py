@@ -10,7 +10,6 @@ the events' own timestamps: log time in ``diagnose``, wall time for collector sa
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import fields as dc_fields
 from typing import Any
 
 from . import events as ev
@@ -59,7 +58,6 @@ class State:
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
         self.events: dict[str, deque] = defaultdict(deque)
         self.totals: dict[str, int] = defaultdict(int)
-        self.first_event: dict[str, Any] = {}
         self.last_stats: ev.SchedulerStats | None = None
         self.last_metrics: ev.VllmMetricsSample | None = None
         self.gpus: dict[int, ev.GpuSample] = {}
@@ -70,6 +68,7 @@ class State:
         self.oom_events_total = 0
         self.now: float | None = None
         self.unknown_flags: dict[str, str | None] = {}
+        self.defaulted: list[str] = []  # facts that facts() last filled from version defaults
         # preemptions: one monotonic counter whichever source saw them
         self._log_preempt_base = 0  # totals of engines that restarted
         self._log_preempt_cum = 0  # V0 cumulative of the current engine run
@@ -93,7 +92,6 @@ class State:
         if ts is not None and (self.now is None or ts > self.now):
             self.now = ts
         self.totals[kind] += 1
-        self.first_event.setdefault(kind, e)
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
@@ -308,7 +306,7 @@ class State:
         for k in CONFIG_FACTS:
             if k in f and k in self.config:
                 f[k] = self.config[k][1]
-        self.defaulted = []
+        defaulted: list[str] = []
         tp = self.config.get("tensor_parallel_size", (0, 1))[1]
         pp = self.config.get("pipeline_parallel_size", (0, 1))[1]
         try:
@@ -320,7 +318,7 @@ class State:
         for k, v in dflt.items():
             if k in f and f[k] is None:
                 f[k] = v
-                self.defaulted.append(k)
+                defaulted.append(k)
         cap = self.capacity
         f["num_gpu_blocks"] = cap.get("num_gpu_blocks")
         f["num_cpu_blocks"] = cap.get("num_cpu_blocks")
@@ -348,13 +346,14 @@ class State:
         f["model_weights_bytes"] = self.memory.get("model_weights_bytes")
         if self.memory.get("gpu_memory_utilization") is not None and "gpu_memory_utilization" not in self.config:
             f["gpu_memory_utilization"] = self.memory["gpu_memory_utilization"]
-            if "gpu_memory_utilization" in self.defaulted:
-                self.defaulted.remove("gpu_memory_utilization")
+            if "gpu_memory_utilization" in defaulted:
+                defaulted.remove("gpu_memory_utilization")
         f["preemptions_total"] = self.preemptions_total if self.preemptions_reported else None
         f["peak_num_running"] = self.peak_running
         f["peak_num_waiting"] = self.peak_waiting
         f["peak_gpu_kv_cache_usage_ratio"] = self.peak_kv
         f["oom_events_total"] = self.oom_events_total
+        self.defaulted = defaulted
         f["preemptions_inferred"] = self.preemptions_inferred()
         f["workers_seen"] = len(self.worker_pids)
         return f
@@ -423,8 +422,3 @@ class Window:
 
     def gpu_series(self) -> list[tuple[float, int, int | None]]:
         return [g for g in self.state.gpu_series if self._in(g[0])]
-
-
-def event_fields(kind: str) -> set[str]:
-    """Field names of an event kind (for rule validation)."""
-    return {f.name for f in dc_fields(ev.EVENT_KINDS[kind])}

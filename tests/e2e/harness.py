@@ -659,32 +659,14 @@ def record(scenario: str, src_dir: Path, names: list[str]) -> Path | None:
 
 
 class StaticMetricsServer:
-    """Serves a saved /metrics capture on 127.0.0.1 (a stand-in for vLLM's /metrics in replays)."""
+    """Serves a saved /metrics capture on 127.0.0.1 (a stand-in for vLLM's /metrics in replays):
+    the serve tests' stand-in (tests/serve_helpers.Pages) with one page."""
 
     def __init__(self, path: Path):
-        import http.server
+        from serve_helpers import Pages
 
-        body = path.read_bytes()
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self._pages = Pages([path.read_text()]).__enter__()
+        self.url = self._pages.url
 
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._pages.__exit__()

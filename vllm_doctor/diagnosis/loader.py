@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import RuleLoadError
 from ..events import EVENT_KINDS
 from ..state import FACT_NAMES
+from ..textscan import top_level
 from ..versions import known_flag
 from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, names_in
 
@@ -35,21 +36,7 @@ _SPEC_RE = re.compile(r"[<>^=+\- #0-9,._%a-zA-Z]*")
 def split_placeholder(inner: str) -> tuple[str, str | None]:
     """``expr:spec`` -> (expr, spec): the last colon outside quotes and brackets, when what
     follows it is a format spec (``.1%``, ``,``, ``.2f``); else the whole text is the expression."""
-    depth = 0
-    quote = None
-    cut = -1
-    for i, ch in enumerate(inner):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == ":" and depth == 0:
-            cut = i
+    cut = max(top_level(inner, ":"), default=-1)
     if cut >= 0 and _SPEC_RE.fullmatch(inner[cut + 1 :]):
         return inner[:cut], inner[cut + 1 :]
     return inner, None

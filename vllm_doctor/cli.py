@@ -222,6 +222,57 @@ def watch(
 # --- end serve/watch ---
 
 
+# --- plan/check (issue 12) ---
+@app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    vllm_version: Annotated[str, typer.Option("--vllm-version", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1)] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", min=1)] = 1,
+    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=1)] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", min=0.01, max=1.0)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1)] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", min=1)] = None,
+    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
+    overhead: Annotated[Optional[str], typer.Option("--overhead", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
+    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", min=1, help="Requests at max_model_len to hold at once.")] = None,
+    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown")] = "text",
+) -> None:
+    """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
+    whether start-up fails, and the flags for a target, with the arithmetic shown.
+    Exit 1 when start-up would fail."""
+    from . import plan as planmod
+
+    if format not in planmod.FORMATS:
+        _fail(f"unknown format {format!r}: text, json or markdown")
+    if device not in ("cuda", "cpu"):
+        _fail(f"unknown device {device!r}: cuda or cpu")
+    try:
+        cfg, name = planmod.load_config(model)
+        kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else (None if kvb is not None else planmod.nvml_total_memory())
+        p = planmod.make_plan(planmod.PlanInputs(
+            config=cfg, model=name, gpu_memory_bytes=mem, vllm_version=vllm_version, device=device,
+            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
+            overhead_bytes=planmod.parse_size(overhead) if overhead else None,
+            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(planmod.FORMATS[format](p))
+    raise typer.Exit(EXIT_FINDINGS if p.startup["fails"] else EXIT_OK)
+# --- end plan/check ---
+
+
 def main() -> None:
     """Console-script entry point. An unexpected error is one line on stderr and exit 2
     (VLLM_DOCTOR_DEBUG=1 shows the traceback)."""

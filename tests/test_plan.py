@@ -1,0 +1,180 @@
+"""plan / capacity: real vLLM numbers (the e2e recordings of vLLM 0.32 on CPU, GPU log lines from
+public issues under tests/fixtures/models) against the arithmetic of vllm_doctor.capacity."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor import capacity as cap
+from vllm_doctor.plan import PlanInputs, load_config, make_plan, parse_size, to_json, to_markdown, to_text
+
+HERE = Path(__file__).parent
+MODELS = HERE / "fixtures" / "models"
+E2E = HERE / "fixtures" / "e2e"
+CASES = json.loads((MODELS / "cases.json").read_text())
+
+# the config tests/e2e/make_tiny_model.py writes (LlamaConfig(...) as written there; no torch needed)
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+        "max_position_embeddings": 8192, "vocab_size": 553, "tie_word_embeddings": True, "dtype": "bfloat16"}
+
+
+def _vllm_cmd(log: str) -> dict:
+    m = re.search(r"non-default args: (\{.*\})", log)
+    import ast
+    return ast.literal_eval(m.group(1))
+
+
+def _e2e_cases():
+    for d in sorted(E2E.iterdir()):
+        log = d / "vllm.log"
+        if log.is_file():
+            yield pytest.param(d.name, id=d.name)
+
+
+def test_tiny_model_config_matches_the_builder():
+    """The config used here is the one make_tiny_model.py builds (its docstring states the KV cost)."""
+    src = (HERE / "e2e" / "make_tiny_model.py").read_text()
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        assert re.search(rf"{key}={TINY[key]},", src), key
+    assert "1,024 bytes per token" in src
+
+
+@pytest.mark.parametrize("scenario", list(_e2e_cases()))
+def test_plan_predicts_vllm_032_cpu_exactly(scenario):
+    """Every e2e recording: plan prints vLLM's own KV cache tokens and concurrency, or its start-up error."""
+    log = (E2E / scenario / "vllm.log").read_text(errors="replace")
+    args = _vllm_cmd(log)
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                             kv_cache_memory_bytes=args["kv_cache_memory_bytes"], max_num_seqs=args.get("max_num_seqs")))
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log)
+    if m:
+        assert p.pool["kv_cache_tokens"] == int(m.group(1).replace(",", ""))
+        assert f"{p.concurrency['at_max_model_len']:.2f}" == m.group(3)
+        assert p.pool["vllm_prints"] in log
+        assert not p.startup["fails"]
+    else:
+        err = re.search(r"ValueError: (To serve at least one request.*?estimated maximum model length is \d+\.)", log).group(1)
+        assert p.startup["fails"]
+        assert err in p.startup["messages"][0]
+        est = int(re.search(r"model length is (\d+)", err).group(1))
+        assert {"flag": "--max-model-len", "value": est} == {k: p.fixes[0][k] for k in ("flag", "value")}
+
+
+@pytest.mark.parametrize("log", sorted((HERE / "fixtures" / "logs").glob("cpu-*.log")), ids=lambda p: p.name)
+def test_plan_on_the_cpu_logs(log):
+    text = log.read_text(errors="replace")
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    args = _vllm_cmd(text) if "non-default args" in text else {}
+    if not m or "kv_cache_memory_bytes" not in args:
+        pytest.skip("no explicit KV cache size or no capacity line in this recording")
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                             kv_cache_memory_bytes=args["kv_cache_memory_bytes"]))
+    assert p.pool["kv_cache_tokens"] == int(m.group(1).replace(",", ""))
+    assert f"{p.concurrency['at_max_model_len']:.2f}" == m.group(3)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / b
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "kv_cache_bytes_gib" in c])
+def test_kv_bytes_per_token_within_1_percent_of_real_gpu_logs(name):
+    c = CASES[name]
+    cfg, _ = load_config(str(MODELS / name))
+    log = (MODELS / name / "log.txt").read_text()
+    shape = cap.model_shape(cfg)
+    per_tok = cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, c["tp"]))
+    avail = c["kv_cache_bytes_gib"] * cap.GiB
+    assert f"{c['kv_cache_bytes_gib']}GiB" in log.replace(" GiB", "GiB")
+    tokens = c.get("kv_cache_tokens") or c["num_gpu_blocks"] * c["block_size"]
+    assert str(f"{tokens:,}" if "kv_cache_tokens" in c else c["num_gpu_blocks"]) in log
+    assert _rel(per_tok, avail / tokens) < 0.01, (per_tok, avail / tokens)
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "weights_gib" in c])
+def test_weights_within_5_percent_of_real_gpu_logs(name):
+    c = CASES[name]
+    cfg, _ = load_config(str(MODELS / name))
+    assert str(c["weights_gib"]) in (MODELS / name / "log.txt").read_text()
+    w = cap.weight_bytes_per_gpu(cap.model_shape(cfg), 2, c["tp"])
+    assert _rel(w / cap.GiB, c["weights_gib"]) < 0.05, (w / cap.GiB, c["weights_gib"])
+
+
+def test_qwen3_14b_full_pool_as_vllm_printed_it():
+    """Given the logged available memory, the V1 accounting reproduces the printed tokens and concurrency."""
+    cfg, _ = load_config(str(MODELS / "qwen3-14b"))
+    p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.0", max_model_len=32768,
+                             kv_cache_memory_bytes=int(6.51 * cap.GiB)))
+    assert abs(p.pool["kv_cache_tokens"] - 42656) / 42656 < 0.01
+    assert p.concurrency["at_max_model_len"] == pytest.approx(1.30, abs=0.01)
+
+
+def test_tuning_note_a21_llama_8b_is_128_kib_not_1_kb():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB))
+    assert p.kv_per_token["bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131072
+
+
+def test_mla_and_sliding_and_hybrid_kinds():
+    mla = {"num_hidden_layers": 27, "hidden_size": 2048, "num_attention_heads": 16, "kv_lora_rank": 512,
+           "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 102400}
+    g = cap.kv_layer_groups(cap.model_shape(mla), 2, tp=8)
+    assert [(x.kind, x.layers, x.bytes_per_token_per_layer) for x in g] == [("mla", 27, 1152)]  # not split by TP
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 4096}
+    s = cap.model_shape(gemma2)
+    assert s.layer_kinds == ["sliding_window", "full", "sliding_window", "full"]
+    groups = cap.kv_layer_groups(s, 2)
+    assert cap.request_blocks(groups, 32768, 16, 4096, 8192) == 2048 + (cdiv := -(-(4095 + 8192) // 16)) + 1
+    assert cdiv == 768
+    nemo = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "hybrid_override_pattern": "M*M-"}
+    ns = cap.model_shape(nemo)
+    assert ns.layer_kinds == ["mamba", "full", "mamba", "mlp_only"]
+    assert any("Mamba" in u for u in ns.unsized)
+    assert cap.kv_bytes_per_token(cap.kv_layer_groups(ns, 2)) == 1 * 2 * 2 * 16 * 2
+
+
+def test_target_concurrency_gives_a_utilization_that_holds_it():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    inp = PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, max_model_len=8192, target_concurrency=40,
+                     overhead_bytes=2 * cap.GiB, vllm_version="0.11.0")
+    p = make_plan(inp)
+    fix = {f["flag"]: f["value"] for f in p.fixes}
+    u = fix["--gpu-memory-utilization"]
+    again = make_plan(PlanInputs(**{**inp.__dict__, "gpu_memory_utilization": u, "target_concurrency": None}))
+    assert again.concurrency["at_max_model_len"] >= 40
+    lower = make_plan(PlanInputs(**{**inp.__dict__, "gpu_memory_utilization": u - 0.01, "target_concurrency": None}))
+    assert lower.concurrency["at_max_model_len"] < 40
+
+
+def test_outputs_and_sizes():
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=2048,
+                             kv_cache_memory_bytes=4194304, mean_request_tokens=1400))
+    assert json.loads(to_json(p))["pool"]["kv_cache_tokens"] == 4096
+    assert "## KV cache pool (per GPU)" in to_markdown(p)
+    assert "32 blocks // ceil(1,400 / 128) = 2 requests" in to_text(p)
+    assert parse_size("80GiB") == 80 * cap.GiB and parse_size("81559MiB") == 81559 * cap.MiB
+
+
+def test_cli_plan_exit_codes(tmp_path):
+    cache = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    cache.mkdir(parents=True)
+    (cache / "config.json").write_text(json.dumps(TINY))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", *a], capture_output=True, text=True)
+    ok = run(str(tmp_path / "hub" / "models--org--tiny"), "--device", "cpu", "--vllm-version", "0.32.0",
+             "--kv-cache-memory-bytes", "4194304", "--max-model-len", "2048", "--format", "json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["model"] == "org/tiny"
+    bad = run(str(cache), "--device", "cpu", "--vllm-version", "0.32.0", "--kv-cache-memory-bytes", "4MiB",
+              "--max-model-len", "8192")
+    assert bad.returncode == 1 and "estimated maximum model length is 3968" in bad.stdout
+    missing = run(str(tmp_path / "nope"), "--gpu-memory", "80GiB")
+    assert missing.returncode == 2 and missing.stderr.startswith("vllm-doctor: ") and "Traceback" not in missing.stderr

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, VllmDoctorError
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -270,6 +270,44 @@ def plan(
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))
     raise typer.Exit(EXIT_FINDINGS if p.startup["fails"] else EXIT_OK)
+
+@app.command()
+def check(
+    paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
+    model_config: Annotated[Optional[str], typer.Option("--model-config", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json, sarif or github")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding at or above: error, warning, note, never.")] = "error",
+) -> None:
+    """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
+    above --fail-on, 2 on unusable input."""
+    from . import check as chk
+    from . import plan as planmod
+
+    if format not in chk.FORMATS:
+        _fail(f"unknown format {format!r}: text, json, sarif or github")
+    if fail_on not in ("error", "warning", "note", "never"):
+        _fail(f"unknown --fail-on {fail_on!r}: error, warning, note or never")
+    try:
+        cfg = planmod.load_config(model_config)[0] if model_config else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else None
+        results = []
+        for path in paths:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                try:
+                    text = Path(path).read_text(errors="replace")
+                except OSError as e:
+                    raise InputError(f"{path}: cannot read: {e.strerror}") from None
+            results.append(chk.check_text(text, path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(chk.FORMATS[format](results))
+    if fail_on != "never" and chk.worst(results) >= chk.LEVEL_ORDER[fail_on]:
+        raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK)
 # --- end plan/check ---
 
 

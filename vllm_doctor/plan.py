@@ -146,6 +146,20 @@ def _token_formula(version: str) -> str:
     return "concurrency" if pv is None or pv >= Version("0.11.0") else "blocks"
 
 
+def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool) -> int:
+    """vLLM's default max_num_batched_tokens (vllm-flags.md, defaults table): V0 max(max_model_len,
+    2048), or 2048 when chunked prefill is on (auto-enabled from 0.5.4 when max_model_len > 32768);
+    V1 8192 on GPUs of >= 70 GiB, else 2048 (the CPU backend: 4096)."""
+    if engine == "v0":
+        pv = parse_version(version)
+        if pv is not None and pv >= Version("0.5.4") and mml > 32768:
+            return 2048
+        return max(mml, 2048)
+    if cpu:
+        return 4096
+    return 8192 if gpu_bytes and gpu_bytes >= 70 * cap.GiB else 2048
+
+
 def _gib(n: float) -> str:
     return f"{n / cap.GiB:.2f} GiB"
 
@@ -183,7 +197,7 @@ def make_plan(inp: PlanInputs) -> Plan:
     mml = inp.max_model_len or shape.max_position_embeddings or 2048
     util = inp.gpu_memory_utilization if inp.gpu_memory_utilization is not None else float(dflt.get("gpu_memory_utilization") or 0.9)
     max_num_seqs = inp.max_num_seqs or int(dflt.get("max_num_seqs") or 256)
-    mnbt = inp.max_num_batched_tokens or (8192 if engine == "v1" else max(mml, 2048))
+    mnbt = inp.max_num_batched_tokens or _default_batched_tokens(version, engine, mml, inp.gpu_memory_bytes, cpu)
     settings = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "dtype": model_dtype,
                 "kv_cache_dtype": kv_dtype, "quantization": shape.quant_method, "block_size": block_size,
                 "max_model_len": mml, "gpu_memory_utilization": util, "max_num_seqs": max_num_seqs,
@@ -221,7 +235,7 @@ def make_plan(inp: PlanInputs) -> Plan:
         overhead, overhead_src = inp.overhead_bytes, "given"
     else:
         act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp)
-        non_torch = (512 * cap.MiB if tp * pp == 1 else cap.GiB)
+        non_torch = 400 * cap.MiB  # CUDA context excluded; NCCL/cuBLAS workspaces: 0.25-0.35 GiB in real logs
         overhead, overhead_src = act + non_torch, (f"ESTIMATE: activation peak {_gib(act)} + non-torch {_gib(non_torch)}; "
                                                    "vLLM measures this in its profiling run; pass --overhead to use a measured value")
     avail = cap.available_kv_memory(inp.gpu_memory_bytes or 0, util, w, overhead, 0, inp.kv_cache_memory_bytes)

@@ -16,7 +16,7 @@ from vllm_doctor.plan import PlanInputs, load_config, make_plan, parse_size, to_
 HERE = Path(__file__).parent
 MODELS = HERE / "fixtures" / "models"
 E2E = HERE / "fixtures" / "e2e"
-CASES = json.loads((MODELS / "cases.json").read_text())
+CASES = json.loads((MODELS / "cases.json").read_text())  # list of logs with their launch settings
 
 # the config tests/e2e/make_tiny_model.py writes (LlamaConfig(...) as written there; no torch needed)
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
@@ -84,36 +84,82 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / b
 
 
-@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "kv_cache_bytes_gib" in c])
-def test_kv_bytes_per_token_within_1_percent_of_real_gpu_logs(name):
-    c = CASES[name]
-    cfg, _ = load_config(str(MODELS / name))
-    log = (MODELS / name / "log.txt").read_text()
+def logged(case: dict) -> dict:
+    """The figures a real log printed: available KV GiB, KV cache tokens, concurrency, weights GiB, TP."""
+    text = (MODELS / case["model"] / case["log"]).read_text()
+    out: dict = {}
+    if m := re.search(r"Available KV cache memory: ([\d.]+) GiB|kv_cache_size=([\d.]+)GiB", text):
+        out["avail_gib"] = float(m.group(1) or m.group(2))
+    if m := re.search(r"KV cache size: ([\d,]+) tokens", text):
+        out["tokens"] = int(m.group(1).replace(",", ""))
+    elif m := re.search(r"GPU blocks: (\d+)", text):
+        out["tokens"] = int(m.group(1)) * case.get("block_size", 16)
+    if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
+        out["max_model_len"], out["concurrency"] = int(m.group(1).replace(",", "")), float(m.group(2))
+    if m := re.search(r"(?:Model loading took|Loading model weights took) ([\d.]+) G", text):
+        out["weights_gib"] = float(m.group(1))
+    elif "weights_column" in case:
+        out["weights_gib"] = float(text.strip().splitlines()[-1].split("|")[case["weights_column"]])
+    m = re.search(r"'tensor_parallel_size': (\d+)", text)
+    out["tp"] = int(m.group(1)) if m else case.get("tp", 1)
+    return out
+
+
+KV_CASES = [c for c in CASES if {"avail_gib", "tokens"} <= set(logged(c))]
+W_CASES = [c for c in CASES if "weights_gib" in logged(c)]
+
+
+def predicted(case: dict) -> tuple[int, int]:
+    cfg, _ = load_config(str(MODELS / case["model"]))
     shape = cap.model_shape(cfg)
-    per_tok = cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, c["tp"]))
-    avail = c["kv_cache_bytes_gib"] * cap.GiB
-    assert f"{c['kv_cache_bytes_gib']}GiB" in log.replace(" GiB", "GiB")
-    tokens = c.get("kv_cache_tokens") or c["num_gpu_blocks"] * c["block_size"]
-    assert str(f"{tokens:,}" if "kv_cache_tokens" in c else c["num_gpu_blocks"]) in log
-    assert _rel(per_tok, avail / tokens) < 0.01, (per_tok, avail / tokens)
+    tp = logged(case)["tp"]
+    return cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, tp)), cap.weight_bytes_per_gpu(shape, 2, tp)
 
 
-@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "weights_gib" in c])
-def test_weights_within_5_percent_of_real_gpu_logs(name):
-    c = CASES[name]
-    cfg, _ = load_config(str(MODELS / name))
-    assert str(c["weights_gib"]) in (MODELS / name / "log.txt").read_text()
-    w = cap.weight_bytes_per_gpu(cap.model_shape(cfg), 2, c["tp"])
-    assert _rel(w / cap.GiB, c["weights_gib"]) < 0.05, (w / cap.GiB, c["weights_gib"])
+def test_accuracy_corpus_size():
+    assert len(KV_CASES) >= 5 and len(W_CASES) >= 8
+    assert len({c["model"] for c in CASES}) >= 6
 
 
-def test_qwen3_14b_full_pool_as_vllm_printed_it():
-    """Given the logged available memory, the V1 accounting reproduces the printed tokens and concurrency."""
-    cfg, _ = load_config(str(MODELS / "qwen3-14b"))
-    p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.0", max_model_len=32768,
-                             kv_cache_memory_bytes=int(6.51 * cap.GiB)))
-    assert abs(p.pool["kv_cache_tokens"] - 42656) / 42656 < 0.01
-    assert p.concurrency["at_max_model_len"] == pytest.approx(1.30, abs=0.01)
+@pytest.mark.parametrize("case", KV_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
+def test_kv_bytes_per_token_within_1_percent_of_real_gpu_logs(case):
+    lg = logged(case)
+    per_tok, _ = predicted(case)
+    assert _rel(per_tok, lg["avail_gib"] * cap.GiB / lg["tokens"]) < 0.01
+
+
+@pytest.mark.parametrize("case", [c for c in KV_CASES if "concurrency" in logged(c) and c.get("vllm")],
+                         ids=lambda c: f"{c['model']}:{c['log']}")
+def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
+    """Given the logged available memory, the version's accounting gives the printed tokens and x."""
+    lg = logged(case)
+    cfg, _ = load_config(str(MODELS / case["model"]))
+    p = make_plan(PlanInputs(config=cfg, vllm_version=case["vllm"], max_model_len=lg["max_model_len"],
+                             tensor_parallel_size=lg["tp"], kv_cache_memory_bytes=int(lg["avail_gib"] * cap.GiB)))
+    assert _rel(p.pool["kv_cache_tokens"], lg["tokens"]) < 0.01
+    assert p.concurrency["at_max_model_len"] == pytest.approx(lg["concurrency"], rel=0.01)
+
+
+@pytest.mark.parametrize("case", W_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
+def test_weights_within_5_percent_of_real_gpu_logs(case):
+    lg = logged(case)
+    _, w = predicted(case)
+    assert _rel(w / cap.GiB, lg["weights_gib"]) < 0.05
+
+
+def accuracy_rows() -> list[dict]:
+    """The accuracy table of docs/plan.md (``python tests/test_plan.py`` prints it)."""
+    rows = []
+    for c in CASES:
+        lg = logged(c)
+        per_tok, w = predicted(c)
+        row = {"model": c["model"], "log": c["source"], "tp": lg["tp"], "predicted_bytes_per_token": per_tok}
+        if "tokens" in lg and "avail_gib" in lg:
+            row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
+        row["predicted_weights_gib"] = round(w / cap.GiB, 3)
+        row["logged_weights_gib"] = lg.get("weights_gib")
+        rows.append(row)
+    return rows
 
 
 def test_tuning_note_a21_llama_8b_is_128_kib_not_1_kb():
@@ -178,3 +224,14 @@ def test_cli_plan_exit_codes(tmp_path):
     assert bad.returncode == 1 and "estimated maximum model length is 3968" in bad.stdout
     missing = run(str(tmp_path / "nope"), "--gpu-memory", "80GiB")
     assert missing.returncode == 2 and missing.stderr.startswith("vllm-doctor: ") and "Traceback" not in missing.stderr
+
+
+if __name__ == "__main__":
+    print("| model | TP | KV B/token plan | KV B/token log | diff | weights GiB plan | weights GiB log | diff | log |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in accuracy_rows():
+        kv = (f"{r['logged_bytes_per_token']:,} | {(r['predicted_bytes_per_token'] / r['logged_bytes_per_token'] - 1) * 100:+.2f}%"
+              if "logged_bytes_per_token" in r else "- | -")
+        wd = (f"{r['logged_weights_gib']} | {(r['predicted_weights_gib'] / r['logged_weights_gib'] - 1) * 100:+.2f}%"
+              if r["logged_weights_gib"] else "- | -")
+        print(f"| {r['model']} | {r['tp']} | {r['predicted_bytes_per_token']:,} | {kv} | {r['predicted_weights_gib']} | {wd} | {r['log']} |")

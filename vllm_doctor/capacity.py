@@ -444,10 +444,23 @@ def utilization_for_blocks(total_bytes: int, weights_bytes: int, activation_peak
 
 
 def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
-                             act_dtype_bytes: int, tp: int = 1) -> int:
-    """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot): the MLP
-    intermediate of one step (gate+up, ``2 x intermediate/TP``) plus the hidden states it keeps,
-    and the fp32 logits of ``max_num_seqs`` sampled tokens."""
+                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1") -> int:
+    """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).
+
+    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``) and the
+      hidden states it keeps, per batched token;
+    - V1 also profiles the sampler on ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
+      probabilities, sorted values, int64 indices: about 38 bytes per row and vocabulary entry; real
+      H100 logs show 4.76 GiB for Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B, 7.38 GiB for gpt-oss-20b at
+      1,024 sequences). The peak is the larger of the two.
+    """
     inter = shape.moe_intermediate_size * 8 if shape.num_experts else shape.intermediate_size
-    per_token = (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
-    return max_num_batched_tokens * per_token + max_num_seqs * (shape.vocab_size // tp) * 4
+    forward = max_num_batched_tokens * (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
+    sampler = max_num_seqs * shape.vocab_size * 38 if engine == "v1" else max_num_seqs * (shape.vocab_size // tp) * 4
+    return max(forward, sampler)
+
+
+def non_torch_estimate(world_size: int) -> int:
+    """An ESTIMATE of non-torch memory (NCCL buffers, cuBLAS workspaces): 0.13-0.35 GiB on one GPU,
+    0.25-0.55 GiB with tensor parallelism in real logs."""
+    return int((0.3 if world_size == 1 else 0.55) * GiB)

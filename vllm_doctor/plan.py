@@ -234,8 +234,8 @@ def make_plan(inp: PlanInputs) -> Plan:
     elif inp.overhead_bytes is not None:
         overhead, overhead_src = inp.overhead_bytes, "given"
     else:
-        act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp)
-        non_torch = 400 * cap.MiB  # CUDA context excluded; NCCL/cuBLAS workspaces: 0.25-0.35 GiB in real logs
+        act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp, engine)
+        non_torch = cap.non_torch_estimate(tp * pp)
         overhead, overhead_src = act + non_torch, (f"ESTIMATE: activation peak {_gib(act)} + non-torch {_gib(non_torch)}; "
                                                    "vLLM measures this in its profiling run; pass --overhead to use a measured value")
     avail = cap.available_kv_memory(inp.gpu_memory_bytes or 0, util, w, overhead, 0, inp.kv_cache_memory_bytes)

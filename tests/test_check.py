@@ -196,3 +196,22 @@ def test_cli_exit_codes(tmp_path):
     assert warn_only.returncode == 0 and "VC008" in warn_only.stdout
     missing = subprocess.run(cmd + [str(tmp_path / "nope.sh")], capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_sidecar_series_table_matches_the_collector():
+    """check's table of the sidecar's own series is the collector's (vllm_doctor/collectors.py)."""
+    from vllm_doctor.check.metric_names import SIDECAR_SERIES
+
+    src = (Path(__file__).parent.parent / "vllm_doctor" / "collectors.py").read_text()
+    for name in SIDECAR_SERIES:
+        assert f'"{name.removesuffix("_total")}"' in src, name
+
+
+def test_the_projects_own_monitoring_is_clean():
+    """vllm-doctor's alert rules and dashboard (written for vLLM and its sidecar) have no errors."""
+    from vllm_doctor.check import worst
+
+    root = Path(__file__).parent.parent
+    res = [run(root / "alerts" / "vllm-doctor.rules.yaml"), run(root / "dashboards" / "out" / "vllm-doctor.json")]
+    assert [r.kind for r in res] == ["prometheus-rules", "grafana"]
+    assert worst(res) < 2, [f.message for r in res for f in r.findings if f.level == "error"]

@@ -202,12 +202,13 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         launches = read_vllm_config(doc, text, name)
     version, source, vf = _resolve_version(vllm_version, launches)
     findings += vf
+    known = source != "unknown: judged as the newest examined release"
     if kind_ == "prometheus-rules":
-        findings += lint_rules_file(doc, text, name, version)
+        findings += lint_rules_file(doc, text, name, version, known)
     elif kind_ == "grafana":
-        findings += lint_grafana(doc, text, name, version)
+        findings += lint_grafana(doc, text, name, version, known)
     elif kind_ == "promql":
-        findings += lint_promql_text(text, name, version)
+        findings += lint_promql_text(text, name, version, known)
     for la in launches:
         findings += lint_launch(la, version, text)
         flags = parsed_flags(la, version)

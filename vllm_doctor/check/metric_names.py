@@ -109,3 +109,17 @@ def kind(name: str) -> str | None:
     """gauge | counter | histogram (a ``_bucket``/``_sum``/``_count`` series: histogram) or None."""
     hit = lookup(name)
     return hit[1] if hit else None
+
+
+# Series vllm-doctor's own sidecar exports (vllm_doctor/collectors.py; tests/test_check.py keeps the
+# two in step). Some carry the names the tuning note invented, so the note's queries match when
+# Prometheus scrapes the sidecar (port 9401) rather than vLLM.
+SIDECAR_SERIES = {
+    "vllm_kv_cache_tokens": G, "vllm_max_concurrency": G, "vllm_max_num_seqs": G, "vllm_max_model_len": G,
+    "vllm_running_sequences": G, "vllm_pending_sequences": G, "vllm_swapped_sequences": G,
+    "vllm_kv_cache_usage_ratio": G, "vllm_prompt_throughput_tokens_per_second": G,
+    "vllm_generation_throughput_tokens_per_second": G, "vllm_prefix_cache_hit_ratio": G,
+    "vllm_preemptions_total": C, "vllm_oom_events_total": C, "vllm_time_to_first_token_seconds": G,
+    "gpu_memory_used_bytes": G, "gpu_memory_total_bytes": G, "gpu_utilization_ratio": G, "gpu_power_watts": G,
+    "gpu_temperature_celsius": G, "gpu_process_memory_used_bytes": G,
+}

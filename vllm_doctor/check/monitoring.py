@@ -64,8 +64,11 @@ def _inner_selectors(e) -> list[str]:
     return names
 
 
-def lint_promql(expr: str, version: str, file: str, line: int, context: str = "") -> list[CheckFinding]:
-    """Findings for one PromQL expression."""
+def lint_promql(expr: str, version: str, file: str, line: int, context: str = "",
+                version_known: bool = True) -> list[CheckFinding]:
+    """Findings for one PromQL expression. ``context`` "sidecar": the file is written for
+    vllm-doctor's sidecar too (its own series are fine). ``version_known`` False: a series that
+    exists in other vLLM versions is a warning, not an error (the file may serve several)."""
     out: list[CheckFinding] = []
     src = expr.strip()
     try:
@@ -85,23 +88,29 @@ def lint_promql(expr: str, version: str, file: str, line: int, context: str = ""
         name = _selector_name(e)
         if name and not isinstance(parent, pq.MatrixSelector):
             looks_vllm = name.startswith(("vllm:", "vllm_"))
-            if looks_vllm and not name.startswith("vllm_doctor") and not mn.exported(name, version):
+            sidecar_ok = context == "sidecar" and name in mn.SIDECAR_SERIES
+            if looks_vllm and not name.startswith("vllm_doctor") and not sidecar_ok and not mn.exported(name, version):
                 hit = mn.lookup(name)
                 sug = _suggest(name, version)
                 why = (f"vLLM exports it only in {', '.join(a + '–' + b for a, b in hit[2])}" if hit
                        else "vLLM never exports this name")
-                out.append(CheckFinding("VM001", f"{name}: {why}; in {version} this selector matches nothing"
-                                        + (f" (the real series: {sug})" if sug else ""), file, line,
-                                        fix={"setting": sug, "value": None} if sug else None, snippet=src))
-            elif not looks_vllm and not mn.lookup(name) and context != "foreign-ok":
+                side = (f"; only vllm-doctor's sidecar exports a series of this name (it matches if Prometheus "
+                        f"scrapes the sidecar, not vLLM)" if name in mn.SIDECAR_SERIES else "")
+                out.append(CheckFinding("VM001", f"{name}: {why}; in {version} this selector matches nothing on "
+                                        f"vLLM's /metrics" + (f" (the real series: {sug})" if sug else "") + side,
+                                        file, line, fix={"setting": sug, "value": None} if sug else None, snippet=src,
+                                        level="warning" if (hit and not version_known) else ""))
+            elif not looks_vllm and not mn.lookup(name) and not (context == "sidecar" and name in mn.SIDECAR_SERIES) \
+                    and name not in ("up", "ALERTS", "ALERTS_FOR_STATE"):
+                other = ("vllm-doctor's sidecar exports it from NVML" if name in mn.SIDECAR_SERIES
+                         else "e.g. DCGM exports GPU memory as DCGM_FI_DEV_FB_USED")
                 out.append(CheckFinding("VM006", f"{name} is not a vLLM series; it matches only if another exporter "
-                                        "(e.g. DCGM's DCGM_FI_DEV_FB_USED for GPU memory) provides it", file, line,
-                                        snippet=src))
+                                        f"provides it ({other})", file, line, snippet=src))
         if isinstance(e, pq.Call):
             fn = e.func.name
             if fn in RATE_FUNCS and e.args:
                 for n in _inner_selectors(e.args[0]):
-                    if mn.kind(n) == "gauge":
+                    if mn.kind(n) == "gauge" or mn.SIDECAR_SERIES.get(n) == "gauge":
                         out.append(CheckFinding("VM002", f"{fn}() on {n}, a gauge: {fn}() is for counters; use "
                                                 f"deriv() or avg_over_time() for a gauge", file, line,
                                                 fix={"setting": "deriv" if fn != "increase" else "delta", "value": None},
@@ -161,7 +170,12 @@ def _check_rate_threshold(tree, file, line, src, out) -> None:
 
 # ---------------------------------------------------------------- containers of PromQL
 
-def lint_rules_file(doc: dict, text: str, file: str, version: str) -> list[CheckFinding]:
+def _context(text: str) -> str:
+    """Files that query vllm-doctor's own series (``vllm_doctor_*``) are written for its sidecar."""
+    return "sidecar" if "vllm_doctor_" in text else ""
+
+
+def lint_rules_file(doc: dict, text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
     out = []
     for g in doc.get("groups") or []:
         for r in (g or {}).get("rules") or []:
@@ -170,7 +184,7 @@ def lint_rules_file(doc: dict, text: str, file: str, version: str) -> list[Check
                 continue
             name = r.get("alert") or r.get("record") or ""
             line = _line_of_expr(text, str(expr), name)
-            out += lint_promql(str(expr), version, file, line)
+            out += lint_promql(str(expr), version, file, line, _context(text), version_known)
     return out
 
 
@@ -189,7 +203,7 @@ def _line_of_expr(text: str, expr: str, name: str) -> int:
     return start + 1
 
 
-def lint_grafana(doc: dict, text: str, file: str, version: str) -> list[CheckFinding]:
+def lint_grafana(doc: dict, text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
     out = []
     dash = doc.get("dashboard", doc)
 
@@ -204,11 +218,12 @@ def lint_grafana(doc: dict, text: str, file: str, version: str) -> list[CheckFin
             if isinstance(expr, str) and expr.strip():
                 expr_v = re.sub(r"\$__(rate_interval|interval|range)", "5m", expr)
                 expr_v = re.sub(r"\$\{?\w+\}?", "x", expr_v) if "$" in expr_v else expr_v
-                out += lint_promql(expr_v, version, file, _line_of_expr(text, expr[:60], ""))
+                out += lint_promql(expr_v, version, file, _line_of_expr(text, expr[:60], ""), _context(text),
+                                   version_known)
     return out
 
 
-def lint_promql_text(text: str, file: str, version: str) -> list[CheckFinding]:
+def lint_promql_text(text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
     """A raw PromQL file: one expression per paragraph or line; ``#`` comments."""
     out = []
     buf, start = [], 0
@@ -216,7 +231,7 @@ def lint_promql_text(text: str, file: str, version: str) -> list[CheckFinding]:
         s = raw.strip()
         if not s or s.startswith("#"):
             if buf:
-                out += lint_promql(" ".join(buf), version, file, start)
+                out += lint_promql(" ".join(buf), version, file, start, _context(text), version_known)
                 buf = []
             continue
         if not buf:

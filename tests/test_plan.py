@@ -201,6 +201,26 @@ def test_mla_and_sliding_and_hybrid_kinds():
     assert cap.kv_bytes_per_token(cap.kv_layer_groups(ns, 2)) == 1 * 2 * 2 * 16 * 2
 
 
+def test_hybrid_sliding_window_allocator_gpt_oss():
+    """gpt-oss (real config): 12 sliding-window (128) + 12 full layers -> two V1 groups of 12 layers
+    sharing one pool; a request holds cdiv(max_model_len, 16) full blocks plus
+    cdiv(127 + max_num_batched_tokens, 16) + 1 sliding blocks. (A gpt-oss-120b log, 0.10.1.1 TP 4,
+    prints 2,640,144 tokens / 284.25x for 45.32 GiB: the same arithmetic with its 36 layers.)"""
+    cfg, _ = load_config(str(MODELS / "gpt-oss-20b"))
+    s = cap.model_shape(cfg)
+    assert (s.count("full"), s.count("sliding_window"), s.sliding_window) == (12, 12, 128)
+    groups = cap.kv_layer_groups(s, 2, tp=1)
+    assert cap.group_layout(groups) == (12, {"sliding_window": 1, "full": 1})
+    assert cap.bytes_per_block(groups, 16) == 12 * 16 * (2 * 8 * 64 * 2)
+    assert cap.request_blocks(groups, 16384, 16, 128, 2048) == 1024 + 137
+    p = make_plan(PlanInputs(config=cfg, vllm_version="0.10.1", max_model_len=16384, max_num_batched_tokens=2048,
+                             kv_cache_memory_bytes=10 * cap.GiB))
+    blocks = 10 * cap.GiB // (12 * 16 * 2048)
+    assert p.pool["num_gpu_blocks"] == blocks
+    assert p.pool["kv_cache_tokens"] == blocks // 2 * 16
+    assert p.concurrency["at_max_model_len"] == round(blocks / 1161, 2)
+
+
 def test_target_concurrency_gives_a_utilization_that_holds_it():
     cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
     inp = PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, max_model_len=8192, target_concurrency=40,

@@ -268,3 +268,28 @@ if __name__ == "__main__":
         wd = (f"{r['logged_weights_gib']} | {(r['predicted_weights_gib'] / r['logged_weights_gib'] - 1) * 100:+.2f}%"
               if r["logged_weights_gib"] else "- | -")
         print(f"| {r['model']} | {r['tp']} | {r['predicted_bytes_per_token']:,} | {kv} | {r['predicted_weights_gib']} | {wd} | {r['log']} |")
+
+
+def test_gpu_memory_through_nvml(monkeypatch):
+    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source."""
+    from vllm_doctor.errors import InputError
+    from vllm_doctor.plan import nvml_total_memory
+    from vllm_doctor.sources import nvml
+
+    fake = nvml.FakeNvml([nvml.FakeGpu(total=85_520_809_984)])
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+    assert nvml_total_memory() == 85_520_809_984
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: nvml.FakeNvml(fail_init=nvml.FakeNvmlError(12)))
+    with pytest.raises(InputError, match="give --gpu-memory"):
+        nvml_total_memory()
+
+
+def test_hf_cache_with_several_models_is_refused(tmp_path):
+    from vllm_doctor.errors import InputError
+
+    for name in ("models--a--x", "models--b--y"):
+        d = tmp_path / name / "snapshots" / "1"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(TINY))
+    with pytest.raises(InputError, match="2 models"):
+        load_config(str(tmp_path))

@@ -81,6 +81,10 @@ def load_config(path: str) -> tuple[dict, str]:
         else:
             snaps = sorted(p.glob("snapshots/*/config.json"), key=lambda f: f.stat().st_mtime, reverse=True)
             if not snaps:
+                models = sorted({f.parts[-4] for f in p.glob("models--*/snapshots/*/config.json")})
+                if len(models) > 1:
+                    raise InputError(f"{path}: a Hugging Face cache with {len(models)} models; name one: "
+                                     + ", ".join(str(p / m) for m in models[:5]))
                 snaps = sorted(p.glob("models--*/snapshots/*/config.json"), key=lambda f: f.stat().st_mtime, reverse=True)
             cands = snaps[:1]
     if not cands:

@@ -293,3 +293,12 @@ def test_hf_cache_with_several_models_is_refused(tmp_path):
         (d / "config.json").write_text(json.dumps(TINY))
     with pytest.raises(InputError, match="2 models"):
         load_config(str(tmp_path))
+
+
+def test_helpers_for_observed_pools():
+    """The helpers diagnose's fixes use on a pool a log printed (e2e preemption storm: 32 blocks of
+    128 tokens, max_model_len 2048)."""
+    assert cap.max_num_seqs_that_fit(32, 2048, 128) == 2
+    # 16 x 2048-token requests need 256 blocks; 224 more blocks of 128 KiB on a 13.09 GiB CPU node at 0.92
+    u = cap.utilization_for_more_blocks(0.92, int(13.09 * cap.GiB), 32, 256, 131072)
+    assert u == 0.93 and 0.92 + 224 * 131072 / (13.09 * cap.GiB) <= u

@@ -443,6 +443,21 @@ def utilization_for_blocks(total_bytes: int, weights_bytes: int, activation_peak
     return math.ceil(need / total_bytes * 100) / 100
 
 
+def utilization_for_more_blocks(gpu_memory_utilization: float, total_bytes: int, have_blocks: int,
+                                need_blocks: int, block_bytes: int) -> float:
+    """From an OBSERVED pool (a log's ``num_gpu_blocks`` at a known ``gpu_memory_utilization``):
+    the utilization that gives ``need_blocks``, rounded up to 0.01. Every extra block costs
+    ``block_bytes`` of ``total * gpu_memory_utilization`` (weights and activations do not change)."""
+    extra = max(0, need_blocks - have_blocks) * block_bytes
+    return math.ceil((gpu_memory_utilization + extra / total_bytes) * 100 - 1e-9) / 100
+
+
+def max_num_seqs_that_fit(blocks: int, max_model_len: int, block_size: int) -> int:
+    """Sequences of ``max_model_len`` tokens the pool holds at once, whole (the ``--max-num-seqs``
+    that never preempts at full length); at least 1."""
+    return max(1, blocks // cdiv(max_model_len, block_size))
+
+
 def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
                              act_dtype_bytes: int, tp: int = 1, engine: str = "v1") -> int:
     """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).

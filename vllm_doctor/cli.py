@@ -254,6 +254,10 @@ def plan(
         _fail(f"unknown format {format!r}: text, json or markdown")
     if device not in ("cuda", "cpu"):
         _fail(f"unknown device {device!r}: cuda or cpu")
+    from .versions import parse_version
+
+    if parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
     try:
         cfg, name = planmod.load_config(model)
         kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
@@ -289,6 +293,10 @@ def check(
         _fail(f"unknown format {format!r}: text, json, sarif or github")
     if fail_on not in ("error", "warning", "note", "never"):
         _fail(f"unknown --fail-on {fail_on!r}: error, warning, note or never")
+    from .versions import parse_version
+
+    if vllm_version is not None and parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
     try:
         cfg = planmod.load_config(model_config)[0] if model_config else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None

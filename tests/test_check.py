@@ -215,3 +215,14 @@ def test_the_projects_own_monitoring_is_clean():
     res = [run(root / "alerts" / "vllm-doctor.rules.yaml"), run(root / "dashboards" / "out" / "vllm-doctor.json")]
     assert [r.kind for r in res] == ["prometheus-rules", "grafana"]
     assert worst(res) < 2, [f.message for r in res for f in r.findings if f.level == "error"]
+
+
+def test_vllm_config_yaml():
+    """vLLM's --config YAML: keys are flag names (underscores or dashes), judged like the flags."""
+    text = "model: meta-llama/Llama-3.1-8B-Instruct\nmax_num_seqs: 128\nkv-cache: fp8\npreemption_mode: swap\n"
+    r = check_text(text, "serve.yaml", vllm_version="0.11.0")
+    assert r.kind == "vllm-config"
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC002", 3), ("VC004", 4)]
+    r = check_text(text, "serve.yaml", vllm_version="0.9.2")
+    assert [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in r.findings] == [
+        ("VC003", 3, "--kv-cache-dtype"), ("VC005", 4, None)]

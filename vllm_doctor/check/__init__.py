@@ -93,8 +93,9 @@ def detect(text: str, name: str) -> tuple[str, object]:
                 if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
                         or "jobs" in d0:
                     return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
-                if all(isinstance(k, str) and versions.known_flag("--" + k.replace("_", "-")) or k in ("model",)
-                       for k in d0):
+                known = [k for k in d0 if isinstance(k, str) and (versions.known_flag("--" + k.replace("_", "-"))
+                                                                   or k in ("model",))]
+                if d0 and len(known) * 2 >= len(d0):      # mostly vLLM flag names: a --config file
                     return "vllm-config", d0
     lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
     if low.endswith((".sh", ".bash")) or s.startswith("#!") or any(l.startswith("--") for l in lines):

@@ -88,7 +88,9 @@ def logged(case: dict) -> dict:
     """The figures a real log printed: available KV GiB, KV cache tokens, concurrency, weights GiB, TP."""
     text = (MODELS / case["model"] / case["log"]).read_text()
     out: dict = {}
-    if m := re.search(r"Available KV cache memory: ([\d.]+) GiB|kv_cache_size=([\d.]+)GiB", text):
+    own = text if "rank" not in case else "\n".join(  # the worker whose stage binds the pool
+        line for line in text.splitlines() if f"rank={case['rank']} " in line)
+    if m := re.search(r"Available KV cache memory: ([\d.]+) GiB|kv_cache_size=([\d.]+)GiB", own):
         out["avail_gib"] = float(m.group(1) or m.group(2))
     if m := re.search(r"KV cache size: ([\d,]+) tokens", text):
         out["tokens"] = int(m.group(1).replace(",", ""))
@@ -104,6 +106,7 @@ def logged(case: dict) -> dict:
         out["pool_gib"] = float(text.strip().splitlines()[-1].split("|")[case["kv_gib_column"]])
     m = re.search(r"'tensor_parallel_size': (\d+)", text)
     out["tp"] = int(m.group(1)) if m else case.get("tp", 1)
+    out["pp"] = case.get("pp", 1)
     return out
 
 
@@ -114,13 +117,22 @@ W_CASES = [c for c in CASES if "weights_gib" in logged(c)]
 def predicted(case: dict) -> tuple[int, int]:
     cfg, _ = load_config(str(MODELS / case["model"]))
     shape = cap.model_shape(cfg)
-    tp = logged(case)["tp"]
-    return cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, tp)), cap.weight_bytes_per_gpu(shape, 2, tp)
+    lg = logged(case)
+    tp, pp = lg["tp"], lg["pp"]
+    return cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, tp, pp)), cap.weight_bytes_per_gpu(shape, 2, tp, pp)
+
+
+def test_mla_moe_parameter_count_is_the_checkpoints():
+    """DeepSeek-V2-Lite (MLA + MoE with shared experts and one dense layer): the parameters counted
+    from config.json equal the sum over the checkpoint's tensors."""
+    cfg, _ = load_config(str(MODELS / "deepseek-v2-lite"))
+    want = int(re.search(r"([\d,]{10,})", (MODELS / "deepseek-v2-lite" / "params.txt").read_text()).group(1).replace(",", ""))
+    assert sum(cap.weight_params(cap.model_shape(cfg)).values()) == want
 
 
 def test_accuracy_corpus_size():
-    assert len(KV_CASES) >= 5 and len(W_CASES) >= 8
-    assert len({c["model"] for c in CASES}) >= 6
+    assert len(KV_CASES) >= 6 and len(W_CASES) >= 8
+    assert len({c["model"] for c in CASES}) >= 7
 
 
 @pytest.mark.parametrize("case", KV_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
@@ -137,7 +149,8 @@ def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
     lg = logged(case)
     cfg, _ = load_config(str(MODELS / case["model"]))
     p = make_plan(PlanInputs(config=cfg, vllm_version=case["vllm"], max_model_len=lg["max_model_len"],
-                             tensor_parallel_size=lg["tp"], kv_cache_memory_bytes=int(lg["avail_gib"] * cap.GiB)))
+                             tensor_parallel_size=lg["tp"], pipeline_parallel_size=lg["pp"],
+                             kv_cache_memory_bytes=int(lg["avail_gib"] * cap.GiB)))
     assert _rel(p.pool["kv_cache_tokens"], lg["tokens"]) < 0.01
     assert p.concurrency["at_max_model_len"] == pytest.approx(lg["concurrency"], rel=0.01)
 
@@ -166,7 +179,8 @@ def accuracy_rows() -> list[dict]:
     for c in CASES:
         lg = logged(c)
         per_tok, w = predicted(c)
-        row = {"model": c["model"], "log": c["source"], "tp": lg["tp"], "predicted_bytes_per_token": per_tok}
+        row = {"model": c["model"], "log": c["source"], "tp": f"{lg['tp']}" + (f" x PP {lg['pp']}" if lg["pp"] > 1 else ""),
+               "predicted_bytes_per_token": per_tok}
         if "tokens" in lg and "avail_gib" in lg:
             row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
         row["predicted_weights_gib"] = round(w / cap.GiB, 3)

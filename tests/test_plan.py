@@ -65,6 +65,12 @@ def test_plan_predicts_vllm_032_cpu_exactly(scenario):
         assert err in p.startup["messages"][0]
         est = int(re.search(r"model length is (\d+)", err).group(1))
         assert {"flag": "--max-model-len", "value": est} == {k: p.fixes[0][k] for k in ("flag", "value")}
+        size = next(f["value"] for f in p.fixes if f["flag"] == "--kv-cache-memory-bytes")
+        fixed = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                                     kv_cache_memory_bytes=size))
+        smaller = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu",
+                                       max_model_len=args["max_model_len"], kv_cache_memory_bytes=size - 1))
+        assert not fixed.startup["fails"] and smaller.startup["fails"]   # the fix is the smallest that starts
 
 
 @pytest.mark.parametrize("log", sorted((HERE / "fixtures" / "logs").glob("cpu-*.log")), ids=lambda p: p.name)

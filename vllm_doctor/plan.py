@@ -358,9 +358,14 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
                     f"informational: {max_num_seqs} sequences admitted but only {cap_seqs} fit at {mml} tokens each; "
                     "longer ones are preempted (RECOMPUTE) when the cache fills", "informational": True})
     if startup.get("fails") and startup.get("checked"):
+        size_flag = "--kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "--gpu-memory-utilization"
         if blocks * block_size >= block_size:
             fit = (blocks - 1) * block_size if blocks > 1 else block_size
-            add("--max-model-len", min(fit, mml), "the longest request the KV cache holds", alt="--gpu-memory-utilization")
+            add("--max-model-len", min(fit, mml), "the longest request the KV cache holds", alt=size_flag)
+        if inp.kv_cache_memory_bytes is not None:
+            need = (per_req + 1) * block_bytes   # one request at max_model_len plus the null block
+            add("--kv-cache-memory-bytes", need, f"({per_req} blocks per {mml}-token request + 1 null block) x "
+                f"{block_bytes:,} B", alt="--max-model-len")
         if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes:
             u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, per_req + 1, block_bytes)
             if u <= 0.99 and u > util:

@@ -153,22 +153,20 @@ def test_load_real_vllm_bench_serve_result():
     assert r.output_throughput == doc["output_throughput"] and r.preemptions is None
 
 
-def test_load_guidellm_report_shape(tmp_path):
-    # GuideLLM's GenerativeBenchmarksReport (guidellm 0.8 benchmark/schemas/report.py): nested
-    # StatusDistributionSummary objects, concurrency in config.strategy.streams
-    def dist(mean, p99):
-        return {"successful": {"mean": mean, "median": mean, "percentiles": {"p50": mean, "p99": p99}}}
-    doc = {"benchmarks": [{"config": {"strategy": {"type_": "concurrent", "streams": 8}},
-                           "metrics": {"time_to_first_token_ms": dist(120.0, 410.0),
-                                       "time_per_output_token_ms": dist(21.5, 30.0),
-                                       "output_tokens_per_second": dist(640.0, 700.0),
-                                       "requests_per_second": dist(3.2, 3.5),
-                                       "request_totals": {"successful": 100, "errored": 1}}}]}
-    p = tmp_path / "benchmarks.json"
-    p.write_text(json.dumps(doc))
-    r = load_runs(str(p))[0]
-    assert (r.format, r.concurrency, r.ttft_p99_ms, r.tpot_mean_ms, r.output_throughput, r.errors) == \
-        ("guidellm", 8, 410.0, 21.5, 640.0, 1)
+def test_load_real_guidellm_report():
+    """GuideLLM 0.8.1's report of a real run against vLLM 0.32 on CPU (concurrent@4 and @8; its
+    own log said 614.33 and 369.43 output tokens/s)."""
+    path = FIX / "guidellm-0.8.1-vllm-0.32-cpu.json"
+    runs = load_runs(str(path))
+    doc = json.loads(path.read_text())
+    assert [(r.format, r.concurrency, r.completed, r.errors) for r in runs] == \
+        [("guidellm", 4.0, 16, 0), ("guidellm", 8.0, 16, 0)]
+    assert [round(r.output_throughput, 2) for r in runs] == [614.33, 369.43]
+    m = doc["benchmarks"][1]["metrics"]
+    assert runs[1].ttft_p99_ms == m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"]
+    assert runs[1].tpot_mean_ms == m["time_per_output_token_ms"]["successful"]["mean"]
+    r = doctor("bench", "compare", str(path), str(path), "--level", "8", "--ttft-p99-ms", "100000", "--format", "json")
+    assert r.returncode == 3 and json.loads(r.stdout)["after"]["concurrency"] == 8.0
 
 
 def test_compare_pass_fail_unknown(tmp_path, ladder_result):

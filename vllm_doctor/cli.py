@@ -52,6 +52,7 @@ def diagnose(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
     from .oneshot import diagnose as run
@@ -64,6 +65,13 @@ def diagnose(
         _fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+    if bench:
+        from .bench.annotate import BenchFileError, annotate, load_ladder
+
+        try:
+            annotate(rep.findings, load_ladder(bench))
+        except BenchFileError as e:
+            _fail(str(e))
     for rid, errs in rep.rule_errors.items():
         print(f"vllm-doctor: rule {rid}: expression failed: {errs[-1]}", file=sys.stderr)
     if format == Format.text:
@@ -180,6 +188,7 @@ def serve(
     eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. (default: 5)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. (default: info)")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
@@ -188,7 +197,8 @@ def serve(
     try:
         cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url, nvml=nvml, host=host, port=port,
                                        from_start=from_start, state_file=state_file, rules=rules,
-                                       eval_interval=eval_interval, log_level=log_level), config_file=config)
+                                       eval_interval=eval_interval, log_level=log_level, bench=bench),
+                          config_file=config)
         code = run(cfg)
     except VllmDoctorError as e:
         _fail(str(e))
@@ -317,6 +327,13 @@ def check(
         raise typer.Exit(EXIT_FINDINGS)
     raise typer.Exit(EXIT_OK)
 # --- end plan/check ---
+
+
+# --- bench (issue 14) ---
+from .bench.cli import bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")
+# --- end bench ---
 
 
 def main() -> None:

@@ -193,6 +193,12 @@ def ladder(
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
         print(ladder_table(result))
+        for lv_ in result["levels"]:
+            if lv_["errors"]:
+                print(f"  concurrency {lv_['concurrency']}: {lv_['errors']} of {lv_['requests']} failed: "
+                      + "; ".join(lv_["error_examples"]))
+        if result.get("stopped"):
+            print(f"Ladder {result['stopped']}")
         k = result["knee"]
         where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
         print(f"\nKnee: {where}: {k['reason']}")

@@ -226,3 +226,22 @@ def test_vllm_config_yaml():
     r = check_text(text, "serve.yaml", vllm_version="0.9.2")
     assert [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in r.findings] == [
         ("VC003", 3, "--kv-cache-dtype"), ("VC005", 4, None)]
+
+
+def _check_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "vllm_doctor", "check", *args], capture_output=True, text=True,
+                          timeout=60, input=stdin)
+
+
+@pytest.mark.parametrize("name,body", [
+    ("binary.sh", b"docker run vllm/vllm-openai:latest\n\x00\x01\x02\xff" * 10),
+    ("deep.json", b"[" * 100000 + b"]" * 100000),
+    ("deep-grafana.json", b'{"panels": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+    ("deep.yaml", b"a:\n" + b"".join(b"  " * i + b"b:\n" for i in range(1, 3000))),
+    ("huge.sh", b"# " + b"a" * (17 << 20) + b"\n"),
+])
+def test_what_is_no_config_is_one_line_exit_2(tmp_path, name, body):
+    (tmp_path / name).write_bytes(body)
+    r = _check_cli(str(tmp_path / name))
+    assert r.returncode == 2 and r.stdout == "", r.stdout[:300]
+    assert r.stderr.count("\n") == 1 and name in r.stderr and "internal error" not in r.stderr

@@ -312,14 +312,7 @@ def check(
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None
         results = []
         for path in paths:
-            if path == "-":
-                text = sys.stdin.read()
-            else:
-                try:
-                    text = Path(path).read_text(errors="replace")
-                except OSError as e:
-                    raise InputError(f"{path}: cannot read: {e.strerror}") from None
-            results.append(chk.check_text(text, path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+            results.append(chk.check_file(path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(chk.FORMATS[format](results))

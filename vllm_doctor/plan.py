@@ -95,12 +95,36 @@ def load_config(path: str) -> tuple[dict, str]:
         raise InputError(f"{cands[0]}: not a readable JSON config: {e}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{cands[0]}: not a JSON object")
+    _check_sizes(cfg, str(cands[0]))
     name = p.name
     if name.startswith("models--"):
         name = name[len("models--"):].replace("--", "/")
     elif name == "config.json":
         name = p.parent.name
     return cfg, name
+
+
+# config.json fields the capacity arithmetic reads as counts: when present (not null) each must be
+# a non-negative integer of sane size, else one line names it (never a TypeError from deep inside)
+_SIZE_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "hidden_size", "d_model", "n_embd",
+              "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
+              "intermediate_size", "ffn_dim", "max_position_embeddings", "kv_lora_rank", "q_lora_rank",
+              "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "moe_intermediate_size", "num_experts",
+              "n_routed_experts", "num_local_experts", "moe_num_experts", "n_shared_experts",
+              "shared_expert_intermediate_size", "first_k_dense_replace")
+
+
+def _check_sizes(cfg: dict, where: str, depth: int = 0) -> None:
+    for k in _SIZE_KEYS:
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 40:
+            raise InputError(f"{where}: {k} is {json.dumps(v)[:40]}, not a count (a non-negative integer)")
+    if depth < 2:
+        for sub in ("text_config", "llm_config", "language_config"):
+            if isinstance(cfg.get(sub), dict):
+                _check_sizes(cfg[sub], f"{where} {sub}", depth + 1)
 
 
 def nvml_total_memory(index: int = 0) -> int:
@@ -133,6 +157,8 @@ def parse_size(text: str) -> int:
         v = float(num)
     except ValueError:
         raise InputError(f"not a size: {text!r} (e.g. 80GiB, 24G, 81559MiB, 4194304)") from None
+    if not math.isfinite(v) or v * mult >= 1 << 60:
+        raise InputError(f"not a size: {text!r} (e.g. 80GiB, 24G, 81559MiB, 4194304)")
     if v <= 0:
         raise InputError(f"size must be positive: {text!r}")
     return int(v * mult)
@@ -291,6 +317,11 @@ def make_plan(inp: PlanInputs) -> Plan:
 
 def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks) -> dict:
     reasons = []
+    tp = inp.tensor_parallel_size
+    if shape.num_heads and tp > 1 and shape.num_heads % tp:
+        # vLLM's ModelConfig.verify_with_parallel_config (every release), before any memory is touched
+        reasons.append(f"Total number of attention heads ({shape.num_heads}) must be divisible by tensor "
+                       f"parallel size ({tp}).")
     mpe = shape.max_position_embeddings
     if inp.max_model_len and mpe and inp.max_model_len > mpe:
         reasons.append(f"User-specified max_model_len ({inp.max_model_len}) is greater than the derived max_model_len "

@@ -274,10 +274,20 @@ def charts(snapshot: dict | None, spans: list[dict] | None = None,
 
 
 def finding_spans(findings: list) -> list[dict]:
-    """``spans`` for :func:`charts` from Finding objects or their dicts."""
+    """``spans`` for :func:`charts` from Finding objects or their dicts: from the earliest to the
+    latest of first seen, last seen and the times of the finding's evidence lines (in ``serve``
+    first/last seen are evaluation times; the evidence says when the data showed it)."""
     out = []
     for f in findings:
-        g = f.get if isinstance(f, dict) else lambda k, f=f: getattr(f, k, None)
-        out.append({"first_seen": g("first_seen"), "last_seen": g("last_seen"), "severity": g("severity"),
-                    "label": f"{g('rule_id')} {g('name')}"})
+        def g(k, f=f):
+            return f.get(k) if isinstance(f, dict) else getattr(f, k, None)
+
+        def ets(e):
+            return e.get("ts") if isinstance(e, dict) else getattr(e, "ts", None)
+
+        times = [t for t in [g("first_seen"), g("last_seen")] + [ets(e) for e in g("evidence") or []]
+                 if t is not None]
+        if times:
+            out.append({"first_seen": min(times), "last_seen": max(times), "severity": g("severity"),
+                        "label": f"{g('rule_id')} {g('name')}"})
     return out

@@ -24,7 +24,7 @@ GiB = float(1 << 30)
 
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
-        return "-"
+        return "unknown"
     if pct:
         return f"{v * 100:.1f}%"
     if isinstance(v, float) and v.is_integer():
@@ -47,16 +47,18 @@ class WatchView:
             facts = st.facts()
             stats = st.last_stats
             m = st.last_metrics if sc.metrics_live() else None
-            preempt = st.preemptions_total
+            preempt = st.preemptions_total if st.preemptions_reported else None
+            inferred = bool(facts.get("preemptions_inferred"))
             gpus = [g for _, g in sorted(st.gpus.items())]
             active = [f for f in sc.pipeline.engine.findings.values() if f.active]
             model = st.config_value("model")
             version, engine = st.vllm_version, st.engine
+        clock = sc.clock_status()
         now = time.monotonic()
         delta = None
-        if self._prev is not None:
+        if self._prev is not None and preempt is not None:
             delta = (preempt - self._prev[1], now - self._prev[0])
-        self._prev = (now, preempt)
+        self._prev = (now, preempt) if preempt is not None else None
 
         def pick(mf: str, sf: str) -> Any:
             v = getattr(m, mf, None) if m is not None else None
@@ -65,7 +67,10 @@ class WatchView:
         head = Text.assemble(("vllm-doctor watch", "bold"), "  vLLM ", version or "?",
                              f" ({engine})" if engine else "", f"  model {model}" if model else "")
         ttft = sc.scraper.ttft_quantiles if sc.scraper is not None else {}
-        pre = f"{preempt}" + (f"  (+{delta[0]} in the last {delta[1]:.0f} s)" if delta else "")
+        if preempt is None:
+            pre = "unknown" + (", inferred from stats" if inferred else "")
+        else:
+            pre = f"{preempt}" + (f"  (+{delta[0]} in the last {delta[1]:.0f} s)" if delta else "")
         t = Table(show_header=False, box=None, padding=(0, 2))
         t.add_column(style="bold")
         t.add_column(justify="right")
@@ -75,7 +80,7 @@ class WatchView:
                   "max_num_seqs", _fmt(facts.get("max_num_seqs")))
         t.add_row("waiting", _fmt(pick("num_waiting", "num_waiting")),
                   "max concurrency", _fmt(facts.get("max_concurrency")))
-        t.add_row("swapped", _fmt(pick("num_swapped", "num_swapped")),
+        t.add_row("swapped", "n/a on V1" if engine == "v1" else _fmt(pick("num_swapped", "num_swapped")),
                   "KV cache tokens", _fmt(facts.get("kv_cache_tokens")))
         t.add_row("KV cache usage", _fmt(pick("kv_cache_usage_ratio", "kv_cache_usage_ratio"), pct=True),
                   "TTFT p50 / p99",
@@ -105,7 +110,10 @@ class WatchView:
                                    border_style=style, expand=False))
         else:
             parts.append(Text("no active finding", style="green"))
-        src = ", ".join(f"{s['source']}: {s['status']}" for s in sc.source_status())
+        if clock["mode"] == "replay":
+            parts.append(Text(clock["message"], style="bold yellow"))
+        src = ", ".join(f"{s['source']}: {s['status']}" + (" (replay/old log)" if s["kind"] == "log" and clock["mode"] == "replay" else "")
+                        for s in sc.source_status())
         parts.append(Text(f"sources: {src}", style="dim"))
         return Group(*parts)
 

@@ -62,7 +62,8 @@ def test_fail_on_critical_with_critical():
 def test_healthy_exit_zero_and_text_report():
     rc, out, _ = run("diagnose", log("039"))
     assert rc == 0
-    assert "No incident found." in out and "kv_cache_tokens" in out and "922,496" in out
+    assert out.splitlines()[0] == "No incident found in 9 lines."  # the verdict opens the report
+    assert "kv_cache_tokens" in out and "922,496" in out
 
 
 @pytest.mark.parametrize("fmt,needle", [("markdown", "## Findings"), ("html", "<h2>Findings")])
@@ -308,3 +309,65 @@ def test_parallel_reader_gives_the_same_report(tmp_path, monkeypatch):
     assert [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in par["findings"]] == \
            [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in one["findings"]]
     assert "kv-capacity-bound" in {f["name"] for f in par["findings"]}
+
+
+# ---- issue 11: CLI rough edges --------------------------------------------------------------------
+
+def test_version_option():
+    from vllm_doctor import __version__
+
+    rc, out, err = run("--version")
+    assert (rc, out, err) == (0, f"vllm-doctor {__version__}\n", "")
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--fail-on", "bogus"], "vllm-doctor: --fail-on 'bogus': expected one of info, warning, critical, never"),
+    (["--format", "xml"], "vllm-doctor: --format 'xml': expected one of text, json, markdown, html"),
+])
+def test_bad_choice_is_one_clean_line(args, line):
+    rc, out, err = run("diagnose", *args, log("014"))
+    assert (rc, out, err.splitlines()) == (2, "", [line])
+
+
+@pytest.mark.parametrize("cmd", [[], ["diagnose"], ["serve"], ["watch"], ["rules"], ["explain"], ["export"]])
+def test_help_shows_no_python_types(cmd):
+    rc, out, _ = run(*cmd, "--help")
+    assert rc == 0 and "Usage: vllm-doctor" in out
+    for leak in ("<list", "<bool>", "<str>", "<int>", "<float>", "<path>", "Path]", "Optional["):
+        assert leak not in out, (cmd, leak)
+
+
+def test_export_alertmanager_is_the_shipped_routing():
+    rc, out, err = run("export", "alertmanager")
+    assert rc == 0, err
+    assert out == (ROOT / "alerts" / "alertmanager.yml").read_text()
+    import yaml
+
+    cfg = yaml.safe_load(out)
+    assert cfg["route"]["receiver"] and cfg["receivers"]
+    rc, _, err = run("export", "grafana")
+    assert rc == 2 and err.count("\n") == 1 and "grafana" in err
+
+
+def test_explain_renders_expressions_for_people():
+    rc, out, _ = run("explain", "preemption-storm")
+    assert rc == 0
+    import yaml
+
+    th = yaml.safe_load((ROOT / "rules" / "thresholds.yaml").read_text())
+    n = th["preemption_storm_min"]["value"]
+    assert f"preempted is at least {n} (preemption_storm_min)" in out
+    assert "t.preemption_storm_min" not in out and ">=" not in out and " is not None" not in out
+    assert "when target is known" in out  # a fix's condition in words
+
+
+def test_human_expressions():
+    from vllm_doctor.docs import human
+
+    th = {"x_min": 2.0, "big": 536870912}
+    assert human("a >= t.x_min and b is not None", th) == "a is at least 2 (x_min) and b is known"
+    assert human("coalesce(c, 0) > t.big", th) == "c (or 0 when unknown) is more than 536,870,912 (big)"
+    assert human("kv_cache_dtype in (None, 'auto')") == "kv_cache_dtype is one of (unknown, auto)"
+    assert human("exists('OutOfMemory:startup')") == "the log shows 'out of memory' (startup)"
+    assert human("not (a or b)") == "not (a or b)"
+    assert human("[x.n for x in stats]") == "[x.n for x in stats]"  # no wording: kept as is

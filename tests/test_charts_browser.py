@@ -117,6 +117,8 @@ def test_sidecar_page_charts_and_escaping(browser, tmp_path):
         # an old log: judged on its own clock, and the page says so instead of "live"
         assert "replay/old log, evaluated on the log's clock" in body
         assert browser.find_element("id", "clock").get_attribute("class") == "clock replay"
+        row = browser.find_element("css selector", "#sources tr:nth-child(2)").text
+        assert "replay/old log" in row and "live" not in row and "behind" in row
         for series, chart in SERIES.items():
             assert polyline_points(browser, chart, series) == [2], series
         assert browser.find_elements("css selector", "#chart-kv rect.span")  # the storm's span
@@ -126,7 +128,7 @@ def test_sidecar_page_charts_from_metrics_alone(browser):
     pages = timeline_pages()
     with Pages(pages) as vllm, live_sidecar({"metrics_url": vllm.url, "scrape_interval": 0.05}) as s:
         wait_for(lambda: vllm.i >= len(pages), what="every /metrics page scraped")
-        time.sleep(0.2)
+        s.sidecar.scraper.stop()  # no more samples while the page is compared with the state
         n = len(s.get("/api/state").json()["timeline"]["series"]["metrics"])
         assert n >= len(pages)
         browser.get(s.base + "/")

@@ -43,3 +43,35 @@ def test_cli_watch_once_and_usage_error(tmp_path):
     assert "vLLM 0.32.0 (v1)" in r.output and "1048576" in r.output  # kv_cache_tokens
     r = CliRunner().invoke(app, ["watch"])
     assert r.exit_code == 2
+
+
+def test_old_log_is_judged_on_its_clock_and_unknowns_say_unknown(tmp_path):
+    """Issue 11: a log that is not live (here, as handed out: written on 11-30) gives what
+    diagnose gives, says it is an old log, and a count no source reports is "unknown", not 0."""
+    from vllm_doctor.oneshot import diagnose
+
+    src = LOGS / "cpu-preemption-tiny-kv-cache.log"
+    log = tmp_path / "vllm.log"
+    shutil.copy(src, log)
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    out = console.export_text()
+    assert "replay/old log, evaluated on the log's clock" in out
+    expected = {f.rule_id for f in diagnose([str(src)]).findings}
+    assert expected and all(f"{rid} " in out for rid in expected)  # not "no active finding"
+    pre = next(x for x in out.splitlines() if "preemptions" in x)
+    assert "unknown" in pre and " 0" not in pre  # V1 log, no /metrics: not reported
+    swapped = next(x for x in out.splitlines() if "swapped" in x)
+    assert "n/a on V1" in swapped
+
+
+def test_live_log_is_not_called_old(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_bytes(restamp((LOGS / "cpu-preemption-tiny-kv-cache.log").read_bytes()))
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    assert "replay/old log" not in console.export_text()

@@ -140,13 +140,20 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
         """The HTML page (autoescaped)."""
         from vllm_doctor.timeline import charts, finding_spans
 
+        import dataclasses
+
+        from vllm_doctor.report import verdict
+
         d = state_dict(sidecar)
         with sidecar.lock:
             recent = list(sidecar.pipeline.state.stats)[-15:]
             model = sidecar.pipeline.state.config_value("model")
+            rep = sidecar.pipeline.report()
+        # the page opens with what is wrong now: the active findings only
+        v = verdict(dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
         chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"))
         html = _jinja().get_template("serve.html.j2").render(
-            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time,
+            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v,
             now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
         return HTMLResponse(html)
 

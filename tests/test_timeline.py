@@ -74,5 +74,6 @@ def test_spans_and_axis():
     kv = chs[0]
     assert len(kv.spans) == 1 and kv.spans[0]["x"] > 56 and kv.spans[0]["color"] == "#ef6c00"
     assert [t for _, t in kv.yticks] == ["0", "50", "100"]
-    assert chs[3].empty and "does not show preemptions" in chs[3].empty
+    assert chs[3].empty == "no preemption count over time in these inputs"
+    assert "105 in total" in charts(snap, [], preemptions_total=105)[3].empty
     assert (nice_top(151), nice_top(14), nice_top(1252.3), nice_top(0)) == (200, 20, 2000, 1.0)

@@ -248,9 +248,8 @@ def charts(snapshot: dict | None, spans: list[dict] | None = None,
             if not series:
                 ch.empty = "no stats line or /metrics sample yet"
             elif cid == "preemptions":
-                ch.empty = ("no count per interval in the inputs" + (
-                    f" ({preemptions_total:,} in total, from a counter read once)" if preemptions_total else
-                    " (this vLLM version's stats line does not show preemptions)"))
+                ch.empty = ("no preemption count over time in these inputs" + (
+                    f" ({preemptions_total:,} in total, from a counter read once)" if preemptions_total else ""))
             else:
                 ch.empty = "not in the inputs"
             out.append(ch)

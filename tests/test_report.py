@@ -77,3 +77,21 @@ def test_markdown_opens_with_the_verdict():
     assert lines[1].startswith("**WARNING ") or lines[1].startswith("**CRITICAL ")
     assert lines[2].startswith("**Do this first:** `restart vLLM with --")
     assert md.index("## Findings") < md.index("## Facts")
+
+
+def test_first_step_takes_the_first_option_whole():
+    """Fixes grouped into options (issue 11's advice: same ``option`` = a set, different options =
+    alternatives): "do this first" is the whole first option, an upgrade before the flags."""
+    from types import SimpleNamespace as NS
+
+    from vllm_doctor.report import first_step
+
+    def fx(cmd, kind="flag", option=1):
+        return NS(kind=kind, option=option, command=lambda: cmd)
+
+    assert first_step([fx("pip install -U 'vllm>=0.11.0'", "upgrade"), fx("--enable-chunked-prefill"),
+                       fx("--max-num-batched-tokens 2048"), fx("--max-num-seqs 8", option=2)]) == (
+        "upgrade vLLM: pip install -U 'vllm>=0.11.0', then restart vLLM with --enable-chunked-prefill "
+        "--max-num-batched-tokens 2048")
+    assert first_step([fx("NCCL_P2P_DISABLE=1", "env"), fx("--disable-custom-all-reduce", option=2)]) == (
+        "set NCCL_P2P_DISABLE=1")

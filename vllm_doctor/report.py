@@ -78,14 +78,35 @@ def verdict(rep: Report) -> dict:
     head = f"{SEV_MARK[top.severity]} {top.name}: {top.title}" + (f" ({when})" if when else "")
     if more:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
+    checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
     if top.fixes:
-        fx = top.fixes[0]
-        first = ("set " if fx.kind == "env" else "restart vLLM with ") + fx.command()
-        why = fx.why
+        first, why = first_step(top.fixes), top.fixes[0].why
+    elif checks:
+        first, why = checks[0], None
     else:
         first = f"read the evidence of {top.name} below (vllm-doctor explain {top.name})"
         why = top.notes[0] if top.notes else None
     return {"status": top.severity, "headline": head, "first": first, "why": why, "more": more}
+
+
+def first_step(fixes: list) -> str:
+    """The first option of a finding's fixes as one instruction: the fixes that go together with
+    the first one (same ``option``; an upgrade first, then the environment, then the flags)."""
+    if not hasattr(fixes[0], "option"):  # fixes not yet grouped into options: the first alone
+        group = fixes[:1]
+    else:
+        group = [fx for fx in fixes if fx.option == fixes[0].option]
+    parts = []
+    up = [fx.command() for fx in group if fx.kind == "upgrade"]
+    env = [fx.command() for fx in group if fx.kind == "env"]
+    flags = [fx.command() for fx in group if fx.kind not in ("upgrade", "env")]
+    if up:
+        parts.append("upgrade vLLM: " + "; ".join(up))
+    if env:
+        parts.append("set " + " ".join(env))
+    if flags:
+        parts.append("restart vLLM with " + " ".join(flags))
+    return ", then ".join(parts)
 
 
 def split_facts(rep: Report) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import os
 import subprocess
 import sys
@@ -358,7 +359,13 @@ def test_explain_renders_expressions_for_people():
     n = th["preemption_storm_min"]["value"]
     assert f"preempted is at least {n} (preemption_storm_min)" in out
     assert "t.preemption_storm_min" not in out and ">=" not in out and " is not None" not in out
-    assert "when target is known" in out  # a fix's condition in words
+    assert "      when " in out  # a fix's condition, in words
+    for rid in ("VD002", "VD004", "VD006"):  # conditions and fix values: no raw comparison
+        _, out = run("explain", rid)[:2]
+        cond = out[out.index("When it fires"):out.index("Example log line:")]
+        fixes = [ln for ln in out.splitlines() if ln.startswith(("  --", "      when "))]
+        for text in [cond, *fixes]:
+            assert not re.search(r"\bt\.[a-z_]+|>=|<=|!=|==| is not None| is None", text), (rid, text)
 
 
 def test_human_expressions():

@@ -66,6 +66,8 @@ def test_finding_without_fix_says_where_to_look():
     second = text.splitlines()[1]
     if top["fixes"]:
         assert second.startswith("Do this first: ") and top["fixes"][0]["flag"] in second
+    elif top.get("checks"):  # a diagnostic step comes first when there is nothing to change yet
+        assert second == f"Do this first: {top['checks'][0]}"
     else:
         assert second.startswith(f"Do this first: read the evidence of {top['name']} below")
 

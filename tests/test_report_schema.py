@@ -73,7 +73,7 @@ def test_empty_and_foreign_input_validate(tmp_path, content):
     assert doc["nothing_to_diagnose"] is True and doc["findings"] == []
 
 
-def test_a_python_repr_fails_the_schema():
+def test_a_python_repr_fails_the_schema():  # noqa: D103
     doc = diagnose_json(LOGS / "034-v0.3-stuck-kv99-running35-pending115.log")
     doc["findings"][0]["values"]["full"] = "[SchedulerStats(meta=Meta(source='x', lineno=1))]"
     assert list(VALIDATOR.iter_errors(doc))
@@ -87,3 +87,28 @@ def test_sidecar_state_on_metrics_alone_validates():
         doc = s.get("/api/state").json()
     assert_valid(doc)
     assert doc["clock"]["mode"] == "no-log-time" and doc["sources"] == []
+
+
+def test_computed_records_become_plain_objects():
+    """A rule value that is a computed record (a dataclass holding events) is its fields, the
+    events as line references: valid against the schema's plain values."""
+    from dataclasses import dataclass
+
+    from vllm_doctor.diagnosis.evaluate import _jsonable
+    from vllm_doctor.events import Meta, SchedulerStats
+
+    @dataclass
+    class Record:
+        value: int
+        method: str
+        sample: SchedulerStats
+        samples: tuple
+
+    st = SchedulerStats(meta=Meta(source="vllm.log", lineno=138, ts=1796029889.0), prompt_tps=23.8,
+                        generation_tps=933.8, num_running=4, num_waiting=12)
+    got = _jsonable(Record(4, "running-at-full", st, (st, st)))
+    ref = {"source": "vllm.log", "lineno": 138, "ts": 1796029889.0}
+    assert got == {"value": 4, "method": "running-at-full", "sample": ref, "samples": [ref, ref]}
+    doc = diagnose_json(LOGS / "034-v0.3-stuck-kv99-running35-pending115.log")
+    doc["findings"][0]["values"]["c"] = got
+    assert_valid(doc)

@@ -7,6 +7,7 @@ with first/last seen, for the diagnose report) and clears those whose condition 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from types import SimpleNamespace
@@ -68,6 +69,8 @@ def _jsonable(v: Any) -> Any:
     meta = getattr(v, "meta", None)
     if meta is not None and hasattr(meta, "lineno"):
         return {"source": meta.source, "lineno": meta.lineno, "ts": meta.ts}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a computed record: its fields
+        return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if isinstance(v, (list, tuple, set, frozenset)):
         return [_jsonable(x) for x in list(v)[:VALUE_LIST_MAX]]
     if isinstance(v, dict):

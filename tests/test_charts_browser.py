@@ -131,7 +131,12 @@ def test_sidecar_page_charts_from_metrics_alone(browser):
         s.sidecar.scraper.stop()  # no more samples while the page is compared with the state
         n = len(s.get("/api/state").json()["timeline"]["series"]["metrics"])
         assert n >= len(pages)
+        s.sidecar.evaluate()
+        active = [f["name"] for f in s.get("/api/findings").json()["findings"] if f["active"]]
         browser.get(s.base + "/")
+        headline = browser.find_element("css selector", "#verdict .headline").text
+        assert active and headline.split(":")[0].split()[1] == active[0]  # the verdict, not "nothing"
+        assert "no log followed" in browser.find_element("id", "clock").text
         assert polyline_points(browser, "kv", "kv") == [n]
         assert polyline_points(browser, "requests", "waiting") == [n]
         # preemptions per interval from the counter's steps (the first sample has no interval)

@@ -65,11 +65,13 @@ def verdict(rep: Report) -> dict:
     as typed, or the step to take when it has none), ``why`` (its reason) and ``more`` (the names
     of the other findings)."""
     lines = sum(s["lines_total"] for s in rep.sources)
-    if rep.nothing_to_diagnose:
+    sampled = any((rep.timeline or {}).get("series", {}).values())  # stats or /metrics samples
+    if not rep.findings and rep.nothing_to_diagnose and not sampled:
         return {"status": "nothing", "headline": "Nothing to diagnose: no vLLM log lines were recognised "
                 f"in the input ({plural(lines, 'line')}).", "first": None, "why": None, "more": []}
     if not rep.findings:
-        return {"status": "ok", "headline": f"No incident found in {plural(lines, 'line')}"
+        return {"status": "ok", "headline": "No incident found"
+                + (f" in {plural(lines, 'line')}" if lines else "")
                 + (f" of vLLM {rep.vllm_version}" if rep.vllm_version else "") + ".",
                 "first": None, "why": None, "more": []}
     top = rep.findings[0]  # findings are sorted most severe first

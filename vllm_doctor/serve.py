@@ -296,7 +296,8 @@ class Sidecar:
         self._track_log_time()
         if self._log_ts_seen is None:
             return {"mode": "no-log-time", "log_time": None, "behind_seconds": None,
-                    "message": "no timestamped log line yet: evaluated on the wall clock"}
+                    "message": ("no timestamped log line yet" if self.logs else "no log followed")
+                    + ": evaluated on the wall clock"}
         behind = round(self.log_behind or 0.0, 3)
         if self.replaying():
             return {"mode": "replay", "log_time": self._log_ts_seen, "behind_seconds": behind,

@@ -289,6 +289,14 @@ class Sidecar:
             self._log_ts_seen = lts
             self.log_behind = time.time() + self.clock_offset - lts
 
+    def _judge_on_log_clock(self, on: bool) -> None:
+        """While an old log is read (and for the first data, until its age is known), the
+        pipeline judges it as ``diagnose`` does: the rules run every few seconds of log time as
+        the lines go by, so an incident early in a long old log is found, not only what the last
+        window shows. A live log is judged on the evaluation timer."""
+        self.pipeline.follow = not on
+        self.pipeline.engine.log_time = on
+
     def clock_status(self) -> dict[str, Any]:
         """Which clock the rules run on: ``mode`` live | replay | no-log-time, ``log_time`` (the
         newest log time, epoch s), ``behind_seconds`` (how old it was when read) and a one-line
@@ -356,10 +364,13 @@ class Sidecar:
 
     def _on_data(self, name: str):
         def on_data(data: bytes) -> None:
+            self._judge_on_log_clock(self.log_behind is None or self.replaying())
             try:
                 self.pipeline.feed(name, data)
             except Exception:  # noqa: BLE001 - the sidecar never dies on input
                 self._pipeline_failed(name)
+            self._track_log_time()
+            self._judge_on_log_clock(self.replaying())
         return on_data
 
     def _on_end(self, name: str):

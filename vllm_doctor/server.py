@@ -149,8 +149,10 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
             recent = list(sidecar.pipeline.state.stats)[-15:]
             model = sidecar.pipeline.state.config_value("model")
             rep = sidecar.pipeline.report()
-        # the page opens with what is wrong now: the active findings only
-        v = verdict(dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
+        # the page opens with what is wrong now (the active findings); on an old log, with what
+        # the log shows (every finding, as diagnose reports it)
+        v = verdict(rep if d["clock"]["mode"] == "replay" else
+                    dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
         chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"))
         html = _jinja().get_template("serve.html.j2").render(
             d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v,

@@ -50,10 +50,11 @@ class WatchView:
             preempt = st.preemptions_total if st.preemptions_reported else None
             inferred = bool(facts.get("preemptions_inferred"))
             gpus = [g for _, g in sorted(st.gpus.items())]
-            active = [f for f in sc.pipeline.engine.findings.values() if f.active]
+            clock = sc.clock_status()
+            # live: what is wrong now; an old log: everything it shows, as diagnose reports it
+            active = [f for f in sc.pipeline.engine.findings.values() if f.active or clock["mode"] == "replay"]
             model = st.config_value("model")
             version, engine = st.vllm_version, st.engine
-        clock = sc.clock_status()
         now = time.monotonic()
         delta = None
         if self._prev is not None and preempt is not None:
@@ -106,10 +107,11 @@ class WatchView:
                     body.append(f"\n  {x.flag} {x.value}", style="bold")
                     body.append(f"  {x.why}")
                 style = {"critical": "red", "warning": "yellow"}.get(f.severity, "blue")
-                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity})"),
+                over = "" if f.active else ", over before the log's end"
+                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity}{over})"),
                                    border_style=style, expand=False))
         else:
-            parts.append(Text("no active finding", style="green"))
+            parts.append(Text("no finding" if clock["mode"] == "replay" else "no active finding", style="green"))
         if clock["mode"] == "replay":
             parts.append(Text(clock["message"], style="bold yellow"))
         src = ", ".join(f"{s['source']}: {s['status']}" + (" (replay/old log)" if s["kind"] == "log" and clock["mode"] == "replay" else "")

@@ -239,6 +239,14 @@ def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "json", str(log("014"))],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and json.loads(r.stdout)["facts"]["preemptions_total"] == 151
+    # the package data of issue 11: the Alertmanager routing, the report's JSON Schema, the charts
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "export", "alertmanager"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == (ROOT / "alerts" / "alertmanager.yml").read_text()
+    assert (target / "vllm_doctor" / "data" / "report.schema.json").read_text() == (ROOT / "docs" / "report.schema.json").read_text()
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "html", str(log("014"))],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout.count('<polyline class="series"') == 6  # with preemptions (V0)
 
 
 def test_fifo_and_process_substitution(tmp_path):

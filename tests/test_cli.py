@@ -338,7 +338,24 @@ def test_bad_choice_is_one_clean_line(args, line):
     assert (rc, out, err.splitlines()) == (2, "", [line])
 
 
-@pytest.mark.parametrize("cmd", [[], ["diagnose"], ["serve"], ["watch"], ["rules"], ["explain"], ["export"]])
+def all_commands() -> list[list[str]]:
+    """Every command and subcommand of the CLI (those added by any section of cli.py)."""
+    import typer.main
+
+    from vllm_doctor.cli import app
+
+    out = [[]]
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            out.append(path + [name])
+            walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+@pytest.mark.parametrize("cmd", all_commands(), ids=lambda c: " ".join(c) or "top")
 def test_help_shows_no_python_types(cmd):
     rc, out, _ = run(*cmd, "--help")
     assert rc == 0 and "Usage: vllm-doctor" in out

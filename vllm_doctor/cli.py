@@ -27,11 +27,30 @@ app = typer.Typer(
 )
 
 
-# An argument given a metavar is shown by it alone: typer would add its Python type
-# ("LOG <list[str]>"), which is no help to a person. Options already work that way.
-_argument_type = typer.core.TyperArgument.display_type_rich
-typer.core.TyperArgument.display_type_rich = (  # type: ignore[method-assign]
-    lambda self, ctx: None if self.metavar else _argument_type(self, ctx))
+# Help shows what to type, never a Python type: typer would print "<list[Path]>", "<str>",
+# "<int range>". An option's metavar when it has one; else click's word for its type (TEXT,
+# INTEGER, PATH) or its choices; nothing for a flag or an argument (its name says it). Applies to
+# every command, including those added below.
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "Path": "PATH", "bool": "",
+               "int range": "INTEGER", "float range": "FLOAT", "datetime": "DATETIME", "UUID": "UUID"}
+_typer_type = typer.core.TyperOption.display_type
+
+
+def _help_type(self, ctx) -> str | None:  # noqa: ANN001 - typer's signature
+    if self.metavar is not None:
+        return self.metavar or None
+    if isinstance(self, typer.core.TyperArgument):
+        return None
+    word = (_typer_type(self, ctx) or "").strip("<>")
+    if word.startswith("list[") and word.endswith("]"):
+        word = word[5:-1]
+    if "|" in word:  # choices
+        return word
+    return _TYPE_WORDS.get(word, word.upper()) or None
+
+
+typer.core.TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign]
+typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
 
 
 class Format(str, Enum):

@@ -47,6 +47,19 @@ def test_every_fixture_report_validates(path):
         assert "Meta(" not in json.dumps(f["values"])
 
 
+def test_every_corpus_report_validates():
+    """The public-log corpus too (tests/fixtures/corpus: real logs of many versions and setups)."""
+    from vllm_doctor.oneshot import diagnose
+    from vllm_doctor.report import to_json
+
+    corpus = sorted((ROOT / "tests" / "fixtures" / "corpus" / "logs").glob("*"))
+    assert len(corpus) >= 100
+    for path in corpus:
+        doc = json.loads(to_json(diagnose([str(path)])))
+        errs = list(VALIDATOR.iter_errors(doc))
+        assert not errs, (path.name, [f"{list(e.absolute_path)}: {e.message[:200]}" for e in errs[:3]])
+
+
 def test_report_with_a_metrics_capture_validates():
     doc = diagnose_json("--metrics", METRICS / "vllm-0.32-cpu-preemption.txt", LOGS / "cpu-preemption-tiny-kv-cache.log")
     assert_valid(doc)

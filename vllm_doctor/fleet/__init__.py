@@ -478,10 +478,9 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
     fold([s for s in side if s.labels.get("__name__") in SIDECAR_LOAD], SIDECAR_LOAD, create=True)
     for s in side:
         name = s.labels.get("__name__", "")
-        key = replica_key(s.labels)
-        if name in SIDECAR_LOAD or key not in reps or not s.points:
+        if name in SIDECAR_LOAD or not s.points:
             continue
-        r = reps[key]
+        r = rep(s.labels)  # a replica only its sidecar reports (its vLLM /metrics not scraped)
         if name in SIDECAR_CONFIG:
             r.config[name] = s.points[-1][1]
         elif name in SIDECAR_GPU:
@@ -527,7 +526,8 @@ def _sidecar_finding(ruleset, rid: str, labels: dict, first: float, last: float)
 
 def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | None = None, until: str | None = None,
                         step: str | None = None, rules_dirs=(), headers: dict[str, str] | None = None,
-                        bearer_token: str | None = None, now: float | None = None) -> FleetResult:
+                        bearer_token: str | None = None, now: float | None = None,
+                        prefilter: bool = True) -> FleetResult:
     """Diagnose every replica that ``selector`` matches over [since, until] (default: the last
     6 hours at a 15 s step). Raises InputError (one line) on a bad URL, an unreachable or
     non-Prometheus endpoint, a bad selector or time range, RuleLoadError on bad rules."""
@@ -545,6 +545,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     if (t_until - t_since) / step_s > 11000:
         raise InputError(f"--step {step} over {(t_until - t_since) / 3600:.1f} h gives more than 11,000 points per "
                          "series (Prometheus' limit): use a larger --step")
+    t_since = t_until - math.floor((t_until - t_since) / step_s) * step_s  # the last step is --until
     sel = selector_body(selector)
     ruleset = load_rules(list(rules_dirs))
     fleet_rules = load_fleet_rules(ruleset.thresholds)
@@ -560,7 +561,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     findings: list[Finding] = []
     for key in sorted(reps):
         rep = reps[key]
-        pipe = run_replica(rep, ruleset, t_since, step_s)
+        pipe = run_replica(rep, ruleset, t_since, step_s, prefilter=prefilter)
         for rid, (labels, first, last) in sorted(rep.sidecar_findings.items()):
             if rid not in pipe.engine.findings:
                 pipe.engine.findings[rid] = _sidecar_finding(ruleset, rid, labels, first, last)

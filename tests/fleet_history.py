@@ -149,15 +149,16 @@ LATENCY_CLASS = {
 
 
 def openmetrics(reps: list[Replica], start: float, hours: float, step: float = 15.0,
-                hist_step: float = 60.0, seed: int = 13) -> str:
-    """The OpenMetrics text of the fleet's history (timestamps in seconds)."""
+                hist_step: float = 60.0, seed: int = 13, histograms: tuple[str, ...] = HISTOGRAMS) -> str:
+    """The OpenMetrics text of the fleet's history (timestamps in seconds); ``histograms``: the
+    latency histograms written (every ``hist_step`` seconds)."""
     buckets, cc_labels, model = _capture()
     prof = _profiles()
     rng = random.Random(seed)
     n = int(hours * 3600 / step) + 1
     gauges = {"vllm:num_requests_running": [], "vllm:num_requests_waiting": [], "vllm:kv_cache_usage_perc": []}
     counters = {"vllm:num_preemptions": [], "vllm:prompt_tokens": [], "vllm:generation_tokens": []}
-    hists = {h: [] for h in HISTOGRAMS}
+    hists = {h: [] for h in histograms}
     info = []
     sidecar: dict[str, list[str]] = {}
     for i, rep in enumerate(reps):
@@ -186,6 +187,8 @@ def openmetrics(reps: list[Replica], start: float, hours: float, step: float = 1
                 if cls is not None:
                     lo_hi = LATENCY_CLASS[cls]
                     for h_i, h in enumerate(HISTOGRAMS):
+                        if h not in hists:
+                            continue
                         for _ in range(max(1, int(running // 8))):
                             v = rng.uniform(lo_hi[2 * h_i], lo_hi[2 * h_i + 1])
                             hsum[h] += v
@@ -194,7 +197,7 @@ def openmetrics(reps: list[Replica], start: float, hours: float, step: float = 1
                                 if v <= le:
                                     hcount[h][b_i] += 1
                 if k % int(hist_step / step) == 0:
-                    for h in HISTOGRAMS:
+                    for h in hists:
                         for le, cnt in zip(buckets[h], hcount[h]):
                             hlines[h].append((f'{h}_bucket{{{lab},le="{_le(le)}"}} {cnt} {ts:.3f}', le))
                         hlines[h].append((f'{h}_bucket{{{lab},le="+Inf"}} {hinf[h]} {ts:.3f}', math.inf))
@@ -204,7 +207,7 @@ def openmetrics(reps: list[Replica], start: float, hours: float, step: float = 1
                 gauges[name].append(g[name])
             for name in counters:
                 counters[name].append(c[name])
-            for h in HISTOGRAMS:
+            for h in hists:
                 # one series after the other (OpenMetrics: a series' samples together, in time order)
                 per: dict[object, list[str]] = {}
                 for line, key in hlines[h]:

@@ -160,9 +160,8 @@ class Replica:
     slo_good_ratio: dict[str, float | None] = field(default_factory=dict)
     model_name: str | None = None
 
-    @property
-    def name(self) -> str:
-        return replica_name(self.key)
+    def __post_init__(self) -> None:
+        self.name = replica_name(self.key)
 
 
 @dataclass
@@ -278,7 +277,7 @@ def run_replica(rep: Replica, ruleset, since: float, step: float, prefilter: boo
 
     prefilter: like the keyword prefilter of the log pipeline (lines no parser can match are not
     parsed), steps far from any pressure (:func:`_pressure`) do not run the short-window rules: a
-    healthy replica is judged by its long-window rules (memory growth) at their cadence, and by
+    quiet stretch is judged by the long-window rules (memory growth) once per window, and by
     every rule at the end. ``prefilter=False`` ticks every step (the tests check both agree)."""
     pipe = Pipeline(ruleset, follow=False)
     t = ruleset.thresholds
@@ -300,7 +299,8 @@ def run_replica(rep: Replica, ruleset, since: float, step: float, prefilter: boo
         if last_pressure is not None and ts - last_pressure <= short_max:
             pipe.tick(ts)
             continue
-        due = {rid for rid in long_ids if ts - last_long.get(rid, -math.inf) >= windows[rid] / 2}
+        # quiet: a long-window rule is judged once per window (no overlap needed without pressure)
+        due = {rid for rid in long_ids if ts - last_long.get(rid, -math.inf) >= windows[rid]}
         if due:
             for rid in due:
                 last_long[rid] = ts
@@ -556,19 +556,22 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
         raise InputError(f"no vLLM series (vllm:num_requests_running, ...) nor sidecar series match "
                          f"{{{sel}}} between {time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_since))} and "
                          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_until))} UTC")
-    replicas: list[Summary] = []
-    engines: list[Summary] = []
-    findings: list[Finding] = []
-    for key in sorted(reps):
-        rep = reps[key]
-        pipe = run_replica(rep, ruleset, t_since, step_s, prefilter=prefilter)
-        for rid, (labels, first, last) in sorted(rep.sidecar_findings.items()):
-            if rid not in pipe.engine.findings:
-                pipe.engine.findings[rid] = _sidecar_finding(ruleset, rid, labels, first, last)
-        replicas.append(summarize(rep, None, t, pipe))
-        if len(rep.engines) > 1:
-            engines += [summarize(rep, e, t, None) for e in sorted(rep.engines)]
-        findings += [_scoped(f, rep.name) for f in pipe.engine.findings.values()]
+    global _JOB
+    _JOB = (reps, ruleset, t_since, step_s, prefilter)
+    keys = sorted(reps)
+    workers = _workers(len(keys))
+    if workers > 1:
+        import multiprocessing
+
+        # fork: the workers share the fetched series (no copy); each judges whole replicas
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            judged = pool.map(_judge, keys, chunksize=max(1, len(keys) // (workers * 4)))
+    else:
+        judged = [_judge(k) for k in keys]
+    _JOB = None
+    replicas = [j[0] for j in judged]
+    engines = [e for j in judged for e in j[1]]
+    findings = [f for j in judged for f in j[2]]
     fleet = FleetRuleEngine(fleet_rules, fleet_namespace(replicas, engines, reps, t, t_since, t_until,
                                                                  fleet_lat, step_s))
     fleet_findings = fleet.run(t_until)
@@ -584,6 +587,33 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
         replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
     )
     return FleetResult(report, replicas, engines, fleet_findings, time.monotonic() - started)
+
+
+_JOB = None  # (replicas, ruleset, since, step, prefilter) of the diagnosis under way, for _judge
+
+
+def _workers(n: int) -> int:
+    """Processes judging replicas: one per core (at most 4) for 16 replicas or more;
+    ``VLLM_DOCTOR_WORKERS=1`` keeps one process (as for diagnose of a large log)."""
+    import os
+
+    env = os.environ.get("VLLM_DOCTOR_WORKERS")
+    if env and env.isdigit():
+        return max(1, int(env))
+    return min(os.cpu_count() or 1, 4) if n >= 16 else 1
+
+
+def _judge(key: tuple) -> tuple[Summary, list[Summary], list[Finding]]:
+    """One replica through its pipeline: its summary, its engines' summaries, its findings."""
+    reps, ruleset, since, step, prefilter = _JOB
+    rep = reps[key]
+    t = ruleset.thresholds
+    pipe = run_replica(rep, ruleset, since, step, prefilter=prefilter)
+    for rid, (labels, first, last) in sorted(rep.sidecar_findings.items()):
+        if rid not in pipe.engine.findings:
+            pipe.engine.findings[rid] = _sidecar_finding(ruleset, rid, labels, first, last)
+    engines = [summarize(rep, e, t, None) for e in sorted(rep.engines)] if len(rep.engines) > 1 else []
+    return summarize(rep, None, t, pipe), engines, [_scoped(f, rep.name) for f in pipe.engine.findings.values()]
 
 
 def replica_row(s: Summary) -> dict:

@@ -125,7 +125,7 @@ def metric_names(expr: str) -> set[str]:
 
 GRAFANA_VARS = {
     "$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
-    '"$namespace"': '".*"', '"$pod"': '".*"', '"$gpu"': '".*"',
+    '"$namespace"': '".*"', '"$pod"': '".*"', '"$gpu"': '".*"', '"$model_name"': '".*"', '"$engine"': '".*"',
 }
 
 

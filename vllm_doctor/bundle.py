@@ -53,7 +53,7 @@ OOM_LOOKBACK = "10m"  # an OOM stays an alert this long (the pod restarts in bet
 
 THRESHOLDS_FILENAME = "thresholds.yaml"
 
-KINDS = ("alerts", "dashboards", "prometheus-rule")
+KINDS = ("alerts", "dashboards", "prometheus-rule", "fleet-dashboard", "replicas-dashboard")
 
 
 # --------------------------------------------------------------------------------------------
@@ -629,6 +629,36 @@ SEL = 'namespace=~"$namespace", pod=~"$pod"'
 GPU_SEL = SEL + ', gpu=~"$gpu"'
 
 
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series"):
+    from grafanalib.core import Target
+
+    return Target(expr=expr, legendFormat=legend, refId=ref, datasource=DS, instant=instant, format=fmt)
+
+
+def _series(title, targets, pos, unit="", description="", thresholds=None, min_=None, max_=None):
+    """A time series panel: a table legend (last, max), the thresholds drawn as lines."""
+    from grafanalib.core import GridPos, Threshold, TimeSeries
+
+    kw: dict[str, Any] = {}
+    if thresholds:
+        kw["thresholds"] = [Threshold("green", 0, 0.0)] + [
+            Threshold("red", i + 1, float(v)) for i, v in enumerate(thresholds)
+        ]
+        kw["thresholdsStyleMode"] = "line"
+    if min_ is not None:
+        kw["valueMin"] = min_
+    if max_ is not None:
+        kw["valueMax"] = max_
+    return TimeSeries(
+        title=title, dataSource=DS, targets=targets, gridPos=GridPos(*pos), unit=unit,
+        description=description, legendDisplayMode="table", legendCalcs=["lastNotNull", "max"],
+        tooltipMode="multi", **kw,
+    )
+
+
 def dashboard(t: dict[str, float] | None = None):
     """The vLLM dashboard (grafanalib ``Dashboard``); templated by namespace, pod and GPU."""
     from grafanalib.core import (
@@ -645,29 +675,10 @@ def dashboard(t: dict[str, float] | None = None):
     )
 
     t = t or load_thresholds()
-    ds = {"type": "prometheus", "uid": "${datasource}"}
+    ds = DS
     pre_w = duration(t["preemption_window_seconds"])
     leak_w = duration(t["memory_leak_window_seconds"])
-
-    def target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series") -> Target:
-        return Target(expr=expr, legendFormat=legend, refId=ref, datasource=ds, instant=instant, format=fmt)
-
-    def series(title, targets, pos, unit="", description="", thresholds=None, min_=None, max_=None):
-        kw: dict[str, Any] = {}
-        if thresholds:
-            kw["thresholds"] = [Threshold("green", 0, 0.0)] + [
-                Threshold("red", i + 1, float(v)) for i, v in enumerate(thresholds)
-            ]
-            kw["thresholdsStyleMode"] = "line"
-        if min_ is not None:
-            kw["valueMin"] = min_
-        if max_ is not None:
-            kw["valueMax"] = max_
-        return TimeSeries(
-            title=title, dataSource=ds, targets=targets, gridPos=GridPos(*pos), unit=unit,
-            description=description, legendDisplayMode="table", legendCalcs=["lastNotNull", "max"],
-            tooltipMode="multi", **kw,
-        )
+    target, series = _target, _series
 
     panels = [
         RowPanel(title="KV cache and scheduling", gridPos=GridPos(1, 24, 0, 0)),
@@ -845,13 +856,184 @@ def dashboard(t: dict[str, float] | None = None):
     ).auto_panel_ids()
 
 
+FLEET_UID = "vllm-doctor-fleet"
+REPLICAS_UID = "vllm-doctor-replicas"
+FSEL = 'namespace=~"$namespace", model_name=~"$model_name"'
+RSEL = FSEL + ', pod=~"$pod", engine=~"$engine"'
+
+
+def _fleet_templating(drill_down: bool):
+    from grafanalib.core import Template, Templating
+
+    def variable(name: str, query: str, label: str) -> Template:
+        return Template(name=name, label=label, query=query, dataSource="${datasource}", includeAll=True,
+                        multi=True, allValue=".*", default="$__all", refresh=2, sort=1)
+
+    vs = [
+        Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
+        variable("namespace", "label_values(vllm:num_requests_running, namespace)", "Namespace"),
+        variable("model_name", 'label_values(vllm:num_requests_running{namespace=~"$namespace"}, model_name)', "Model"),
+    ]
+    if drill_down:
+        vs += [
+            variable("pod", f"label_values(vllm:num_requests_running{{{FSEL}}}, pod)", "Replica (pod)"),
+            variable("engine", f'label_values(vllm:num_requests_running{{{FSEL}, pod=~"$pod"}}, engine)', "Engine"),
+        ]
+    return Templating(list=vs)
+
+
+def _finding_annotations():
+    """The findings of the sidecars and the firing fleet alerts, drawn on every time panel."""
+    from grafanalib.core import Annotations
+
+    def ann(name: str, expr: str, title: str, text: str, color: str) -> dict:
+        return {"name": name, "datasource": DS, "enable": True, "iconColor": color, "expr": expr,
+                "step": "60s", "titleFormat": title, "textFormat": text, "tagKeys": "severity,rule",
+                "useValueForTime": False}
+
+    return Annotations(list=[
+        ann("vllm-doctor findings", 'vllm_doctor_finding_active{namespace=~"$namespace"} == 1',
+            "{{rule_id}} {{name}}", "{{pod}}: vllm-doctor finding ({{severity}})", "orange"),
+        ann("vLLM alerts", 'ALERTS{alertname=~"Vllm.*", alertstate="firing", namespace=~"$namespace"}',
+            "{{alertname}}", "{{model_name}}{{pod}} {{slo}}", "red"),
+    ])
+
+
+def fleet_dashboard(t: dict[str, float] | None = None):
+    """Fleet overview: SLO tiles, saturation, preemptions, findings of every replica of a model."""
+    from grafanalib.core import Dashboard, GridPos, RowPanel, Stat, Table, Threshold
+
+    t = t or load_thresholds()
+    pre_w = duration(t["preemption_window_seconds"])
+
+    def tile(title, expr, pos, unit, red_at, description, reverse=False):
+        steps = ([Threshold("red", 0, 0.0), Threshold("green", 1, float(red_at))] if reverse
+                 else [Threshold("green", 0, 0.0), Threshold("red", 1, float(red_at))])
+        return Stat(title=title, dataSource=DS, targets=[_target(expr, "{{model_name}}", "A")], gridPos=GridPos(*pos),
+                    format=unit, reduceCalc="lastNotNull", graphMode="area", colorMode="background",
+                    thresholdType="absolute", thresholds=steps, description=description)
+
+    panels = [RowPanel(title="Service level (every replica of the model)", gridPos=GridPos(1, 24, 0, 0))]
+    x = 0
+    for sig, key in (("ttft", "ttft_p99_target_seconds"), ("itl", "itl_p99_target_seconds"),
+                     ("e2e", "e2e_p99_target_seconds"), ("queue", "queue_time_p99_target_seconds")):
+        panels.append(tile(f"{LATENCY_TITLES[sig]} p99", f"{record(f'vllm_{sig}_seconds:p99_rate5m')}{{{FSEL}}}",
+                           (4, 6, x, 1), "s", t[key],
+                           f"p99 from vLLM's histogram buckets summed over the replicas (5m rate); red above "
+                           f"the {_num(t[key])} s target of rules/thresholds.yaml."))
+        x += 6
+    x = 0
+    for sig in ("ttft", "itl", "e2e", "queue"):
+        bound = _num(t[f"slo_{sig}_seconds"])
+        panels.append(tile(
+            f"{LATENCY_TITLES[sig]} within {bound} s (1d)",
+            f"1 - {record('vllm_latency_slo_errors:ratio_rate1d')}{{{FSEL}, slo=\"{sig}\"}}", (4, 6, x, 5),
+            "percentunit", t["slo_objective_ratio"],
+            f"Share of requests within the SLO bound over the last day; green at the "
+            f"{t['slo_objective_ratio']:.2%} objective. The burn-rate alerts page on its rate of change.", reverse=True))
+        x += 6
+    panels += [
+        RowPanel(title="Saturation", gridPos=GridPos(1, 24, 0, 9)),
+        _series("Replicas saturated / idle", [
+            _target(f"{record('vllm_replicas:count')}{{{FSEL}}}", "{{model_name}} replicas", "A"),
+            _target(f"{record('vllm_replicas_saturated:count')}{{{FSEL}}}", "{{model_name}} saturated (KV full, queue)", "B"),
+            _target(f"{record('vllm_replicas_idle:count')}{{{FSEL}}}", "{{model_name}} idle", "C"),
+        ], (8, 8, 0, 10), unit="short", min_=0,
+            description="Saturated and idle replicas at the same time: the load is not balanced (VllmReplicaImbalance)."),
+        _series("KV cache usage", [
+            _target(f"{record('vllm_kv_cache_usage:avg')}{{{FSEL}}}", "{{model_name}} mean", "A"),
+            _target(f"{record('vllm_kv_cache_usage:max')}{{{FSEL}}}", "{{model_name}} max", "B"),
+        ], (8, 8, 8, 10), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
+        _series("Running and waiting", [
+            _target(f"{record('vllm_num_requests_running:sum')}{{{FSEL}}}", "{{model_name}} running", "A"),
+            _target(f"{record('vllm_num_requests_waiting:sum')}{{{FSEL}}}", "{{model_name}} waiting", "B"),
+        ], (8, 8, 16, 10), unit="short", min_=0),
+        _series(f"Preemptions per {pre_w}", [
+            _target(f"{record('vllm_num_preemptions:increase5m')}{{{FSEL}}}", "{{model_name}} (fleet)", "A"),
+            _target(f"sum by (namespace, pod) (increase(vllm:num_preemptions_total{{{FSEL}}}[{pre_w}]))", "{{pod}}", "B"),
+        ], (8, 12, 0, 18), unit="short", min_=0, thresholds=[t["preemption_storm_min"]],
+            description=f"vllm:num_preemptions_total (vllm:num_preemptions does not exist); {_num(t['preemption_storm_min'])} "
+                        f"or more per {pre_w} on a replica is a storm."),
+        _series("Generation throughput", [
+            _target(f"{record('vllm_generation_tokens:rate5m')}{{{FSEL}}}", "{{model_name}}", "A"),
+        ], (8, 12, 12, 18), unit="short", min_=0, description="Tokens per second over the fleet."),
+        RowPanel(title="Findings", gridPos=GridPos(1, 24, 0, 26)),
+        Table(title="Active findings (sidecars)", dataSource=DS, gridPos=GridPos(8, 12, 0, 27),
+              targets=[_target('vllm_doctor_finding_active{namespace=~"$namespace"} == 1', "", "A", instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True,
+                                "job": True, "endpoint": True, "container": True, "service": True}}}],
+              description="Rules of the sidecars active now; `vllm-doctor diagnose --prometheus URL` judges every replica's history."),
+        Table(title="Firing vLLM alerts", dataSource=DS, gridPos=GridPos(8, 12, 12, 27),
+              targets=[_target('ALERTS{alertname=~"Vllm.*", alertstate="firing", namespace=~"$namespace"}', "", "A",
+                               instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True,
+                                "__name__": True, "alertstate": True}}}]),
+    ]
+    return Dashboard(
+        title="vLLM fleet (vllm-doctor)", uid=FLEET_UID, tags=["vllm", "vllm-doctor", "fleet"], timezone="browser",
+        description="Every replica of a vLLM model: latency objectives from the summed histograms, "
+        "saturation, preemptions and findings (recording rules of alerts/vllm-doctor.rules.yaml).",
+        refresh="1m", panels=panels, templating=_fleet_templating(False), annotations=_finding_annotations(),
+        editable=True,
+        links=[{"title": "Replicas", "type": "link", "url": f"/d/{REPLICAS_UID}?${{__url_time_range}}&${{namespace:queryparam}}&${{model_name:queryparam}}"}],
+    ).auto_panel_ids()
+
+
+def replicas_dashboard(t: dict[str, float] | None = None):
+    """Drill-down: each replica (pod) and data-parallel engine of a model."""
+    from grafanalib.core import Dashboard, GridPos, RowPanel
+
+    t = t or load_thresholds()
+    pre_w = duration(t["preemption_window_seconds"])
+
+    def quantile(sig: str) -> str:
+        names = LATENCY_SIGNALS[sig][0]
+        return f"histogram_quantile(0.99, {_hist(names, 'bucket', 'namespace, pod, le', '$__rate_interval', RSEL)})"
+
+    panels = [
+        RowPanel(title="Per replica and engine", gridPos=GridPos(1, 24, 0, 0)),
+        _series("KV cache usage", [
+            _target(f"vllm:kv_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}}", "A"),
+            _target(f"vllm:gpu_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}} (vLLM < 0.9.2)", "B"),
+        ], (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
+        _series("Waiting", [_target(f"vllm:num_requests_waiting{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+                (8, 12, 12, 1), unit="short", min_=0),
+        _series("Running", [_target(f"vllm:num_requests_running{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+                (8, 12, 0, 9), unit="short", min_=0),
+        _series(f"Preemptions per {pre_w}", [
+            _target(f"increase(vllm:num_preemptions_total{{{RSEL}}}[{pre_w}])", "{{pod}} engine {{engine}}", "A"),
+        ], (8, 12, 12, 9), unit="short", min_=0, thresholds=[t["preemption_storm_min"]]),
+        RowPanel(title="Latency per replica", gridPos=GridPos(1, 24, 0, 17)),
+        _series("TTFT p99", [_target(quantile("ttft"), "{{pod}}", "A")], (8, 8, 0, 18), unit="s", min_=0,
+                thresholds=[t["ttft_p99_target_seconds"]]),
+        _series("ITL p99", [_target(quantile("itl"), "{{pod}}", "A")], (8, 8, 8, 18), unit="s", min_=0,
+                thresholds=[t["itl_p99_target_seconds"]]),
+        _series("Queue time p99", [_target(quantile("queue"), "{{pod}}", "A")], (8, 8, 16, 18), unit="s", min_=0,
+                thresholds=[t["queue_time_p99_target_seconds"]]),
+        _series("Generation throughput", [
+            _target(f"sum by (namespace, pod, engine) (rate(vllm:generation_tokens_total{{{RSEL}}}[$__rate_interval]))",
+                    "{{pod}} engine {{engine}}", "A"),
+        ], (8, 24, 0, 26), unit="short", min_=0, description="Tokens per second."),
+    ]
+    return Dashboard(
+        title="vLLM replicas (vllm-doctor)", uid=REPLICAS_UID, tags=["vllm", "vllm-doctor", "fleet"],
+        timezone="browser", description="Each replica and data-parallel engine of a vLLM model, from vLLM's /metrics.",
+        refresh="1m", panels=panels, templating=_fleet_templating(True), annotations=_finding_annotations(),
+        editable=True,
+    ).auto_panel_ids()
+
+
 def dashboards_json() -> dict[str, str]:
     """File name -> dashboard JSON text (grafanalib's own encoder and layout)."""
     from grafanalib._gen import write_dashboard
 
-    buf = io.StringIO()
-    write_dashboard(dashboard(), buf)
-    return {"vllm-doctor.json": buf.getvalue()}
+    out = {}
+    for name, build in (("vllm-doctor.json", dashboard), ("vllm-doctor-fleet.json", fleet_dashboard),
+                        ("vllm-doctor-replicas.json", replicas_dashboard)):
+        buf = io.StringIO()
+        write_dashboard(build(), buf)
+        out[name] = buf.getvalue()
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -860,11 +1042,14 @@ def dashboards_json() -> dict[str, str]:
 
 def export(kind: str) -> str:
     """The text of one generated artefact: ``alerts`` (a Prometheus rule file), ``dashboards``
-    (the Grafana dashboard JSON) or ``prometheus-rule`` (a prometheus-operator object)."""
+    (the per-pod Grafana dashboard JSON), ``fleet-dashboard`` / ``replicas-dashboard`` (the fleet
+    overview and its per-replica drill-down) or ``prometheus-rule`` (a prometheus-operator object)."""
     if kind == "alerts":
         return alerts_yaml()
     if kind == "dashboards":
-        return "".join(dashboards_json().values())
+        return dashboards_json()["vllm-doctor.json"]
+    if kind in ("fleet-dashboard", "replicas-dashboard"):
+        return dashboards_json()[f"vllm-doctor-{kind.split('-')[0]}.json"]
     if kind == "prometheus-rule":
         return prometheus_rule_yaml()
     raise ValueError(f"unknown export kind {kind!r}; one of {', '.join(KINDS)}")

@@ -405,6 +405,16 @@ def record(name: str) -> str:
     return RECORD_PREFIX + name
 
 
+def _saturated(t: dict[str, float]) -> str:
+    """An engine with a full KV cache and requests waiting (the fleet rules' "saturated")."""
+    return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and vllm:num_requests_waiting >= {_num(t['waiting_min'])}"
+
+
+def _idle(t: dict[str, float]) -> str:
+    """An engine with no request waiting and an almost empty KV cache (the fleet rules' "idle")."""
+    return f"vllm:num_requests_waiting < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}"
+
+
 def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
     """Fleet-level signals, recorded so that dashboards, the alerts and ``diagnose --prometheus``
     stay cheap: latency p99 per model from the summed buckets, SLO error ratios per window, load
@@ -423,7 +433,7 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
                 "expr": f"1 - (({_hist(names, 'bucket', FLEET_BY, w, good)}) / ({_hist(names, 'count', FLEET_BY, w)}))",
                 "labels": {"slo": sig},
             })
-    sat = f"{KV} >= {_num(t['kv_cache_full_ratio'])} and vllm:num_requests_waiting >= {_num(t['waiting_min'])}"
+    sat = _saturated(t)
     rules += [
         {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_running)"},
         {"record": record("vllm_num_requests_waiting:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_waiting)"},
@@ -437,7 +447,7 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_running))"},
         {"record": record("vllm_replicas_saturated:count"),
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({sat}))"},
-        {"record": record("vllm_replicas_idle:count"),
+        {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
          "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_waiting) < {_num(t['waiting_min'])}\n"
                   f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},
     ]
@@ -492,8 +502,8 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
                    "Ticket: the budget runs out before the month ends.")
             ),
         ))
-    sat = f"{KV} >= {_num(t['kv_cache_full_ratio'])} and vllm:num_requests_waiting >= {_num(t['waiting_min'])}"
-    idle = (f"vllm:num_requests_waiting < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}")
+    sat = _saturated(t)
+    idle = _idle(t)
     storm = _num(t["preemption_storm_min"])
     pre_w = duration(t["preemption_window_seconds"])
     wide = _num(t["fleet_wide_min_ratio"])

@@ -44,6 +44,7 @@ from ..events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, Sch
 from ..findings import Finding
 from ..pipeline import Pipeline, Report
 from ..sources.scrape import SAMPLE_FIELDS
+from ..state import FACT_NAMES
 from .prometheus import PrometheusClient, Series
 
 #: vLLM series read per step -> the field of the /metrics scraper's table (SAMPLE_FIELDS).
@@ -579,8 +580,8 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     all_findings = sorted(fleet_findings + findings, key=lambda f: (-sev[f.severity], f.rule_id, f.title))
     report = Report(
         vllm_version=None, vllm_version_source=None, engine="v1" if any(len(r.engines) for r in reps.values()) else None,
-        facts={}, facts_defaulted=[], findings=all_findings,
-        sources=[{"name": f"{url} {{{sel}}} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_since))}.."
+        facts={n: None for n in FACT_NAMES}, facts_defaulted=[], findings=all_findings,
+        sources=[{"name": f"{url}{f' {{{sel}}}' if sel else ''} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_since))}.."
                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s",
                   "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas)}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),

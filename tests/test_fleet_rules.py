@@ -145,3 +145,52 @@ def test_times_and_selectors():
     assert selector_body('namespace="prod"') == 'namespace="prod"'
     with pytest.raises(InputError, match="label matchers only"):
         selector_body('vllm:num_requests_running{namespace="prod"}')
+
+
+def test_thanos_mimir_headers_bearer_and_basic_auth_reach_the_query_api(monkeypatch):
+    """The same HTTP API with a tenant header (Mimir), a bearer token or basic auth from the URL;
+    an empty answer is a one-line "no vLLM series" error."""
+    import base64
+    import http.server
+    import json
+    import threading
+
+    from vllm_doctor.fleet import diagnose_from_env
+
+    seen: list[dict] = []
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                         "tenant": self.headers.get("X-Scope-OrgID"), "body": body})
+            kind = "matrix" if self.path.endswith("query_range") else "vector"
+            out = json.dumps({"status": "success", "data": {"resultType": kind, "result": []}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        monkeypatch.setenv("VLLM_DOCTOR_PROMETHEUS_HEADERS", "X-Scope-OrgID: tenant-1")
+        monkeypatch.setenv("VLLM_DOCTOR_PROMETHEUS_TOKEN", "s3cret")
+        with pytest.raises(InputError, match="no vLLM series"):
+            diagnose_from_env(f"http://127.0.0.1:{port}/prometheus", selector='namespace="llm"', since="1h")
+        assert seen and all(s["path"].startswith("/prometheus/api/v1/query") for s in seen)
+        assert all(s["tenant"] == "tenant-1" and s["auth"] == "Bearer s3cret" for s in seen)
+        assert any("namespace%3D%22llm%22" in s["body"] for s in seen)
+        seen.clear()
+        monkeypatch.delenv("VLLM_DOCTOR_PROMETHEUS_TOKEN")
+        with pytest.raises(InputError, match="no vLLM series"):
+            diagnose_from_env(f"http://ops:pw@127.0.0.1:{port}", since="1h")
+        assert seen[0]["auth"] == "Basic " + base64.b64encode(b"ops:pw").decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -2,7 +2,7 @@
 
 The Prometheus holds:
 
-* four hours of 24 replicas, backfilled with ``promtool tsdb create-blocks-from openmetrics``
+* three hours of 24 replicas, backfilled with ``promtool tsdb create-blocks-from openmetrics``
   from series built out of the real vLLM 0.32 /metrics captures and real logs
   (tests/fleet_history.py says which value comes from where): most replicas healthy, and at
   separate times 3 in a preemption storm, 3 bound by KV cache capacity, 2 with prefill blocking
@@ -31,7 +31,7 @@ import fleet_history
 from monitoring_support import ROOT, promtool, tool
 from test_alerting_e2e import FakeVllmMetrics, Processes, free_port, get_json, sidecar_command, wait_until
 
-HOURS = 4.0
+HOURS = 3.0
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 DEAD_LOG = "043-v0.20.2-v1-enginedeaderror-apiserver.log"
 HEALTHY_LOG = "cpu-basic-serve-and-load.log"

@@ -128,6 +128,8 @@ def case_plan(case: dict, **over) -> "Plan":
               tensor_parallel_size=lg["tp"], pipeline_parallel_size=lg["pp"],
               kv_cache_dtype=case.get("kv_cache_dtype", "auto"), enable_prefix_caching=case.get("enable_prefix_caching"),
               kv_cache_memory_bytes=int(lg.get("avail_gib", 1) * cap.GiB))
+    if not kw["max_model_len"]:
+        kw.pop("max_model_len")
     kw.update(over)
     return make_plan(PlanInputs(**kw))
 
@@ -143,6 +145,8 @@ def predicted(case: dict) -> tuple[float, int]:
     kvb = cap.dtype_bytes(case.get("kv_cache_dtype", "bfloat16"))
     per_tok = (case_plan(case).pool["bytes_per_printed_token"] if case.get("hybrid")
                else cap.kv_bytes_per_token(cap.kv_layer_groups(shape, kvb, tp, pp)))
+    if case.get("quantization"):     # the checkpoint's quantization, as --quantization gives it to plan
+        return per_tok, case_plan(case, quantization=case["quantization"]).weights["bytes_per_gpu"]
     return per_tok, cap.weight_bytes_per_gpu(shape, 2, tp, pp)
 
 
@@ -155,8 +159,8 @@ def test_mla_moe_parameter_count_is_the_checkpoints():
 
 
 def test_accuracy_corpus_size():
-    assert len(KV_CASES) >= 8 and len(W_CASES) >= 9
-    assert len({c["model"] for c in CASES}) >= 9
+    assert len(KV_CASES) >= 8 and len(W_CASES) >= 10
+    assert len({c["model"] for c in CASES}) >= 10
     assert any(c.get("hybrid") for c in KV_CASES)          # attention + linear-attention (Mamba-style) state
 
 

@@ -520,8 +520,13 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     lm_head stay in the model dtype."""
     p = weight_params(shape)
     layers_share = 1 / pp
-    linear = (p["attention"] + p["mlp"]) * layers_share / tp
-    b = _linear_bytes(linear, shape, weight_dtype_bytes)
+    if shape.quant_method == "mxfp4" and shape.num_experts:
+        # vLLM's Mxfp4Config quantizes the fused MoE experts only; attention (and the checkpoints'
+        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype
+        b = _linear_bytes(p["mlp"] * layers_share / tp, shape, weight_dtype_bytes)
+        b += p["attention"] * layers_share / tp * weight_dtype_bytes
+    else:
+        b = _linear_bytes((p["attention"] + p["mlp"]) * layers_share / tp, shape, weight_dtype_bytes)
     b += p["embedding"] / tp * weight_dtype_bytes
     if pp == 1:
         b += p["lm_head"] / tp * weight_dtype_bytes

@@ -259,6 +259,7 @@ class Pipeline:
             unknown_flags=dict(st.unknown_flags),
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
+            timeline=st.timeline.snapshot(),
         )
 
 
@@ -279,6 +280,7 @@ class Report:
     unknown_flags: dict[str, str | None] = field(default_factory=dict)
     rule_errors: dict[str, list[str]] = field(default_factory=dict)
     generated_at: float = 0.0
+    timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
 
     @property
     def nothing_to_diagnose(self) -> bool:
@@ -299,6 +301,7 @@ class Report:
             "unknown_flags": [{"flag": k, "real_flag": v} for k, v in self.unknown_flags.items()],
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
+            "timeline": self.timeline,
         }
 
 

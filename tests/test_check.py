@@ -245,3 +245,25 @@ def test_what_is_no_config_is_one_line_exit_2(tmp_path, name, body):
     r = _check_cli(str(tmp_path / name))
     assert r.returncode == 2 and r.stdout == "", r.stdout[:300]
     assert r.stderr.count("\n") == 1 and name in r.stderr and "internal error" not in r.stderr
+
+
+def test_heredoc_bodies_are_data_not_commands():
+    text = ("cat <<'EOT' > /etc/notes\n--chunked-prefill-size 99\nVLLM_USE_PREFILL=1\nEOT\n"
+            "cat <<-END\n\tvllm serve m --kv-cache 1\n\tEND\n"
+            "vllm serve m --chunked-prefill-size 4096 <<< 'here-string is not a heredoc'\n")
+    r = check_text(text, "start.sh", vllm_version="0.11.0")
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC001", 8)]
+
+
+def test_capacity_is_not_sized_with_a_default_in_place_of_an_unusable_value():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    for bad in ("--max-num-seqs 0", "--max-model-len abc", "--tensor-parallel-size x"):
+        r = check_text(f"vllm serve m {bad} --max-num-seqs 512\n" if "seqs" not in bad else f"vllm serve m {bad}\n",
+                       "s.sh", vllm_version="0.11.0", model_config=cfg, gpu_memory=80 << 30)
+        assert not [f for f in r.findings if f.rule_id == "VC010"], (bad, [f.message for f in r.findings])
+    r = check_text("vllm serve m --max-num-seqs 0 --gpu-memory-utilization 1.5\n", "s.sh", vllm_version="0.11.0")
+    fixes = {f.snippet: f.fix for f in r.findings if f.rule_id == "VC006"}
+    assert fixes["--max-num-seqs"] is None                                   # no empty "-> --max-num-seqs"
+    assert fixes["--gpu-memory-utilization"]["value"] == 0.9                 # 1.5 is no percentage: not 0.01
+    r = check_text("vllm serve m --gpu-memory-utilization 90\n", "s.sh", vllm_version="0.11.0")
+    assert [f.fix["value"] for f in r.findings if f.rule_id == "VC006"] == [0.9]

@@ -398,7 +398,7 @@ def make_plan(inp: PlanInputs) -> Plan:
     startup = _startup(inp, shape, pool_groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
                        mamba_mode)
     fixes = _fixes(inp, shape, pool_groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
-                   startup, version, util)
+                   startup, version, util, wbytes)
     if shape.quant_method and not shape.quant_bits:
         notes.append(f"quantization {shape.quant_method}: bit width not in the config, weights sized unquantized")
     return Plan(model=inp.model, vllm_version=version, engine=engine, settings=settings, weights=weights,
@@ -447,7 +447,7 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
 
 
 def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
-           startup, version, util) -> list[dict]:
+           startup, version, util, wbytes: int = 2) -> list[dict]:
     """Flags for the target (or for a start-up failure), values computed, only flags of that version."""
     out: list[dict] = []
 
@@ -493,7 +493,20 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
             u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, per_req + 1, block_bytes)
             if u <= 0.99 and u > util:
                 add("--gpu-memory-utilization", u, f"one {mml}-token request: {per_req} blocks x {block_bytes:,} B", alt="--max-model-len")
-        if shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
+        no_memory = any(m.startswith("No available memory") for m in startup.get("messages", ()))
+        if no_memory and inp.gpu_memory_bytes and inp.kv_cache_memory_bytes is None:
+            # weights + overhead exceed the budget: a smaller KV cache dtype cannot help; more GPUs split the weights
+            for t in (2, 4, 8, 16):
+                tp2 = inp.tensor_parallel_size * t
+                if shape.num_heads and shape.num_heads % tp2:
+                    continue
+                w2 = cap.weight_bytes_per_gpu(shape, wbytes, tp2, inp.pipeline_parallel_size)
+                if w2 + overhead + (per_req + 1) * block_bytes // t < inp.gpu_memory_bytes * util:
+                    add("--tensor-parallel-size", tp2, f"weights {_gib(w)} per GPU at TP {inp.tensor_parallel_size} + "
+                        f"{_gib(overhead)} overhead exceed {inp.gpu_memory_bytes / cap.GiB:.2f} GiB x {util}; at TP {tp2}: "
+                        f"{_gib(w2)} weights per GPU, leaving room for the KV cache")
+                    break
+        elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
             add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
     return out
 

@@ -140,6 +140,11 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
             return cast(v) if v is not None else None
         except ValueError:
             return None
+    for k, cast in (("--tensor-parallel-size", int), ("--pipeline-parallel-size", int), ("--block-size", int),
+                    ("--max-model-len", int), ("--gpu-memory-utilization", float), ("--max-num-seqs", int),
+                    ("--max-num-batched-tokens", int)):
+        if flags.get(k) is not None and not (num(k, cast) or 0) > 0:
+            return []   # a value plan cannot use (0, -5, abc, 32k, $VAR): not sized with a default in its place
     try:
         p = make_plan(PlanInputs(
             config=model_config, gpu_memory_bytes=gpu_memory, vllm_version=version,

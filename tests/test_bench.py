@@ -326,3 +326,15 @@ def test_ladder_stays_bounded_against_a_server_that_never_finishes(mode):
     assert any("timed out after 1 s" in e for e in lv["error_examples"])
     assert "stopped" in res["knee"]["reason"] or res.get("stopped")
     assert took < 8, took          # /metrics on the same server: read once, not once a second for 10 s each
+
+
+def test_model_lookup_on_a_trickling_server_is_bounded():
+    import time as _t
+
+    from vllm_doctor.bench.ladder import BenchError
+
+    with _HostileServer("drip") as srv:
+        t0 = _t.monotonic()
+        with pytest.raises(BenchError, match="no answer within 15 s"):
+            asyncio.run(run_ladder(LadderConfig(url=srv.url, levels=[1], requests_per_level=1)))
+        assert _t.monotonic() - t0 < 25

@@ -265,12 +265,13 @@ class _MetricsReader:
         if not self.url:
             return None
         try:
-            r = await self.client.get(self.url, timeout=self.timeout)
+            async with asyncio.timeout(self.timeout):   # total: httpx's timeout is per read
+                r = await self.client.get(self.url, timeout=self.timeout)
             if r.status_code != 200:
                 self.error = f"{self.url}: HTTP {r.status_code}"
                 return None
             return parse_metrics(r.text, source=self.url)
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, TimeoutError) as e:
             self.error = f"{self.url}: {type(e).__name__}"
             return None
 
@@ -293,9 +294,10 @@ def _cache_tokens(parsed) -> int | None:
 
 async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
     try:
-        r = await client.get(base + "/v1/models", timeout=15)
-    except httpx.HTTPError as e:
-        why = f"no answer within 15 s" if isinstance(e, httpx.TimeoutException) else (str(e) or "failed")
+        async with asyncio.timeout(15):   # total: httpx's timeout is per read
+            r = await client.get(base + "/v1/models", timeout=15)
+    except (httpx.HTTPError, TimeoutError) as e:
+        why = "no answer within 15 s" if isinstance(e, (httpx.TimeoutException, TimeoutError)) else (str(e) or "failed")
         raise BenchError(f"{base}/v1/models: {type(e).__name__}: {why} (is vLLM's OpenAI server at this URL?)") from None
     if r.status_code != 200:
         raise BenchError(f"{base}/v1/models: HTTP {r.status_code}")

@@ -338,3 +338,13 @@ def test_model_lookup_on_a_trickling_server_is_bounded():
         with pytest.raises(BenchError, match="no answer within 15 s"):
             asyncio.run(run_ladder(LadderConfig(url=srv.url, levels=[1], requests_per_level=1)))
         assert _t.monotonic() - t0 < 25
+
+
+def test_deeply_nested_json_is_one_line_exit_2_for_compare_and_diagnose_bench(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    r = doctor("bench", "compare", str(deep), str(deep))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and r.stderr.count("\n") == 1
+    log = ROOT / "tests" / "fixtures" / "logs" / "cpu-preemption-tiny-kv-cache.log"
+    r = doctor("diagnose", str(log), "--bench", str(deep))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and "internal error" not in r.stderr

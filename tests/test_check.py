@@ -267,3 +267,14 @@ def test_capacity_is_not_sized_with_a_default_in_place_of_an_unusable_value():
     assert fixes["--gpu-memory-utilization"]["value"] == 0.9                 # 1.5 is no percentage: not 0.01
     r = check_text("vllm serve m --gpu-memory-utilization 90\n", "s.sh", vllm_version="0.11.0")
     assert [f.fix["value"] for f in r.findings if f.rule_id == "VC006"] == [0.9]
+
+
+def test_grafana_findings_name_the_line_of_the_expression_and_odd_panels_are_skipped():
+    dash = {"panels": [1, "x", {"panels": "y", "targets": [2, {"expr": 5}]},
+                       {"title": "KV", "targets": [{"expr": 'vllm_kv_cache_tokens{pod=~"$pod"}'}]}]}
+    text = json.dumps(dash, indent=2)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "vllm_kv_cache_tokens" in l)
+    assert line > 1
+    r = check_text(text, "d.json", vllm_version="0.11.0")
+    assert r.kind == "grafana" and [(f.rule_id, f.line) for f in r.findings] == [("VM001", line)]
+    assert check_text('{"dashboard": [1]}', "e.json").findings == []

@@ -459,3 +459,11 @@ def test_no_memory_for_the_weights_is_fixed_with_more_gpus_not_a_smaller_kv_dtyp
     assert flags["--tensor-parallel-size"] == 2
     at2 = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=48 * cap.GiB, max_model_len=32768, tensor_parallel_size=2))
     assert not at2.startup["fails"]
+
+
+@pytest.mark.parametrize("cmd", [["plan"], ["check"], ["bench", "ladder"], ["bench", "compare"]])
+def test_help_names_values_not_python_types(cmd):
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", *cmd, "--help"], capture_output=True, text=True,
+                       timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0
+    assert not re.search(r"<(str|int|float)[^>]*>|\bTEXT\b|\bINTEGER\b|\bFLOAT\b", r.stdout.split("Options")[-1]), r.stdout

@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== setup: $(VENV) with vllm-doctor and its test dependencies from PyPI (usually 30-60 s)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip uninstall -q -y vllm-doctor 2>/dev/null || true  # this project's former distribution name
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 

@@ -100,11 +100,17 @@ else
 fi
 
 # ---- stage 2: the tiny model ---------------------------------------------------------------------
-if [ ! -f "$MODEL/.done" ] || [ "$HERE/make_tiny_model.py" -nt "$MODEL/.done" ]; then
+# Rebuilt when make_tiny_model.py's content changes (not its mtime: every fresh clone has a new one,
+# and a rebuild under a vLLM of another test session that is loading the model would break it).
+MODEL_KEY=$(sha256sum "$HERE/make_tiny_model.py" | cut -d' ' -f1)
+if [ ! -f "$MODEL/.done" ] || [ "$(cat "$MODEL/.done")" != "$MODEL_KEY" ]; then
     t0=$(date +%s)
-    rm -rf "$MODEL"
-    "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL" || { echo "FAILED: make_tiny_model.py"; exit 1; }
-    touch "$MODEL/.done"
+    rm -rf "$MODEL.new" "$MODEL.old"
+    "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL.new" || { echo "FAILED: make_tiny_model.py"; exit 1; }
+    echo "$MODEL_KEY" >"$MODEL.new/.done"
+    # swapped in by renames: a vLLM still reading the old model keeps its open files
+    if [ -d "$MODEL" ]; then mv "$MODEL" "$MODEL.old"; fi
+    mv "$MODEL.new" "$MODEL"
     echo "stage model: $(( $(date +%s) - t0 )) s, $(du -sk "$MODEL" | cut -f1) KB"
 else
     echo "stage model: cached"

@@ -199,6 +199,7 @@ class VllmServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
+    lock_wait_seconds: float = 0.0
 
     @property
     def cmd(self) -> list[str]:
@@ -218,7 +219,8 @@ class VllmServer:
         # One vLLM at a time on this machine (2 shared cores), whichever test session starts it.
         E2E_CACHE.mkdir(parents=True, exist_ok=True)
         self._lock = open(E2E_CACHE / ".vllm-server.lock", "w")
-        deadline = time.monotonic() + lock_timeout
+        t_lock = time.monotonic()
+        deadline = t_lock + lock_timeout
         while True:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -227,6 +229,7 @@ class VllmServer:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"another vLLM held {E2E_CACHE}/.vllm-server.lock for {lock_timeout:.0f} s")
                 time.sleep(1)
+        self.lock_wait_seconds = time.monotonic() - t_lock  # another session's vLLM: not this run's time
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
         self.started_at = time.monotonic()

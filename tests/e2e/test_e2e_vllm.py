@@ -168,9 +168,10 @@ DEATH_ARGS = ["--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-b
 # 16 clients x (200-token prompt + 1,200 generated tokens) against a 4,096-token KV cache (about 2.9
 # such sequences): the KV cache fills, V1 preempts (recompute) hundreds of times, requests wait.
 STORM_CLIENTS, STORM_PROMPT, STORM_MAX_TOKENS, STORM_SECONDS = 16, 200, 1200, 40
-# Wall time of each scenario on 2 shared cores (vLLM start-up ~25 s included), printed as progress.
-TYPICAL_SECONDS = {"healthy": 50, "preemption-storm": 90, "preemption-storm-long": 80, "startup-oom": 30,
-                   "engine-dead": 70}
+# Wall time of each scenario on 2 cores (vLLM start-up included), printed as progress: idle machine
+# .. the same machine running three test suites at once.
+TYPICAL_SECONDS = {"healthy": "50-140", "preemption-storm": "90-190", "preemption-storm-long": "80-180",
+                   "startup-oom": "30-100", "engine-dead": "70-150"}
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,11 @@ CLIENT_HEADS: tuple[tuple[str, str], ...] = (
     ("request-log", r"Generated response\b"),
     ("request-log", r"Abort(?:ing|ed)? requests?\b"),
     ("request-id", r"Request\s"),
+    # V1's fatal-step dump (logging_utils/dump_input.py 0.9+): the scheduler output holds requests'
+    # prompts and sampling params.
+    ("engine-dump", r"Dumping (?:input data for V1 LLM engine|scheduler output for model execution|scheduler stats)"),
 )
+CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler output", "Dumping scheduler stats", "dump_input.py")
 # uvicorn's access log: ``INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 200 OK`` (the level prefix
 # may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
 ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
@@ -65,6 +69,10 @@ CLIENT_RE = re.compile(
 # The head of a client-text line right after vLLM's logger prefix, at byte level: such lines
 # are skipped before decoding (they are most of a request-heavy log).
 REQUEST_HEAD_RE = re.compile(rb"\] (?:Received request|Added request|Finished request|Aborted request|Generated response|Request \S)")
+# A client's request id inside a vLLM message (``[shutdown] EngineCore: rejecting new request
+# request_id=%s``, the KV-transfer connectors' ``kv_request_id=%s ...``): the message is read only
+# up to it, since the id (X-Request-Id, verbatim) may hold anything, the rest of a line included.
+CLIENT_FIELD_RE = re.compile(r"\b(?:kv_)?request_id=")
 CRI_PARTIAL_RE = re.compile(rb"^\S{10,40} std(?:out|err) P ")
 
 
@@ -84,7 +92,7 @@ def _head(text: str) -> str:
     m = CLIENT_RE.match(text)
     if m:
         return m.group(0).strip()
-    return "access log"
+    return "access log" if ACCESS_RE.match(text) else "dump body"
 
 
 def prefilter_patterns(keywords) -> list[bytes]:
@@ -276,10 +284,11 @@ class Envelope:
         if self._partial and lineno != self._partial_last + 1:
             out = self.flush()  # a partial line whose continuation never came
         outer_ts: float | None = None
-        if text[:1] == ">":  # a markdown blockquote (outermost: the paste)
-            text = QUOTE_RE.sub("", text, 1)
-        for _ in range(3):  # wrappers nest: journald around CRI, CRI around JSON, ...
+        for _ in range(4):  # wrappers nest: a quoted paste of journald around CRI around JSON, ...
             first = text[:1]
+            if first == ">":  # a markdown blockquote (a paste)
+                text = QUOTE_RE.sub("", text, 1)
+                continue
             if first == "{":
                 try:
                     obj = json.loads(text)
@@ -472,8 +481,14 @@ class Envelope:
             ts = self.last_ts
         else:
             self.last_ts = ts
+        if kind is None and src is not None and src.startswith("dump_input.py"):
+            kind = "engine-dump"  # a line of the dump's body
         if kind:
             return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+        if "request_id=" in text:
+            m = CLIENT_FIELD_RE.search(text)
+            if m:
+                text = text[: m.end()]
         return Record(lineno, text, level, ts, process, pid, src)
 
     def flush(self) -> list[Record]:

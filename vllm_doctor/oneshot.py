@@ -210,31 +210,73 @@ def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
             yield Scanned(lines, list(idx), n)
 
 
-def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
-    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
+def _pipeline(paths: list[str], ruleset, year: int | None = None) -> tuple[Pipeline, list]:
+    """The pipeline for ``paths`` and its sources: the one intake of every one-shot command
+    (one file, several merged, stdin, .gz, a large file scanned on all cores).
+    year: the year of vLLM's year-less timestamps (default: each file's modification time)."""
     if not paths:
         raise InputError("no input: give a log file, or - for standard input")
-    ruleset = load_rules([Path(d) for d in rules_dirs])
-    years = [file_year(p) for p in paths if p != "-"]
-    pipe = Pipeline(ruleset, follow=False, base_year=next((y for y in years if y), None))
+    years = [file_year(p) for p in paths if p != "-"] if year is None else [year]
+    pipe = Pipeline(ruleset, base_year=next((y for y in years if y), None))
     sources = [open_source(p) for p in paths]
     names = [n for n, _ in sources]
     if len(set(names)) != len(names):  # same base name in two folders: use the paths given
         sources = [(p, it) for p, (_, it) in zip(paths, sources)]
-    for (name, _), path in zip(sources, paths):
-        ym = file_year_month(path) if path != "-" else None
-        if ym:
-            pipe.source_times[name] = ym
-    samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
-    # A capture is taken after the run it describes: it joins the state after the logs, and the
-    # rules are judged once more with it (not before any log line was read).
-    after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
+    if year is None:
+        for (name, _), path in zip(sources, paths):
+            ym = file_year_month(path) if path != "-" else None
+            if ym:
+                pipe.source_times[name] = ym
     if len(paths) == 1 and paths[0] != "-" and os.environ.get("VLLM_DOCTOR_WORKERS") != "1" and _parallel_source(paths[0]):
         for _, it in sources:
             it.close()
         sources = [(sources[0][0], scan_parallel(paths[0]))]
+    return pipe, sources
+
+
+def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
+    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
+    ruleset = load_rules([Path(d) for d in rules_dirs])
+    pipe, sources = _pipeline(paths, ruleset)
+    samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
+    # A capture is taken after the run it describes: it joins the state after the logs, and the
+    # rules are judged once more with it (not before any log line was read).
+    after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
     pipe.run(sources, after=after)
     return pipe.report()
+
+
+def events(paths: list[str], sink, year: int | None = None) -> None:
+    """Every typed event the logs give, in pipeline order, to ``sink(event)`` (the ``events``
+    command). The same intake and stages as :func:`diagnose`; no rules."""
+    from .diagnosis.loader import RuleSet
+
+    pipe, sources = _pipeline(paths, RuleSet((), {}), year)
+    pipe.on_event = sink
+    pipe.run(sources)
+
+
+def event_dict(e) -> dict:
+    """A typed event as plain JSON values: ``event`` (its class name, the kind the rules name), where it came from, then
+    its fields (tuples as lists, None kept)."""
+    import dataclasses
+
+    meta = e.meta
+    out: dict = {"event": type(e).__name__, "source": meta.source, "lineno": meta.lineno,
+                 "end_lineno": meta.end_lineno, "ts": meta.ts, "process": meta.process, "level": meta.level}
+    for f in dataclasses.fields(e):
+        if f.name != "meta":
+            out[f.name] = _plain(getattr(e, f.name))
+    out["text"] = meta.text
+    return out
+
+
+def _plain(v):
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
 
 
 def load_metrics_file(path: str):

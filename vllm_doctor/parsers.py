@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import events as ev
-from .envelope import Record
+from .envelope import CLIENT_KEYWORDS, Record
 from .textscan import top_level
 
 GIB = 1 << 30
@@ -314,13 +314,13 @@ def _too_small_v1(m, meta):  # V1 kv_cache_utils.py 0.7.3+ ("models's" typo unti
          keywords=('No available memory for the cache blocks',),
          versions='0.2-0.33', source='worker/worker.py, v1/core/kv_cache_utils.py, v1/core/kv_cache_planning.py',
          examples=(
-             'vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.',
+             'ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.',
          ))
 def _no_mem(m, meta):  # V0 worker.py, V1 kv_cache_utils.py / kv_cache_planning.py
     return ev.NoCacheMemory(meta)
 
 
-@matcher("free-memory", r"Free memory on device(?: \w+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than desired GPU memory utilization \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
+@matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than desired GPU memory utilization \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
          keywords=('Free memory on device',),
          versions='0.9-0.33', source='v1/worker/gpu_worker.py, v1/worker/utils.py',
          examples=(
@@ -330,14 +330,14 @@ def _free_mem(m, meta):  # V1 gpu_worker.py 0.9+
     return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), float(m["u"]), "GPU")
 
 
-@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on kv cache allocation is less than requested memory for kv \((?P<r>[\d.]+) GiB\)", search=True,
+@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) (?:on [\w ]+ )?is less than (?:requested memory for kv|desired CPU memory utilization) \((?:(?P<u>[\d.]+), )?(?P<r>[\d.]+) GiB\)", search=True,
          keywords=('Available memory on node ',),
          versions='0.2x-0.33 (CPU backend)', source='v1/worker/cpu_worker.py',
          examples=(
              '(Worker pid=20401) ERROR 11-30 09:14:19 [multiproc_executor.py:1063] ValueError: Available memory on node 0 (10.11/11.71 GiB) on kv cache allocation is less than requested memory for kv (100.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.',
          ))
 def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
-    return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), None, "CPU")
+    return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), _float(m["u"]), "CPU")
 
 
 # ---- out of memory (torch caching allocator messages, all torch versions in use)
@@ -345,7 +345,7 @@ def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
          keywords=(' out of memory.',),
          versions='every (torch caching allocator)', source='torch c10/cuda/CUDACachingAllocator.cpp (and HIP/XPU/NPU ports)',
          examples=(
-             '> torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 518.00 MiB. GPU 0 has a total capacty of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use.',
+             'torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 518.00 MiB. GPU 0 has a total capacty of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use.',
              'torch.OutOfMemoryError: HIP out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of 31.98 GiB of which 136.00 MiB is free. Of the allocated memory 31.61 GiB is allocated by PyTorch, and 1.21 MiB is reserved by PyTorch but unallocated.',
          ))
 def _oom(m, meta):
@@ -359,11 +359,14 @@ def _oom(m, meta):
     )
 
 
-@matcher("cuda-error-oom", r"(?:CUDA error: out of memory|OutOfMemoryError: (?!\w+ out of memory\.)|cudaErrorMemoryAllocation)", search=True,
-         keywords=('error: out of memory', 'OutOfMemoryError: ', 'cudaErrorMemoryAllocation'),
-         versions='every (torch / CUDA runtime)', source='torch c10/cuda/CUDAException.h, CUDA runtime',
+@matcher("cuda-error-oom", r"(?:CUDA (?:driver )?error: out of memory|OutOfMemoryError: (?!\w+ out of memory\.)|cudaErrorMemoryAllocation|(?:CUDA|HIP|XPU|NPU) out of memory occurred|(?:CUDA|HIP|XPU|NPU) out of(?: mem\w*)?$|Ran out of memory in memory space \w+)", search=True,
+         keywords=('error: out of memory', 'OutOfMemoryError: ', 'cudaErrorMemoryAllocation', ' out of', 'Ran out of memory'),
+         versions='every (torch / CUDA runtime / XLA), 0.8+ sampler warm-up', source='torch c10/cuda/CUDAException.h, CUDA runtime, XLA (TPU), v1/worker/gpu_model_runner.py _dummy_sampler_run (CUDA out of memory occurred when warming up sampler)',
          examples=(
              'RuntimeError: CUDA error: out of memory',
+             'RuntimeError: CUDA driver error: out of memory',
+             'RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space smem. Used 1.00M of 1.00M smem. Exceeded smem capacity by 1.7K.',
+             '(Worker pid=226322) ERROR 10-25 13:12:42 [multiproc_executor.py:671] RuntimeError: CUDA out of',
          ))
 def _oom2(m, meta):
     return ev.OutOfMemory(meta)
@@ -377,16 +380,18 @@ _ENGINE_FAILURES = [
     ("core-failed", r"EngineCore failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start"),
     ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process) \S+ died unexpectedly"),
     ("output-handler", r"AsyncLLM output_handler failed"),
-    ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|Task finished unexpectedly"),
+    ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|[Tt]ask finished unexpectedly"),
+    ("step-failed", r"Writing input of failed execution to|Error in model execution \(input dumped"),
 ]
 _ENGINE_RE = re.compile("|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(_ENGINE_FAILURES)))
 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True,
-         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'Background loop ', 'ask finished unexpectedly', 'Dumping input data for V1 LLM engine'),
+         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'Background loop ', 'ask finished unexpectedly', 'failed execution to', 'Error in model execution'),
          versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
          examples=(
              'ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed',
+             'INFO 10-11 06:51:31 model_runner_base.py:120] Writing input of failed execution to /tmp/err_execute_model_input_20241011-065131.pkl...',
              '(APIServer pid=1) ERROR 05-12 01:48:42 [api_router.py:72] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.',
          ))
 def _engine_failure(m, meta):  # V0 async_llm_engine.py, V1 v1/engine/core.py, core_client.py, multiproc_executor.py
@@ -418,6 +423,17 @@ def _nccl_error(m, meta):
     return ev.NcclError(meta, "error", meta.text[:300])
 
 
+@matcher("nccl-init-frame", r"\s+(?:self\.pynccl_comm = PyNcclCommunicator|self\.comm: ncclComm_t = self\.nccl\.ncclCommInitRank|self\.nccl\.ncclCommInitRank)\(",
+         keywords=("PyNcclCommunicator(", "ncclCommInitRank("),
+         versions="0.4.3-0.33", source="distributed/parallel_state.py, distributed/device_communicators/pynccl.py (a traceback's source lines)",
+         examples=(
+             '(VllmWorkerProcess pid=1252) ERROR 12-25 01:10:28 multiproc_worker_utils.py:229]     self.comm: ncclComm_t = self.nccl.ncclCommInitRank(',
+             '(Worker pid=1541060) ERROR 04-14 13:46:59 [multiproc_executor.py:857]     self.pynccl_comm = PyNcclCommunicator(',
+         ))
+def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, its error line cut off
+    return ev.NcclError(meta, "error", meta.text[:300])
+
+
 @matcher("shm-stall", r"No available (?:shared memory broadcast )?block found in (?P<s>\d+) seconds?",
          keywords=('block found in ',),
          versions='0.5-0.33', source='distributed/device_communicators/shm_broadcast.py',
@@ -429,14 +445,18 @@ def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.7, DEBUG 0.8-0.10, 
 
 
 # ---- configuration and version
-@matcher("namespace", r"args: Namespace\((?P<a>.*)\)\s*$",
+@matcher("namespace", r"args: Namespace\((?P<a>.*?)(?P<close>\)\s*)?$",
          keywords=('args: Namespace(',),
          versions='0.4.3-0.8.5', source='entrypoints/openai/api_server.py',
          examples=(
              "INFO 02-07 18:06:00 api_server.py:841] args: Namespace(subparser='serve', model_tag='.', config='', host=None, port=8000, max_model_len=4096, max_num_seqs=256)",
          ))
 def _namespace(m, meta):  # entrypoints/openai/api_server.py 0.4.3-0.8.5 (every arg)
-    values = _kv_pairs(m["a"])
+    text = m["a"]
+    if not m["close"]:  # cut by a paste: the last pair may be cut too
+        cuts = list(top_level(text, ","))
+        text = text[: cuts[-1]] if cuts else ""
+    values = _kv_pairs(text)
     return _config(meta, "namespace", values)
 
 
@@ -639,6 +659,7 @@ def prefilter_keywords() -> tuple[str, ...]:
     kws = {k for m in MATCHERS for k in m.keywords}
     kws.update(TRACEBACK_KEYWORDS)
     kws.update(FLAG_KEYWORDS)
+    kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
     return tuple(sorted(kws))
 
 
@@ -666,8 +687,9 @@ class RecordParser:
 
     ``parse(record) -> list[Event]``; an empty list means the record matched nothing (``None``
     items: consumed as part of a traceback). Client-text records (``rec.client``: request
-    logging, request-id lines, access log) give no event but :class:`~vllm_doctor.events.ServerReady`
-    for the first request seen (the engine served): their payload never reaches a matcher.
+    logging, request-id lines, access log, the fatal-step dump) never reach a matcher; the dump's
+    header gives one ``EngineFailure("step-failed")``. The first stats line of an engine run also
+    gives :class:`~vllm_doctor.events.ServerReady` (the engine served).
     """
 
     MAX_MESSAGE = 32768  # longer messages are matched on their first 32 KiB
@@ -676,7 +698,9 @@ class RecordParser:
     def __init__(self, source: str) -> None:
         self.source = source
         self._tb: dict[object, tuple[int, list[str]]] = {}  # process key -> (start line, frames)
-        self._request_seen = False
+        self._served_seen = False  # a stats line was seen in this engine run
+        self._dump_seen = False  # a fatal-step dump was seen in this engine run
+        self._cfg: dict[str, int] = {}  # max_model_len, block_size echoed in this engine run
         if RecordParser._DISPATCH is None:
             RecordParser._DISPATCH = _dispatch_table()
         self._kw_rx, self._by_kw = RecordParser._DISPATCH
@@ -684,10 +708,12 @@ class RecordParser:
     def parse(self, rec: Record) -> list:
         msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]
         if rec.client:
-            if self._request_seen or rec.client == "request-id":
-                return [None]
-            self._request_seen = True
-            return [ev.ServerReady(ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg))]
+            if rec.client == "engine-dump" and not self._dump_seen:
+                # V1's fatal-step dump (logging_utils/dump_input.py): an engine step raised.
+                self._dump_seen = True
+                return [ev.EngineFailure(ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg),
+                                         "step-failed", msg)]
+            return [None] if rec.client == "engine-dump" else []
         if not msg:
             return []
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
@@ -727,26 +753,53 @@ class RecordParser:
                         out.extend(res)
                     else:
                         out.append(res)
-        if frames and out:
-            out = [_with_phase(e, frames) for e in out]
-        if not self._request_seen and any(isinstance(e, ev.SchedulerStats) for e in out):
-            self._request_seen = True  # periodic stats: the engine is up and serving
+        if out and any(isinstance(e, ev.OutOfMemory) for e in out):
+            out = [_with_phase(e, frames, rec.src, out) for e in out]
+        if not self._served_seen and any(isinstance(e, ev.SchedulerStats) for e in out):
+            self._served_seen = True  # periodic stats: the engine is up and serving
             out.append(ev.ServerReady(meta))
         if any(isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
-            self._request_seen = False  # a new engine run: its first request is news again
+            self._served_seen = self._dump_seen = False  # a new engine run
+            self._cfg.clear()
+        for e in out:
+            if isinstance(e, ev.EngineConfigObserved):
+                for k, v in e.values:
+                    if k in ("max_model_len", "block_size") and isinstance(v, int) and not isinstance(v, bool):
+                        self._cfg[k] = v
+            elif isinstance(e, ev.KvCacheCapacity) and e.num_gpu_blocks is not None and e.device == "GPU" and e.num_cpu_blocks is not None:
+                too_small = self._blocks_too_small(e, meta)
+                if too_small is not None:
+                    out.append(too_small)
         if ("--" in msg or "VLLM_" in msg) and not any(isinstance(e, ev.UnknownFlag) for e in out):
             for m in _FAKE_RE.finditer(msg):
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
 
-def _with_phase(e, frames: list[str]):
-    """An out-of-memory error's phase from the traceback it closes: through start-up-only frames
-    it is "startup", through serving-only frames "runtime"; else left to the state (None)."""
+    def _blocks_too_small(self, e: ev.KvCacheCapacity, meta: ev.Meta):
+        """V0's ``# GPU blocks: N, # CPU blocks: M`` with a max_model_len (``max_seq_len`` of the
+        engine config echo) that N blocks cannot hold: vLLM's own check (worker.py
+        raise_if_cache_size_invalid, 0.3+) raises next, and 0.2 had none. The block size is the
+        echoed one, else 16 (V0's default in every version)."""
+        max_len = self._cfg.get("max_model_len")
+        if not max_len:
+            return None
+        tokens = e.num_gpu_blocks * self._cfg.get("block_size", 16)
+        if tokens >= max_len:
+            return None
+        return ev.KvCacheTooSmall(meta, max_len, tokens)
+
+
+def _with_phase(e, frames: list[str], src: str | None, siblings: list):
+    """An out-of-memory error's phase from its context: raised through start-up-only frames it
+    is "startup"; through serving-only frames, logged by a request handler
+    (``serving_chat.py`` ...), or together with a failed model step ("Error in model execution
+    (input dumped ...)") it is "runtime"; else the state decides from what came before (None)."""
     if not isinstance(e, ev.OutOfMemory) or e.phase is not None:
         return e
     if any(f in STARTUP_FRAMES for f in frames):
         return replace(e, phase="startup")
-    if any(f in RUNTIME_FRAMES for f in frames):
+    if (any(f in RUNTIME_FRAMES for f in frames) or (src or "").startswith("serving")
+            or any(isinstance(x, ev.EngineFailure) and x.kind == "step-failed" for x in siblings)):
         return replace(e, phase="runtime")
     return e

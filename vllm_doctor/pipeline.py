@@ -129,6 +129,7 @@ class Pipeline:
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
+        self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -192,6 +193,8 @@ class Pipeline:
                 continue
             st.apply(e)
             n += 1
+            if self.on_event is not None:
+                self.on_event(e)
             if isinstance(e, SchedulerStats):
                 st.note_src(rec.src)
             if self.clock.follows_log:

@@ -87,6 +87,15 @@ def client_head(text: str) -> str | None:
     return None
 
 
+def _cut_client_field(text: str) -> str:
+    """``text`` up to a client's request id inside it (see :data:`CLIENT_FIELD_RE`)."""
+    if "request_id=" in text:
+        m = CLIENT_FIELD_RE.search(text)
+        if m:
+            return text[: m.end()]
+    return text
+
+
 def _head(text: str) -> str:
     """The fixed head of a client-text line, without the client's part."""
     m = CLIENT_RE.match(text)
@@ -98,12 +107,14 @@ def _head(text: str) -> str:
 def prefilter_patterns(keywords) -> list[bytes]:
     """Regexes (bytes) for the keyword scan: each keyword as written and as it appears inside a
     JSON string (docker json-file, JSON log records: ``"`` -> ``\\"``, non-ASCII -> ``\\uXXXX``),
-    and the CRI partial-line tag (a ``P`` line must reach the envelope to be joined)."""
+    and the pieces of a record split over lines (a CRI ``P`` line, a docker entry without its
+    newline): they must reach the envelope to be joined, whatever the keyword they were cut in."""
     out: list[bytes] = []
     for kw in keywords:
         for form in {kw.encode(), json.dumps(kw)[1:-1].encode()}:
             out.append(re.escape(form))
     out.append(rb" std(?:out|err) P ")
+    out.append(rb'(?:[^n]|[^\\]n)", ?"stream"')  # a docker entry whose log does not end with a newline
     return sorted(set(out))
 
 
@@ -156,7 +167,7 @@ QUOTE_RE = re.compile(r"^(?:> ?)+")
 JOURNAL_RE = re.compile(
     r"^(?:(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
     r"|(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?))"
-    r" [\w.-]+ [\w@./-]+(?:\[\d+\])?: "
+    r" [\w.-]+ [\w@./-]+\[\d+\]: "
 )
 # docker compose: ``service-1  | msg``.
 COMPOSE_RE = re.compile(r"^[\w.-]+(?:-\d+)? *\| ")
@@ -176,6 +187,8 @@ LOGGER_RE = re.compile(
     r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"(?:\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?)?"
 )
+# uvicorn's own level prefix (``INFO:     Application startup complete.``).
+UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
 EMBEDDED_RE = re.compile(
     r"(?:\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+(?:, ip=[^)]*)?\)\s?)*"
@@ -407,11 +420,12 @@ class Envelope:
             self.last_ts = ts
         process = obj.get("processName") if isinstance(obj.get("processName"), str) else None
         pid = obj.get("process") if isinstance(obj.get("process"), int) else None
-        kind = client_head(msg)
+        bare = msg[LEADING_PROCS_RE.match(msg).end():] if msg[:1] == "(" and LEADING_PROCS_RE.match(msg) else msg
+        kind = client_head(bare) or ("engine-dump" if src.startswith("dump_input.py") else None)
         if kind:  # the whole message, newlines included, is the client's text
-            return [Record(lineno, _head(msg), level, ts, process, pid, src, kind)]
+            return [Record(lineno, _head(bare), level, ts, process, pid, src, kind)]
         out = []
-        for part in msg.split("\n"):  # a traceback inside one JSON record
+        for part in _cut_client_field(msg).split("\n"):  # a traceback inside one JSON record
             out.append(Record(lineno, part, level, ts, process, pid, src))
         exc = obj.get("exc_info") or obj.get("exception")
         if isinstance(exc, str):
@@ -475,6 +489,11 @@ class Envelope:
                     pid = int(pid_s)
                 text = text[m2.end():]
             kind = client_head(text)
+        elif not kind and text[:1] in "DIWEC":
+            um = UVICORN_LEVEL_RE.match(text)
+            if um:
+                level = um.group(1)
+                text = text[um.end():]
         # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes without a
         # prefix) keep their text as it is.
         if ts is None:
@@ -485,11 +504,7 @@ class Envelope:
             kind = "engine-dump"  # a line of the dump's body
         if kind:
             return Record(lineno, _head(text), level, ts, process, pid, src, kind)
-        if "request_id=" in text:
-            m = CLIENT_FIELD_RE.search(text)
-            if m:
-                text = text[: m.end()]
-        return Record(lineno, text, level, ts, process, pid, src)
+        return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
 
     def flush(self) -> list[Record]:
         """Records still held (a CRI partial line with no final ``F`` line)."""
@@ -507,8 +522,11 @@ def _is_partial(line: bytes) -> bool:
     if CRI_PARTIAL_RE.match(line):
         return True
     if line.startswith(b'{"log":'):
-        i = line.rfind(b'","stream"')
-        return i >= 2 and line[i - 2 : i] != b"\\n"
+        i = line.rfind(b'"stream"')
+        if i < 0:
+            return False
+        head = line[:i].rstrip(b", ")  # ... the log value's closing quote
+        return head.endswith(b'"') and not head[:-1].endswith(b"\\n")
     return False
 
 

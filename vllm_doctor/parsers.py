@@ -142,7 +142,7 @@ def _stats(m: re.Match, meta: ev.Meta):
          keywords=('running=',),
          versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
          examples=(
-             'INFO scheduler.py:388] running=128 pending=512 gpu_cache=0%',
+             'running=128 pending=512 gpu_cache=0%',
          ))
 def _stats_note(m, meta):  # the tuning note's simplified stats line
     return ev.SchedulerStats(meta, None, None, int(m["r"]), int(m["w"]), None, round(float(m["u"]) / 100, 6), kv_device="GPU")
@@ -176,7 +176,7 @@ def _kv_size(m, meta):  # V1 kv_cache_utils.py 0.8+ (one line from 0.28)
          keywords=('offload KV cache size: ',),
          versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
          examples=(
-             'INFO 09:31:02 cache_config.py:122] CPU offload KV cache size: 65,536 tokens',
+             'CPU offload KV cache size: 65,536 tokens',
          ))
 def _kv_offload(m, meta):  # the tuning note
     return ev.KvCacheCapacity(meta, cpu_offload_tokens=_int(m["t"]))
@@ -272,7 +272,7 @@ def _preempted(m, meta):  # V0 core/scheduler.py 0.4.3-0.10.2 (logged for the 1s
          keywords=('Preempting seq_id=',),
          versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
          examples=(
-             'WARNING scheduler.py:512] Preempting seq_id=1021 (swap out, 512 blocks)',
+             'Preempting seq_id=1021 (swap out, 512 blocks)',
          ))
 def _preempting(m, meta):  # the tuning note
     return ev.Preemption(meta, "SWAP" if m["how"].startswith("swap") else "RECOMPUTE", None, m["s"], _int(m["b"]))
@@ -282,7 +282,7 @@ def _preempting(m, meta):  # the tuning note
          keywords=('reemption count', 'REEMPTION COUNT'),
          versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
          examples=(
-             'INFO scheduler.py:390] preemption count: 45 in last 5 minutes',
+             'preemption count: 45 in last 5 minutes',
          ))
 def _preemption_count(m, meta):  # the tuning note
     unit = m["u"].lower()[0]
@@ -550,7 +550,7 @@ def _model_len(m, meta):  # config 0.10+
          keywords=('Initializing scheduler with',),
          versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
          examples=(
-             'INFO 09:31:02 scheduler.py:301] Initializing scheduler with max_num_seqs=128',
+             'Initializing scheduler with max_num_seqs=128',
          ))
 def _sched_note(m, meta):  # the tuning note
     return _config(meta, "scheduler", {"max_num_seqs": int(m["n"])})

@@ -27,10 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "vllm_doctor" / "data" / "vllm_wordings.json"
 TOPIC = re.compile(
-    r"memory|KV cache|kv cache|kv_cache|cache block|blocks|preempt|[Ss]chedul|swap|[Dd]ead|died|"
-    r"NCCL|nccl|out of memory|OOM|max_model_len|max seq len|max_num_seqs|max_num_batched_tokens|"
-    r"gpu_memory_utilization|num_gpu_blocks|EngineCore|[Ee]ngine core|timed out|[Ww]atchdog|"
-    r"shared memory broadcast|block found|throughput|[Ee]ngine.*fail|unexpectedly"
+    r"out of memory|OOM|[Ff]ree memory|[Aa]vailable memory|KV cache (?:memory|size|usage|space)|"
+    r"memory for (?:the )?cache blocks|cache blocks|# \w+ blocks|num_gpu_blocks|gpu_memory_utilization|"
+    r"max seq len|max_model_len|max model len|[Pp]reempt|swap space|max_num_seqs|max_num_batched_tokens|"
+    r"[Aa]vg prompt throughput|[Mm]aximum concurrency|[Ee]ngine ?[Dd]ead|died|[Ee]ngine core|EngineCore|"
+    r"background (?:task|loop)|[Tt]ask finished|iteration timed out|output_handler|fatal|"
+    r"NCCL (?:error|[Ee]rror)|nccl\w*(?:Error|failed)|[Ww]atchdog|shared memory broadcast|block found in|"
+    r"[Ff]ailed to start|unexpectedly"
+)
+# Outside what vllm-doctor diagnoses (the engine's own memory, KV cache, scheduling, death, NCCL):
+# model- and kernel-specific code and the KV/weight-transfer plug-ins of disaggregated serving.
+EXCLUDE = re.compile(
+    r"^vllm/(?:distributed/(?:kv_transfer|weight_transfer|ec_transfer|eplb|elastic_ep)|v1/kv_offload|"
+    r"v1/simple_kv_offload|v1/hisparse|third_party|models?/|model_executor/|attention/|v1/attention/|"
+    r"lora/|multimodal/|benchmarks/|transformers_utils/|tokenizers?/|reasoning/|tool_parsers?/|"
+    r"entrypoints/openai/tool_parsers|spec_decode/|v1/spec_decode/)"
 )
 LEVELS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "info_once", "warning_once"}
 
@@ -101,7 +112,7 @@ def scan_wheel(path: Path):
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             n = info.filename
-            if n.startswith("vllm/") and n.endswith(".py") and "/tests/" not in n:
+            if n.startswith("vllm/") and n.endswith(".py") and "/tests/" not in n and not EXCLUDE.match(n):
                 text = z.read(info).decode("utf-8", "replace")
                 for kind, t, line in scan_source(text):
                     t = " ".join(t.split())
@@ -149,7 +160,10 @@ def main() -> int:
             n += 1
         done.append(v)
         print(f"{v}: {n} calls", file=sys.stderr)
-    out = {"generated_by": "tools/gen_wordings.py", "versions": done,
+    out = {"generated_by": "tools/gen_wordings.py (pip download vllm==X --no-deps --only-binary :all:, newest patch of each minor)",
+           "scope": "logger calls and raises in vllm/**/*.py bearing on memory, KV cache, scheduling, preemption, engine death, NCCL; "
+                    "model-, kernel- and KV-transfer-plug-in code excluded (tools/gen_wordings.py EXCLUDE)",
+           "versions": done,
            "entries": sorted(entries.values(), key=lambda e: (e["file"], e["text"]))}
     Path(a.out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     print(f"{len(out['entries'])} wordings from {len(done)} versions -> {a.out}", file=sys.stderr)

@@ -193,7 +193,7 @@ def _concurrency(m, meta):  # V0 gpu_executor.py 0.6.3+, V1 kv_cache_utils.py 0.
     return ev.KvCacheCapacity(meta, max_concurrency=_float(m["x"]), concurrency_tokens=_int(m["n"]))
 
 
-@matcher("cache-config-info", r"(?:Engine \d+: )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<g>\d+)",
+@matcher("cache-config-info", r"(?:Engine \d+: |\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<g>\d+)",
          keywords=('cache_config_info with initialization after num_gpu_blocks',),
          versions='0.8.5-0.11', source='v1/metrics/loggers.py',
          examples=(
@@ -310,8 +310,8 @@ def _too_small_v1(m, meta):  # V1 kv_cache_utils.py 0.7.3+ ("models's" typo unti
     return ev.KvCacheTooSmall(meta, int(m["l"]), None, to_bytes(m["n"], m["nu"]), to_bytes(m["a"], m["au"]), _int(m["e"]))
 
 
-@matcher("no-cache-memory", r"No available memory for the cache blocks", search=True,
-         keywords=('No available memory for the cache blocks',),
+@matcher("no-cache-memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory|more than the [\d.]+ GiB of CPU memory reserved for it on node \d+, leaving none for the KV cache", search=True,
+         keywords=('No available memory for the cache blocks', 'Cannot auto-fit max_model_len', 'leaving none for the KV cache'),
          versions='0.2-0.33', source='worker/worker.py, v1/core/kv_cache_utils.py, v1/core/kv_cache_planning.py',
          examples=(
              'ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.',
@@ -320,7 +320,7 @@ def _no_mem(m, meta):  # V0 worker.py, V1 kv_cache_utils.py / kv_cache_planning.
     return ev.NoCacheMemory(meta)
 
 
-@matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than desired GPU memory utilization \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
+@matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding external process's weights) \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
          keywords=('Free memory on device',),
          versions='0.9-0.33', source='v1/worker/gpu_worker.py, v1/worker/utils.py',
          examples=(
@@ -330,7 +330,7 @@ def _free_mem(m, meta):  # V1 gpu_worker.py 0.9+
     return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), float(m["u"]), "GPU")
 
 
-@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) (?:on [\w ]+ )?is less than (?:requested memory for kv|desired CPU memory utilization) \((?:(?P<u>[\d.]+), )?(?P<r>[\d.]+) GiB\)", search=True,
+@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) (?:on [\w ]+ )?is less than (?:requested memory for kv|desired CPU memory utilization) \((?:(?P<u>[\d.]+), )?(?P<r>[\d.]+)(?:/[\d.]+)? GiB\)", search=True,
          keywords=('Available memory on node ',),
          versions='0.2x-0.33 (CPU backend)', source='v1/worker/cpu_worker.py',
          examples=(
@@ -377,9 +377,9 @@ _ENGINE_FAILURES = [
     ("engine-dead", r"(?:MQ|Async)?EngineDeadError\b"),
     ("background-task-failed", r"Engine background task failed"),
     ("iteration-timeout", r"Engine iteration timed out"),
-    ("core-failed", r"EngineCore failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start"),
-    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process) \S+ died unexpectedly"),
-    ("output-handler", r"AsyncLLM output_handler failed"),
+    ("core-failed", r"EngineCore(?:Proc)? failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start|WorkerProc failed to start|Frontend process failed during engine core initialization|Timed out waiting for (?:new )?engine core processes to start"),
+    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process|RayWorkerProc rank=\S+) \S* ?died unexpectedly|Worker \S+ pid \S+ died, exit code|Process \S+ \(PID: \S+\) died with exit code|engine core exited unexpectedly|RPCServer process died before responding"),
+    ("output-handler", r"AsyncLLM output_handler failed|EngineCore output handler hit an error"),
     ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|[Tt]ask finished unexpectedly"),
     ("step-failed", r"Writing input of failed execution to|Error in model execution \(input dumped"),
 ]
@@ -387,7 +387,7 @@ _ENGINE_RE = re.compile("|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(_EN
 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True,
-         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'Background loop ', 'ask finished unexpectedly', 'failed execution to', 'Error in model execution'),
+         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
          versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
          examples=(
              'ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed',
@@ -434,8 +434,8 @@ def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, 
     return ev.NcclError(meta, "error", meta.text[:300])
 
 
-@matcher("shm-stall", r"No available (?:shared memory broadcast )?block found in (?P<s>\d+) seconds?",
-         keywords=('block found in ',),
+@matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",
+         keywords=('block found in ', 'block foundin '),
          versions='0.5-0.33', source='distributed/device_communicators/shm_broadcast.py',
          examples=(
              'INFO 11-11 01:44:59 [shm_broadcast.py:542] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).',

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, VllmDoctorError
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -22,7 +23,34 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+# Help shows what to type, never a Python type: typer would print "<list[Path]>", "<str>",
+# "<int range>". An option's metavar when it has one; else click's word for its type (TEXT,
+# INTEGER, PATH) or its choices; nothing for a flag or an argument (its name says it). Applies to
+# every command, including those added below.
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "Path": "PATH", "bool": "",
+               "int range": "INTEGER", "float range": "FLOAT", "datetime": "DATETIME", "UUID": "UUID"}
+_typer_type = typer.core.TyperOption.display_type
+
+
+def _help_type(self, ctx) -> str | None:  # noqa: ANN001 - typer's signature
+    if self.metavar is not None:
+        return self.metavar or None
+    if isinstance(self, typer.core.TyperArgument):
+        return None
+    word = (_typer_type(self, ctx) or "").strip("<>")
+    if word.startswith("list[") and word.endswith("]"):
+        word = word[5:-1]
+    if "|" in word:  # choices
+        return word
+    return _TYPE_WORDS.get(word, word.upper()) or None
+
+
+typer.core.TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign]
+typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
 
 
 class Format(str, Enum):
@@ -44,16 +72,45 @@ def _fail(msg: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _version(value: bool) -> None:
+    if value:
+        print(f"vllm-doctor {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                                    help="Print vllm-doctor's version and exit.")] = None,
+) -> None:
+    """Diagnose vLLM incidents from its logs, /metrics and GPU, and name the flag fix."""
+
+
+def _choice(option: str, enum: type[Enum]):
+    """A typer callback: an unknown value of ``option`` is one line on stderr and exit 2 (not a
+    usage box with a validation library's wording)."""
+    names = [m.value for m in enum]
+
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in names:
+            _fail(f"{option} {value!r}: expected one of {', '.join(names)}")
+        return value
+
+    return check
+
+
 @app.command()
 def diagnose(
-    paths: Annotated[list[str], typer.Argument(help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
-    format: Annotated[Format, typer.Option("--format", "-f", help="Report format.")] = Format.text,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="Exit 1 when a finding at or above this severity exists.")] = FailOn.warning,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
+    paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
+    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")] = "warning",
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
-    """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
+    """Read vLLM logs to the end: what happened, what to do first, the incidents, the facts."""
+    format, fail_on = Format(format), FailOn(fail_on)
     from .oneshot import diagnose as run
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
@@ -64,6 +121,13 @@ def diagnose(
         _fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+    if bench:
+        from .bench.annotate import BenchFileError, annotate, load_ladder
+
+        try:
+            annotate(rep.findings, load_ladder(bench))
+        except BenchFileError as e:
+            _fail(str(e))
     for rid, errs in rep.rule_errors.items():
         print(f"vllm-doctor: rule {rid}: expression failed: {errs[-1]}", file=sys.stderr)
     if format == Format.text:
@@ -90,8 +154,8 @@ def diagnose(
 
 @app.command()
 def events(
-    paths: Annotated[list[str], typer.Argument(help="vLLM log files (.gz read directly; - for stdin); several are merged in time order.")],
-    year: Annotated[Optional[int], typer.Option("--year", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
+    paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin); several are merged in time order.")],
+    year: Annotated[Optional[int], typer.Option("--year", metavar="YEAR", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
 ) -> None:
     """Print the typed events read from vLLM logs, one JSON object per line (what the rules see)."""
     import json
@@ -111,8 +175,8 @@ def events(
 
 @app.command("rules")
 def rules_cmd(
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
-    format: Annotated[str, typer.Option("--format", help="text, markdown or json")] = "text",
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
+    format: Annotated[str, typer.Option("--format", metavar="text|markdown|json", help="Output format.")] = "text",
 ) -> None:
     """List the rule catalogue."""
     if format not in ("text", "markdown", "json"):
@@ -143,8 +207,8 @@ def rules_cmd(
 
 @app.command()
 def explain(
-    rule: Annotated[str, typer.Argument(help="A rule id (VD001) or name (preemption-storm).")],
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
+    rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id (VD001) or name (preemption-storm).")],
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
     from .diagnosis import load_rules
@@ -168,9 +232,14 @@ def version() -> None:
 
 @app.command()
 def export(
-    kind: Annotated[str, typer.Argument(help="alerts | dashboards | prometheus-rule | alertmanager")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="alerts | dashboards | prometheus-rule | alertmanager")],
 ) -> None:
-    """Print a generated monitoring artefact (Prometheus alert rules, Grafana dashboards, ...)."""
+    """Print a monitoring artefact: alert rules, dashboards, PrometheusRule, Alertmanager routing."""
+    if kind == "alertmanager":  # hand-written (alerts/alertmanager.yml), shipped as package data
+        from importlib import resources
+
+        sys.stdout.write(resources.files("vllm_doctor").joinpath("data/alertmanager.yml").read_text())
+        return
     try:
         from .bundle import export as bundle_export
     except ImportError as e:  # pragma: no cover - packaging error
@@ -190,17 +259,18 @@ def _serve_flags(**kw: object) -> dict:
 
 @app.command()
 def serve(
-    log: Annotated[Optional[list[str]], typer.Option("--log", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
-    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", help="Poll the GPUs through NVML. (default: on)")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="Address to serve on. (default: 0.0.0.0)")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="Port to serve on. (default: 9401)")] = None,
-    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", help="Read files present at start from their beginning (default: from their end).")] = None,
-    state_file: Annotated[Optional[str], typer.Option("--state-file", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. (default: 5)")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. (default: info)")] = None,
+    log: Annotated[Optional[list[str]], typer.Option("--log", metavar="FILE", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
+    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", metavar="", help="Poll the GPUs through NVML. (default: on)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", metavar="ADDR", help="Address to serve on. (default: 0.0.0.0)")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", help="Port to serve on. (default: 9401)")] = None,
+    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", metavar="", help="Read files present at start from their beginning (default: from their end).")] = None,
+    state_file: Annotated[Optional[str], typer.Option("--state-file", metavar="FILE", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error. (default: info)")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
@@ -209,7 +279,8 @@ def serve(
     try:
         cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url, nvml=nvml, host=host, port=port,
                                        from_start=from_start, state_file=state_file, rules=rules,
-                                       eval_interval=eval_interval, log_level=log_level), config_file=config)
+                                       eval_interval=eval_interval, log_level=log_level, bench=bench),
+                          config_file=config)
         code = run(cfg)
     except VllmDoctorError as e:
         _fail(str(e))
@@ -218,13 +289,13 @@ def serve(
 
 @app.command()
 def watch(
-    log: Annotated[Optional[list[str]], typer.Argument(help="vLLM log file(s) to follow (- reads stdin).")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL (default: none).")] = None,
-    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Show the GPUs through NVML.")] = True,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
-    from_start: Annotated[bool, typer.Option("--from-start/--from-end", help="Read the log from its beginning first (default), or only what comes next.")] = True,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    log: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log file(s) to follow (- reads stdin).")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL (default: none).")] = None,
+    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", metavar="", help="Show the GPUs through NVML.")] = True,
+    interval: Annotated[float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")] = 2.0,
+    from_start: Annotated[bool, typer.Option("--from-start/--from-end", metavar="", help="Read the log from its beginning first (default), or only what comes next.")] = True,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    once: Annotated[bool, typer.Option("--once", metavar="", help="Print one frame and exit.")] = False,
 ) -> None:
     """A live terminal view of running / waiting, KV cache usage, preemptions, GPU memory and the
     active findings."""
@@ -243,13 +314,117 @@ def watch(
 # --- end serve/watch ---
 
 
+# --- plan/check (issue 12) ---
+@app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    vllm_version: Annotated[str, typer.Option("--vllm-version", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1)] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", min=1)] = 1,
+    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=1)] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", min=0.01, max=1.0)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1)] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", min=1)] = None,
+    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
+    overhead: Annotated[Optional[str], typer.Option("--overhead", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
+    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", min=1, help="Requests at max_model_len to hold at once.")] = None,
+    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown")] = "text",
+) -> None:
+    """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
+    whether start-up fails, and the flags for a target, with the arithmetic shown.
+    Exit 1 when start-up would fail."""
+    from . import plan as planmod
+
+    if format not in planmod.FORMATS:
+        _fail(f"unknown format {format!r}: text, json or markdown")
+    if device not in ("cuda", "cpu"):
+        _fail(f"unknown device {device!r}: cuda or cpu")
+    from .versions import parse_version
+
+    if parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    try:
+        cfg, name = planmod.load_config(model)
+        kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else (None if kvb is not None else planmod.nvml_total_memory())
+        p = planmod.make_plan(planmod.PlanInputs(
+            config=cfg, model=name, gpu_memory_bytes=mem, vllm_version=vllm_version, device=device,
+            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
+            overhead_bytes=planmod.parse_size(overhead) if overhead else None,
+            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(planmod.FORMATS[format](p))
+    raise typer.Exit(EXIT_FINDINGS if p.startup["fails"] else EXIT_OK)
+
+@app.command()
+def check(
+    paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
+    model_config: Annotated[Optional[str], typer.Option("--model-config", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json, sarif or github")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding at or above: error, warning, note, never.")] = "error",
+) -> None:
+    """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
+    above --fail-on, 2 on unusable input."""
+    from . import check as chk
+    from . import plan as planmod
+
+    if format not in chk.FORMATS:
+        _fail(f"unknown format {format!r}: text, json, sarif or github")
+    if fail_on not in ("error", "warning", "note", "never"):
+        _fail(f"unknown --fail-on {fail_on!r}: error, warning, note or never")
+    from .versions import parse_version
+
+    if vllm_version is not None and parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    try:
+        cfg = planmod.load_config(model_config)[0] if model_config else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else None
+        results = []
+        for path in paths:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                try:
+                    text = Path(path).read_text(errors="replace")
+                except OSError as e:
+                    raise InputError(f"{path}: cannot read: {e.strerror}") from None
+            results.append(chk.check_text(text, path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(chk.FORMATS[format](results))
+    if fail_on != "never" and chk.worst(results) >= chk.LEVEL_ORDER[fail_on]:
+        raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK)
+# --- end plan/check ---
+
+
+# --- bench (issue 14) ---
+from .bench.cli import bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")
+# --- end bench ---
+
+
 def main() -> None:
     """Console-script entry point. An unexpected error is one line on stderr and exit 2
     (VLLM_DOCTOR_DEBUG=1 shows the traceback)."""
     import os
 
     try:
-        app()
+        app(prog_name="vllm-doctor")
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback

@@ -22,7 +22,7 @@ Damage from copy and paste is tolerated: several records glued on one line (tqdm
 before ``INFO``; newlines collapsed to spaces) are split at each embedded logger prefix, except
 inside request-logging lines (``Received request ...: prompt: '...'``) whose text is user input.
 
-Everything works on bytes until a line is known to matter: the :data:`PREFILTER` regex drops, at
+Everything works on bytes until a line is known to matter: the :class:`KeywordScanner` (keywords derived from the matcher table) drops, at
 C speed, lines that no parser could match (the bulk of a request-heavy log), which keeps
 ``diagnose`` near ``grep`` speed. Invalid UTF-8 is replaced, never raised; lines longer than
 ``max_line_bytes`` are cut (the rest of the line is counted but not kept).

@@ -115,7 +115,7 @@ class Pipeline:
                  base_year: int | None = None, clock: LogTime | WallTime | None = None) -> None:
         self.ruleset = ruleset
         self.clock = clock or (WallTime() if follow else LogTime())
-        self.follow = not self.clock.follows_log
+        self._wall = self.clock if not self.clock.follows_log else WallTime()
         self.eval_interval = eval_interval
         self.base_year = base_year
         longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
@@ -130,6 +130,16 @@ class Pipeline:
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
         self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
+
+    @property
+    def follow(self) -> bool:
+        """True while the rules run on the wall clock (serve), False on the log's (diagnose)."""
+        return not self.clock.follows_log
+
+    @follow.setter
+    def follow(self, value: bool) -> None:
+        """Swap the clock (serve judges an old or replayed log on its own clock while reading it)."""
+        self.clock = self._wall if value else LogTime()
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -327,6 +337,7 @@ class Pipeline:
             unknown_flags=dict(st.unknown_flags),
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
+            timeline=st.timeline.snapshot(),
         )
 
 
@@ -347,6 +358,7 @@ class Report:
     unknown_flags: dict[str, str | None] = field(default_factory=dict)
     rule_errors: dict[str, list[str]] = field(default_factory=dict)
     generated_at: float = 0.0
+    timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
 
     @property
     def nothing_to_diagnose(self) -> bool:
@@ -367,6 +379,7 @@ class Report:
             "unknown_flags": [{"flag": k, "real_flag": v} for k, v in self.unknown_flags.items()],
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
+            "timeline": self.timeline,
         }
 
 

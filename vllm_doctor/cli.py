@@ -101,22 +101,42 @@ def _choice(option: str, enum: type[Enum]):
 
 @app.command()
 def diagnose(
-    paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
+    paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")] = "text",
     fail_on: Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")] = "warning",
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
     bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
+    # --- fleet (issue 13) ---
+    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
+    selector: Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="--prometheus: start, a duration before now (6h) or a time (ISO 8601, epoch). (default: 6h)")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="--prometheus: end, as --since. (default: now)")] = None,
+    step: Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")] = None,
+    # --- end fleet ---
 ) -> None:
-    """Read vLLM logs to the end: what happened, what to do first, the incidents, the facts."""
+    """Read vLLM logs to the end (or every replica's series from Prometheus): what happened, what to do
+    first, the incidents, the facts."""
     format, fail_on = Format(format), FailOn(fail_on)
     from .oneshot import diagnose as run
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
 
     try:
-        rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [])
+        if prometheus:
+            if paths:
+                _fail("give log files or --prometheus, not both")
+            from .fleet import diagnose_from_env
+
+            rep = diagnose_from_env(prometheus, selector=selector, since=since, until=until, step=step,
+                                    rules_dirs=rules or []).report
+        elif selector or step:
+            _fail("--selector and --step need --prometheus")
+        elif not paths:
+            _fail("give a vLLM log file (- for stdin) or --prometheus URL")
+        else:
+            rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [])
     except VllmDoctorError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -326,6 +346,9 @@ def plan(
     dtype: Annotated[str, typer.Option("--dtype")] = "auto",
     quantization: Annotated[Optional[str], typer.Option("--quantization", "-q")] = None,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    mamba_cache_dtype: Annotated[str, typer.Option("--mamba-cache-dtype", help="Hybrid models: dtype of the Mamba / linear-attention state.")] = "auto",
+    mamba_ssm_cache_dtype: Annotated[str, typer.Option("--mamba-ssm-cache-dtype", help="Hybrid models: dtype of the SSM (temporal) state.")] = "auto",
+    enable_prefix_caching: Annotated[Optional[bool], typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Hybrid models: prefix caching changes the Mamba cache mode (default: the version's).")] = None,
     block_size: Annotated[Optional[int], typer.Option("--block-size", min=1)] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=1)] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", min=0.01, max=1.0)] = None,
@@ -357,7 +380,9 @@ def plan(
         p = planmod.make_plan(planmod.PlanInputs(
             config=cfg, model=name, gpu_memory_bytes=mem, vllm_version=vllm_version, device=device,
             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
-            quantization=quantization, kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype, mamba_cache_dtype=mamba_cache_dtype,
+            mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, enable_prefix_caching=enable_prefix_caching,
+            block_size=block_size, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,

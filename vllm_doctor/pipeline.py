@@ -265,6 +265,11 @@ class Pipeline:
         """A typed event from a collector (VllmMetricsSample, GpuSample)."""
         self.state.apply(event)
 
+    def tick(self, ts: float) -> None:
+        """diagnose of events fed with :meth:`observe` (``diagnose --prometheus``: series read
+        back from Prometheus): run the rules due at time ``ts``, as for log lines."""
+        self._tick(ts)
+
     def evaluate(self, now: float | None = None) -> list[Finding]:
         """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
         if now is None:
@@ -359,6 +364,7 @@ class Report:
     rule_errors: dict[str, list[str]] = field(default_factory=dict)
     generated_at: float = 0.0
     timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
+    replicas: list[dict] = field(default_factory=list)  # diagnose --prometheus: the per-replica table
 
     @property
     def nothing_to_diagnose(self) -> bool:
@@ -380,6 +386,7 @@ class Report:
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
             "timeline": self.timeline,
+            **({"replicas": self.replicas} if self.replicas else {}),
         }
 
 

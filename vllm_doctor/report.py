@@ -41,6 +41,35 @@ def fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%m-%d %H:%M:%S")
 
 
+REPLICA_COLUMNS = (
+    ("replica", "replica"), ("engine", "engine"), ("running_peak", "running peak"),
+    ("waiting_peak", "waiting peak"), ("kv_cache_usage_peak_ratio", "KV peak"),
+    ("kv_cache_usage_mean_ratio", "KV mean"), ("preemptions", "preemptions"),
+    ("saturated_ratio", "saturated"), ("idle_ratio", "idle"), ("ttft_p99_seconds", "TTFT p99 s"),
+    ("itl_p99_seconds", "ITL p99 s"), ("findings", "findings"),
+)
+
+
+def replica_cells(row: dict) -> list[str]:
+    """One row of the per-replica table (``diagnose --prometheus``) as text cells."""
+    out = []
+    for key, _ in REPLICA_COLUMNS:
+        v = row.get(key)
+        if key == "findings":
+            out.append(", ".join(v) if v else "-")
+        elif v is None:
+            out.append("-")
+        elif key.endswith("_ratio"):
+            out.append(f"{v:.0%}")
+        elif isinstance(v, float) and key.endswith("_seconds"):
+            out.append(f"{v:.3g}")
+        elif isinstance(v, float):
+            out.append(f"{v:,.0f}")
+        else:
+            out.append(str(v))
+    return out
+
+
 def to_json(rep: Report) -> str:
     return json.dumps(rep.to_dict(), indent=2, default=str)
 
@@ -173,6 +202,13 @@ def to_text(rep: Report, color: bool = False) -> str:
                 text = e.text if len(e.text) <= 240 else e.text[:239] + "…"
                 lines.append(f"    {e.source}:{rng}: {text}")
         lines.append(f"  More: vllm-doctor explain {f.name}")
+    if rep.replicas:
+        lines.append("")
+        lines.append(c("1", f"Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})"))
+        rows = [[h for _, h in REPLICA_COLUMNS]] + [replica_cells(r) for r in rep.replicas]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(REPLICA_COLUMNS) - 1)]
+        for r in rows:
+            lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
     seen, dflt = split_facts(rep)
     if seen:
         lines.append("")
@@ -228,6 +264,11 @@ def to_markdown(rep: Report) -> str:
                 out.append(f"{e.source}:{e.lineno}: {e.text[:200]}".replace("```", "'''"))
             out.append("```")
             out.append("")
+    if rep.replicas:
+        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
+                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
+        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
+        out.append("")
     seen, dflt = split_facts(rep)
     if seen:
         out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]
@@ -261,7 +302,8 @@ def to_html(rep: Report) -> str:
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(
         rep=rep, verdict=verdict(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
-        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")))
+        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")),
+        replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas])
 
 
 FORMATS = {"text": to_text, "json": to_json, "markdown": to_markdown, "html": to_html}

@@ -318,6 +318,8 @@ class Pipeline:
             after()
         self.active = self.engine.evaluate(self.state)
 
+    run_files = run  # the name callers used before ``run``
+
     @staticmethod
     def _timed(name: str, recs: Iterator[Record]) -> Iterator[tuple[float, int, str, Record]]:
         last_ts = 0.0

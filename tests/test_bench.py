@@ -348,3 +348,19 @@ def test_deeply_nested_json_is_one_line_exit_2_for_compare_and_diagnose_bench(tm
     log = ROOT / "tests" / "fixtures" / "logs" / "cpu-preemption-tiny-kv-cache.log"
     r = doctor("diagnose", str(log), "--bench", str(deep))
     assert r.returncode == 2 and "nested too deeply" in r.stderr and "internal error" not in r.stderr
+
+
+def test_compare_fails_a_run_whose_requests_failed(tmp_path, ladder_result):
+    """A ladder level where requests failed must not PASS on its (meaningless) figures."""
+    res = json.loads(json.dumps(ladder_result[0]))
+    for lv in res["levels"]:
+        lv["errors"] = 3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(res))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(ladder_result[0]))
+    r = doctor("bench", "compare", str(good), str(bad), "--level", "4", "--ttft-p99-ms", "100000")
+    assert r.returncode == 1, r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.startswith("failed requests"))
+    assert "0 -> 3" in " ".join(line.split()) and line.rstrip().endswith("FAIL")
+    assert "preemptions" in r.stdout and "0.0" not in next(x for x in r.stdout.splitlines() if x.startswith("preemptions"))

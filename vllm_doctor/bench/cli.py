@@ -246,8 +246,9 @@ def compare(
                      "| indicator | before | after | target | result |", "|---|---|---|---|---|"]
         for c in checks:
             unit = f" {c.unit}" if c.unit else ""
-            bv = "unknown" if c.before is None else f"{c.before:,.1f}{unit}"
-            av = "unknown" if c.after is None else f"{c.after:,.1f}{unit}"
+            spec = "{:,.0f}" if not c.unit else "{:,.1f}"  # counts are whole numbers
+            bv = "unknown" if c.before is None else spec.format(c.before) + unit
+            av = "unknown" if c.after is None else spec.format(c.after) + unit
             if md:
                 lines.append(f"| {c.indicator} | {bv} | {av} | {c.target} | **{c.status}** |")
             else:

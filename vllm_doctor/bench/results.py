@@ -201,12 +201,19 @@ def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
                      "UNKNOWN" if a is None or floor is None else ("PASS" if a >= floor else "FAIL")))
     a = after.preemptions
     note = ""
-    if a is None:
+    if a is None and after.format == "vllm-doctor-ladder":
+        note = "the ladder could not read the server's /metrics (vllm:num_preemptions_total)"
+    elif a is None:
         note = (f"{after.format} records no preemption count: run `vllm-doctor bench ladder`, which reads "
                 "vllm:num_preemptions_total before and after each level")
     out.append(Check("preemptions", "", None if before.preemptions is None else float(before.preemptions),
                      None if a is None else float(a), f"<= {t.max_preemptions}",
                      judge(a, lambda v: v <= t.max_preemptions), note))
+    # A run whose requests failed proves nothing about the four figures: failures are judged too.
+    if after.errors or before.errors:
+        out.append(Check("failed requests", "", None if before.errors is None else float(before.errors),
+                         None if after.errors is None else float(after.errors), "0",
+                         judge(after.errors, lambda v: v == 0)))
     return out
 
 

@@ -136,11 +136,9 @@ class RuleEngine:
         fired_names = {f.name for f in self.findings.values() if f.active}
 
         def count(kind: str) -> int:
-            return len(win.events(kind))
+            return win.count(kind)
 
         def total(kind: str) -> int:
-            if ":" in kind:
-                return len(state.events.get(kind, ()))
             return state.totals.get(kind, 0)
 
         def exists(kind: str) -> bool:
@@ -154,11 +152,10 @@ class RuleEngine:
             return evs[-1] if evs else None
 
         def first_event(kind: str):
-            evs = state.events.get(kind)
-            return evs[0] if evs else None
+            return state.first_events.get(kind)
 
         def events(kind: str) -> list:
-            return list(state.events.get(kind, ()))
+            return state.kept(kind)
 
         def recent_events(kind: str) -> list:
             return win.events(kind)
@@ -245,7 +242,7 @@ class RuleEngine:
             else:
                 evs = win.events(kind)
                 if kind.startswith("OutOfMemory:") or not evs:
-                    evs = list(state.events.get(kind, ())) or evs
+                    evs = state.kept(kind) or evs
             picked = evs[:MAX_EVIDENCE // 2] + evs[-(MAX_EVIDENCE // 2):] if len(evs) > MAX_EVIDENCE else evs
             for e in picked:
                 key = (e.meta.source, e.meta.end_lineno or e.meta.lineno)

@@ -118,6 +118,7 @@ class LogFollower:
         self._cur: _Open | None = None
         self._pending = b""
         self._started = False
+        self._absent_at_start = False
 
     # -- public --------------------------------------------------------------------------
 
@@ -137,12 +138,35 @@ class LogFollower:
         self.stats.last_error = None
         return n
 
+    def prepare(self) -> None:
+        """Decide where reading starts and open the file there, without reading (the sidecar
+        writes a checkpoint between this and the first :meth:`poll`, so a kill before the first
+        periodic checkpoint neither skips nor repeats a line). A no-op when a checkpoint applies
+        (it already says where) or after the first poll. Never raises (errors are counted)."""
+        if self._started or (self._checkpoint and self._checkpoint.get("path", self.path) == self.path):
+            return
+        try:
+            st = _stat(self.path)
+            if st is None:
+                self._started = self._absent_at_start = True
+                return
+            start = 0 if self._from_start or not stat_mod.S_ISREG(st.st_mode) else _last_line_end(self.path, st.st_size)
+            self._open(self.path, st, start)
+            self._started = True
+        except OSError as exc:
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+
     def checkpoint(self) -> dict | None:
         """The resume point: ``{"path", "dev", "ino", "offset", "tail"}`` where offset is
-        the end of the last whole line delivered; None when no file is open."""
+        the end of the last whole line delivered; ``{"path", "absent": True}`` when the file did
+        not exist at start (it will be read from its beginning when it appears); None when no
+        file is open."""
         cur = self._cur
         if cur is None:
-            return self._checkpoint if not self._started else None
+            if not self._started:
+                return self._checkpoint
+            return {"path": self.path, "absent": True} if self._absent_at_start else None
         delivered = cur.offset - len(self._pending)
         tail = self._tail_before(cur, delivered)
         return {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered,
@@ -197,6 +221,12 @@ class LogFollower:
     def _start(self, st: os.stat_result | None) -> int:
         ck = self._checkpoint
         n = 0
+        if ck and ck.get("absent"):  # absent at the last start: whatever is there now is new
+            if st is None:
+                self._absent_at_start = True
+                return 0
+            self._open(self.path, st, 0)
+            return self._read_available()
         if ck and ck.get("path", self.path) == self.path:
             if st is not None and (st.st_dev, st.st_ino) == (ck["dev"], ck["ino"]):
                 fd_stat_ok = st.st_size >= ck["offset"]
@@ -211,6 +241,9 @@ class LogFollower:
             old = _find_by_inode(self.path, ck["dev"], ck["ino"])
             if old is not None:
                 n += self._read_rest_of(old, ck["offset"], bytes.fromhex(ck.get("tail", "")))
+                # rotated more than once: the files rotated after it, oldest first, whole
+                for newer in _rotated_after(self.path, old):
+                    n += self._read_rest_of(newer, 0, b"")
             if st is not None:
                 self._open(self.path, st, 0)
                 n += self._read_available()
@@ -407,20 +440,80 @@ class PipeFollower:
         self.stats.up = False
 
 
+class FifoFollower(PipeFollower):
+    """Follow a named pipe (``--log /path/to/fifo``): opened and read in its own thread, so a
+    FIFO with no writer (whose ``open`` blocks until one appears) never blocks start-up or the
+    health check. Each writer's data ends with ``on_end``; then the FIFO is opened again for the
+    next writer, until :meth:`stop`."""
+
+    def __init__(self, path: str | os.PathLike[str], on_data: OnData, on_end: OnEnd | None = None, *,
+                 lock: threading.Lock | None = None, chunk: int = 1 << 16,
+                 max_pending: int = 1 << 20) -> None:
+        super().__init__(-1, on_data, on_end, lock=lock, chunk=chunk, max_pending=max_pending)
+        self.path = os.path.abspath(os.fspath(path))
+        self.stats.up = False
+        self._stopping = threading.Event()
+        self._thread.name = "vllm-doctor-fifo"
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # waits for a writer
+            except OSError as exc:
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self._stopping.wait(1.0)
+                continue
+            if self._stopping.is_set():
+                os.close(self.fd)
+                break
+            self.stats.up = True
+            self.stats.last_error = None
+            try:
+                super()._run()  # reads until this writer closes; then flush + on_end
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop reading. A thread waiting in ``open`` for a writer is released by opening the
+        FIFO's write end for a moment (non-blocking: it fails harmlessly if nobody waits)."""
+        self._stopping.set()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+        self._thread.join(timeout)
+
+
+def is_fifo(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a named pipe (followed with :class:`FifoFollower`)."""
+    try:
+        return stat_mod.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 class FollowThread:
     """Drive several :class:`LogFollower` objects from one thread.
 
     Wakes on watchdog events in the followed files' directories (inotify on Linux) and at
     least every ``poll_interval`` seconds; polls at most once per ``min_interval`` seconds
     (batching bursts of writes). Each ``poll`` runs while holding ``lock``.
-    ``after_poll()`` (optional) is called after each round, outside the lock.
+    ``after_poll()`` (optional) is called after each round, outside the lock;
+    ``first_round()`` (optional) runs once in the thread before the first wait (the sidecar's
+    first read), and :attr:`first_round_done` is set after it.
     """
 
     def __init__(self, followers: Iterable[LogFollower], lock: threading.Lock, *,
                  poll_interval: float = 1.0, min_interval: float = 0.05,
                  use_watchdog: bool = True,
-                 after_poll: Callable[[], None] | None = None) -> None:
+                 after_poll: Callable[[], None] | None = None,
+                 first_round: Callable[[], None] | None = None) -> None:
         self.followers = list(followers)
+        self.first_round = first_round
+        self.first_round_done = threading.Event()
         self.lock = lock
         self.poll_interval = poll_interval
         self.min_interval = min_interval
@@ -493,6 +586,13 @@ class FollowThread:
         self._observer = observer
 
     def _run(self) -> None:
+        try:
+            if self.first_round is not None:  # in this thread: a stalled file blocks nobody else
+                self.first_round()
+        except Exception:  # noqa: BLE001
+            log.exception("first round failed")
+        finally:
+            self.first_round_done.set()
         last = 0.0
         while not self._stop.is_set():
             self._wake.wait(self.poll_interval)
@@ -534,7 +634,8 @@ def load_checkpoints(path: str | os.PathLike[str] | None) -> dict[str, dict]:
         return {}
     good = {}
     for k, v in files.items():
-        if isinstance(v, dict) and all(isinstance(v.get(f), int) for f in ("dev", "ino", "offset")):
+        if isinstance(v, dict) and (v.get("absent") is True
+                                    or all(isinstance(v.get(f), int) for f in ("dev", "ino", "offset"))):
             good[k] = v
     return good
 
@@ -627,6 +728,21 @@ def _find_by_inode(path: str, dev: int, ino: int) -> str | None:
         if st is not None and (st.st_dev, st.st_ino) == (dev, ino):
             return p
     return None
+
+
+def _rotated_after(path: str, old: str) -> list[str]:
+    """Rotated siblings of ``path`` written after ``old`` (by modification time), oldest first:
+    the files a log went through while the sidecar was down when it rotated more than once."""
+    try:
+        since = os.stat(old).st_mtime_ns
+    except OSError:
+        return []
+    out = []
+    for p in _siblings(path):
+        st = _stat(p)
+        if p != old and st is not None and st.st_mtime_ns > since:
+            out.append((st.st_mtime_ns, p))
+    return [p for _, p in sorted(out)]
 
 
 def _find_copy(path: str, cur: _Open) -> str | None:

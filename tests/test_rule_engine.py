@@ -77,3 +77,39 @@ def test_a_failing_rule_is_a_finding_and_a_metric(tmp_path):
     text = generate_latest(make_registry(sc)).decode()
     assert 'vllm_doctor_rule_errors_total{rule_id="XX001"} 2.0' in text
     assert 'vllm_doctor_rule_errors_total{rule_id="VD001"} 0.0' in text
+
+
+RULES = Path(__file__).resolve().parent.parent / "rules"
+
+
+@pytest.mark.parametrize("rule,old,new,field", [
+    ("VD009", "{rej.limit:,}", "{rej.limitt:,}", "message"),                      # a message template
+    ("VD009", "value: rej.limit", "value: rej.limitt", "fixes[0].value"),         # a fix's value
+    ("VD001", "- preempted >= t.preemption_storm_min", "- preemptd >= t.preemption_storm_min", "when[0]"),
+    ("VD006", "e.kind == 'watchdog-timeout'", "e.kindd == 'watchdog-timeout'", "values.timeouts"),
+    ("VD002", "want_len: small.max_model_len", "want_len: small.max_model_lenn", "values.want_len"),
+    ("VD006", "evidence: [NcclError]", "evidence: [NcclErr]", "evidence[0]"),
+    ("VD001", 'arithmetic: "{gpu_memory_utilization} + 0.05"', 'arithmetic: "{gpu_memory_utilisation} + 0.05"',
+     "fixes[1].arithmetic"),
+    ("VD004", "x.num_waiting >= t.waiting_min and 1 <=", "x.num_waitin >= t.waiting_min and 1 <=", "values.plateau"),
+    ("VD001", "value: max(1, target)", "value: max(1, targt)", "fixes[0].value"),
+    ("VD002", "if: oom is not None and any(", "if: oom is not None and anyy(", "fixes[6].if"),
+])
+def test_a_typo_in_any_field_is_a_load_error_with_file_and_line(tmp_path, rule, old, new, field):
+    src = next(RULES.glob(f"{rule}-*.yaml"))
+    text = src.read_text()
+    assert old in text, "the case must mutate real rule text"
+    bad = text.replace(old, new, 1).replace(f"id: {rule}", "id: XX" + rule[2:], 1)
+    bad = bad.replace("\nname: ", "\nname: copy-of-", 1)
+    (tmp_path / "copy.yaml").write_text(bad)
+    line = bad[: bad.index(new)].count("\n") + 1
+    with pytest.raises(RuleLoadError) as e:
+        load_rules([tmp_path])
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'copy.yaml'}:{line}: {field}"), msg
+    assert "\n" not in msg
+
+
+def test_every_builtin_rule_passes_the_load_time_check():
+    rs = load_rules()
+    assert [r.id for r in rs.rules] == sorted(p.name[:5] for p in RULES.glob("VD*.yaml"))

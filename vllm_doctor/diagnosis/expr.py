@@ -151,6 +151,10 @@ def attributes_of(expr: str, base: str) -> set[str]:
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base}
 
 
+class _MissingData(Exception):
+    """An attribute read on None: the event did not happen (data missing, not a fault)."""
+
+
 class _BoundedEval(EvalWithCompoundTypes):
     """simpleeval whose comprehension limit is the state's bound, not simpleeval's 10,000.
 
@@ -160,6 +164,14 @@ class _BoundedEval(EvalWithCompoundTypes):
     guard is that bound: a long window is evaluated, never skipped."""
 
     limit = 10_000
+
+    def _eval_attribute(self, node):
+        try:
+            return super()._eval_attribute(node)
+        except simpleeval.AttributeDoesNotExist:
+            if self._eval(node.value) is None:
+                raise _MissingData from None
+            raise
 
     def _eval_comprehension(self, node):
         saved = simpleeval.MAX_COMPREHENSION_LENGTH
@@ -195,8 +207,8 @@ class Evaluator:
             tree = self._parsed[expr] = self._ev.parse(expr)
         try:
             return self._ev.eval(expr, previously_parsed=tree)
-        except TypeError:
-            return None  # arithmetic or comparison on None: data missing
+        except (TypeError, _MissingData):
+            return None  # arithmetic or comparison on None, an attribute of None: data missing
         except ZeroDivisionError:
             return None
         except AttributeError as e:

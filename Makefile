@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps demo test test-quick bench bundle docs clean
+.PHONY: setup system-deps demo test test-quick bench bundle docs lock clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,16 @@ bundle: setup
 
 docs: setup
 	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md
+
+# requirements.lock: every runtime dependency pinned, with hashes, for images and installs
+# (pip install --require-hashes -r requirements.lock). Run after changing pyproject.toml's
+# dependencies, or to take upstream fixes; commit the result.
+lock: setup
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--generate-hashes --no-header -o requirements.lock.tmp
+	{ echo "# Pinned runtime dependencies of vllm-doctor (make lock; do not edit by hand)."; \
+	  cat requirements.lock.tmp; } > requirements.lock && rm requirements.lock.tmp
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

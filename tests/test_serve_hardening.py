@@ -72,3 +72,47 @@ def test_fifo_follower_stop_releases_a_reader_waiting_for_a_writer(tmp_path):
     assert got == [b"one\n", b"two", b"<end>"]
     f.stop(5)
     assert not f._thread.is_alive()
+
+
+def test_two_processes_rotating_one_log_lose_no_line(tmp_path):
+    """vLLM's API server and engine core each hold a RotatingFileHandler on the same file (the
+    shipped logging config): the one that rotates late renames the files again and keeps
+    writing to a renamed file for a while. Two handlers in one process do the same here; the
+    follower must deliver every line exactly once."""
+    import json
+    import logging
+    import logging.handlers
+    import re
+    from pathlib import Path
+
+    from vllm_doctor.sources.follow import LogFollower
+
+    cfg = json.loads((Path(__file__).resolve().parent.parent / "deploy/kubernetes/base/vllm-logging.json").read_text())
+    spec = cfg["handlers"]["file"]
+    assert spec["class"] == "logging.handlers.RotatingFileHandler"
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    handlers = [logging.handlers.RotatingFileHandler(log, maxBytes=3000, backupCount=spec["backupCount"] + 20)
+                for _ in range(2)]
+    loggers = []
+    for i, h in enumerate(handlers):
+        lg = logging.getLogger(f"vd-test-proc{i}")
+        lg.propagate = False
+        lg.handlers[:] = [h]
+        lg.setLevel(logging.INFO)
+        loggers.append(lg)
+    got: list[bytes] = []
+    f = LogFollower(log, got.append, from_start=True)
+    try:
+        for i in range(400):
+            loggers[i % 2 if i % 10 else (i // 10) % 2].info("line %d from a vLLM process %s", i, "x" * 40)
+            if i % 3 == 0:
+                f.poll()
+        for _ in range(3):
+            f.poll()
+    finally:
+        for h in handlers:
+            h.close()
+    ids = [int(x) for x in re.findall(rb"line (\d+) from", b"".join(got))]
+    assert f.stats.rotations >= 5
+    assert sorted(ids) == list(range(400))

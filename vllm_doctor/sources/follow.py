@@ -12,7 +12,12 @@ Each step compares the path's ``stat`` with the open file descriptor:
   descriptor is read to its end first (vLLM may have written more before it reopened), the
   partial last line is flushed, ``on_end`` is called, and the new file is read from offset 0.
   While the path is missing (between the rename and the create) the old descriptor stays
-  open and is drained.
+  open and is drained. After the switch the rotated file stays open for ``rotated_grace``
+  seconds and whole lines appended to it are still read: every vLLM process (API server,
+  engine core) has its own logging handler, and a process that has not yet noticed the
+  rotation keeps writing to the renamed file. Its own rotation, a moment later, can rename a
+  file that was created and written between two polls: at each rotation the siblings written
+  since the last poll are read too (from where they were left, by inode, or from the start).
 - **truncation / copytruncate**: same inode, but the size is below our offset, or the bytes
   just before our offset no longer equal what we read there (truncated and refilled between
   two polls). With ``copytruncate`` logrotate first copies the file to a sibling
@@ -105,6 +110,7 @@ class LogFollower:
         max_pending: int = 1 << 20,
         read_chunk: int = 1 << 20,
         max_read_per_poll: int = 16 << 20,
+        rotated_grace: float = 30.0,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.on_data = on_data
@@ -119,6 +125,10 @@ class LogFollower:
         self._pending = b""
         self._started = False
         self._absent_at_start = False
+        self._rotated_grace = rotated_grace
+        self._rotated: dict[tuple[int, int], tuple[_Open, float]] = {}  # rotated files still read: (file, last growth)
+        self._done: dict[tuple[int, int], int] = {}  # (dev, ino) -> offset of rotated files closed since
+        self._last_poll_wall = time.time()
 
     # -- public --------------------------------------------------------------------------
 
@@ -169,14 +179,19 @@ class LogFollower:
             return {"path": self.path, "absent": True} if self._absent_at_start else None
         delivered = cur.offset - len(self._pending)
         tail = self._tail_before(cur, delivered)
-        return {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered,
-                "tail": tail.hex()}
+        ck = {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered, "tail": tail.hex()}
+        if self._rotated:
+            ck["rotated"] = [{"dev": o.dev, "ino": o.ino, "offset": o.offset, "tail": o.tail.hex()}
+                             for o, _ in self._rotated.values()]
+        return ck
 
     def close(self, flush: bool = False) -> None:
         """Close the file. flush=True delivers a held partial line and calls ``on_end``."""
         if flush and self._pending:
             self._deliver_all()
             self.on_end()
+        for key in list(self._rotated):
+            self._close_rotated(key)
         if self._cur is not None:
             os.close(self._cur.fd)
             self._cur = None
@@ -189,6 +204,8 @@ class LogFollower:
         if not self._started:
             self._started = True
             return self._start(st)
+        n_prev = self._read_rotated() if self._rotated else 0
+        since, self._last_poll_wall = self._last_poll_wall, time.time()
         cur = self._cur
         self.stats.up = st is not None
         if cur is None:
@@ -205,18 +222,87 @@ class LogFollower:
                 log.warning("following %s: the replaced file could not be drained: %s", self.path, exc)
                 n = 0
             if st is None:
-                return n  # renamed or deleted; wait for the new file, keep draining the old
-            self._end_file()
+                return n_prev + n  # renamed or deleted; wait for the new file, keep draining the old
+            self._end_file(keep_reading=True)
             self.stats.rotations += 1
             log.info("%s rotated (new inode); reading the new file from the start", self.path)
+            n += self._adopt_rotated_since(since - 1.0, (st.st_dev, st.st_ino))
             self._open(self.path, st, 0)
-            return n + self._read_available()
+            return n_prev + n + self._read_available()
         if st.st_size < cur.offset or not self._tail_matches(cur):
             self._truncated(cur)
-            return self._read_available()
+            return n_prev + self._read_available()
         if st.st_size == cur.offset:
+            return n_prev
+        return n_prev + self._read_available()
+
+    def _read_rotated(self) -> int:
+        """Whole lines appended to the rotated files still open (late writers); each is closed
+        once it has not grown for ``rotated_grace`` seconds."""
+        n = 0
+        now = time.monotonic()
+        for key, (o, seen) in list(self._rotated.items()):
+            got = self._read_whole_lines(o)
+            if got:
+                self._rotated[key] = (o, now)
+                n += got
+            elif now - seen > self._rotated_grace:
+                self._close_rotated(key)
+        return n
+
+    def _read_whole_lines(self, o: _Open) -> int:
+        got = b""
+        try:
+            while len(got) < self._max_read_per_poll:
+                chunk = os.pread(o.fd, self._read_chunk, o.offset + len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
             return 0
-        return self._read_available()
+        cut = got.rfind(b"\n") + 1
+        if cut:
+            o.offset += cut
+            o.tail = (o.tail + got[:cut][-TAIL_BYTES:])[-TAIL_BYTES:]
+            self.stats.bytes_read += cut
+            self.stats.recovered_bytes += cut
+            self.on_data(got[:cut])
+        return cut
+
+    def _keep_rotated(self, o: _Open) -> None:
+        self._rotated[(o.dev, o.ino)] = (o, time.monotonic())
+
+    def _close_rotated(self, key: tuple[int, int]) -> None:
+        o, _ = self._rotated.pop(key)
+        self._done[key] = o.offset
+        while len(self._done) > 64:
+            self._done.pop(next(iter(self._done)))
+        try:
+            os.close(o.fd)
+        except OSError:
+            pass
+
+    def _adopt_rotated_since(self, since: float, new_key: tuple[int, int]) -> int:
+        """Siblings modified since ``since`` (wall time) that are not being read: files created and
+        rotated away between two polls by a second writer. Read from where they were left (a
+        file read before, by inode) or from the start, and kept open like the rotated file."""
+        n = 0
+        for p in _siblings(self.path):
+            st = _stat(p)
+            if st is None or st.st_mtime < since or not stat_mod.S_ISREG(st.st_mode):
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key == new_key or key in self._rotated:
+                continue
+            offset = self._done.pop(key, 0)
+            try:
+                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                continue
+            o = _Open(fd=fd, dev=st.st_dev, ino=st.st_ino, offset=offset, path=p)
+            self._keep_rotated(o)
+            n += self._read_whole_lines(o)
+        return n
 
     def _start(self, st: os.stat_result | None) -> int:
         ck = self._checkpoint
@@ -227,6 +313,13 @@ class LogFollower:
                 return 0
             self._open(self.path, st, 0)
             return self._read_available()
+        handled: set[str] = set()
+        for pv in (ck or {}).get("rotated") or ():  # late lines of files rotated before the kill
+            old = _find_by_inode(self.path, pv.get("dev"), pv.get("ino")) if isinstance(pv, dict) else None
+            if old is not None:
+                handled.add(old)
+                n += self._read_rest_of(old, int(pv.get("offset", 0)), bytes.fromhex(pv.get("tail", "")),
+                                        whole_lines=True)
         if ck and ck.get("path", self.path) == self.path:
             if st is not None and (st.st_dev, st.st_ino) == (ck["dev"], ck["ino"]):
                 fd_stat_ok = st.st_size >= ck["offset"]
@@ -243,7 +336,8 @@ class LogFollower:
                 n += self._read_rest_of(old, ck["offset"], bytes.fromhex(ck.get("tail", "")))
                 # rotated more than once: the files rotated after it, oldest first, whole
                 for newer in _rotated_after(self.path, old):
-                    n += self._read_rest_of(newer, 0, b"")
+                    if newer not in handled:
+                        n += self._read_rest_of(newer, 0, b"")
             if st is not None:
                 self._open(self.path, st, 0)
                 n += self._read_available()
@@ -326,12 +420,16 @@ class LogFollower:
         if data:
             self.on_data(data)
 
-    def _end_file(self) -> None:
-        """The current file is finished: flush its partial line, tell the pipeline, close it."""
+    def _end_file(self, keep_reading: bool = False) -> None:
+        """The current file is finished: flush its partial line, tell the pipeline, close it
+        (``keep_reading``: keep it open as the rotated file, for late lines)."""
         self._deliver_all()
         self.on_end()
         if self._cur is not None:
-            os.close(self._cur.fd)
+            if keep_reading:
+                self._keep_rotated(self._cur)
+            else:
+                os.close(self._cur.fd)
             self._cur = None
 
     def _truncated(self, cur: _Open) -> None:
@@ -346,9 +444,11 @@ class LogFollower:
             self.on_end()
         cur.offset, cur.tail = 0, b""
 
-    def _read_rest_of(self, path: str, offset: int, tail: bytes, keep_pending: bool = False) -> int:
+    def _read_rest_of(self, path: str, offset: int, tail: bytes, keep_pending: bool = False,
+                      whole_lines: bool = False) -> int:
         """Read ``path`` from ``offset`` to its end (a rotated file or a copytruncate copy),
-        continuing the pending partial line, then flush and call on_end."""
+        continuing the pending partial line, then flush and call on_end (``whole_lines``: the
+        late lines of a rotated file: a partial last line is dropped, no on_end)."""
         if not keep_pending:
             self._pending = b""
         total = 0
@@ -372,6 +472,9 @@ class LogFollower:
             os.close(fd)
         self.stats.recovered_bytes += total
         self.stats.bytes_read += total
+        if whole_lines:
+            self._pending = b""
+            return total
         self._deliver_all()
         self.on_end()
         return total

@@ -199,10 +199,13 @@ def sidecar(tmp: Path, rate: int, seconds: float) -> tuple[list[tuple[float, int
                 time.sleep(tick)
         time.sleep(2)
         samples.append((time.monotonic() - t0, rss(p.pid)))
-        got = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        lines = next((float(x.split()[-1]) for x in got.splitlines()
-                      if x.startswith("vllm_doctor_log_lines_total{")), 0.0)
-        print(f"    the sidecar read {lines:,.0f} of {written:,} lines", flush=True)
+        try:  # how far it got (it may still be working through a backlog on a busy machine)
+            got = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
+            lines = next((float(x.split()[-1]) for x in got.splitlines()
+                          if x.startswith("vllm_doctor_log_lines_total{")), 0.0)
+            print(f"    the sidecar had read {lines:,.0f} of {written:,} lines", flush=True)
+        except httpx.HTTPError as exc:
+            print(f"    /metrics did not answer ({type(exc).__name__})", flush=True)
         return samples, written
     finally:
         p.send_signal(signal.SIGTERM)

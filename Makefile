@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps demo test test-quick bench bundle docs lock clean
+.PHONY: setup system-deps demo test test-quick bench bench-memory bundle docs lock clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,12 @@ demo: setup
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q
+	$(BIN)/python bench/bench_memory.py --quick
+
+# Peak memory of diagnose (10 M keyword lines, 3 M traceback lines, 1 GiB request-heavy log) and
+# of the sidecar under 2,000 OOM lines/s for 5 minutes (long; `make test` runs it with --quick).
+bench-memory: setup
+	$(BIN)/python bench/bench_memory.py
 
 test-quick: setup
 	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -x

@@ -134,11 +134,15 @@ def rss(pid: int) -> int:
     return 0
 
 
-def diagnose_peak(path: Path) -> tuple[int, int, float, int]:
-    """(main process peak RSS, process tree peak RSS, seconds, exit code) of one diagnose run."""
+def diagnose_peak(path: Path, workers: int | None = None) -> tuple[int, int, float, int]:
+    """(main process peak RSS, process tree peak RSS, seconds, exit code) of one diagnose run
+    (``workers``: VLLM_DOCTOR_WORKERS, 1 = no parallel scan; None = diagnose's default)."""
     t0 = time.perf_counter()
+    env = dict(os.environ)
+    if workers is not None:
+        env["VLLM_DOCTOR_WORKERS"] = str(workers)
     p = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "diagnose", str(path), "--format", "json"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     peak_tree = 0
     stop = threading.Event()
 
@@ -227,6 +231,8 @@ def main() -> int:
     ap.add_argument("--dir", default=os.environ.get("VLLM_DOCTOR_BENCH_DIR", tempfile.gettempdir()))
     ap.add_argument("--flood-seconds", type=float, default=None)
     ap.add_argument("--rate", type=int, default=2000, help="OOM lines per second appended to the sidecar's log")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="VLLM_DOCTOR_WORKERS for diagnose (1: no parallel scan; default: diagnose's own choice)")
     args = ap.parse_args()
     only = set(args.only or ("keywords", "tracebacks", "requests", "sidecar"))
     d = Path(args.dir)
@@ -252,9 +258,11 @@ def main() -> int:
             tmp = path.with_suffix(".part")
             make(tmp)
             tmp.rename(path)
-        main_peak, tree_peak, secs, rc = diagnose_peak(path)
+        main_peak, tree_peak, secs, rc = diagnose_peak(path, args.workers)
         n = sum(1 for _ in open(path, "rb"))
-        print(f"diagnose, {label} ({path.stat().st_size / MB:,.0f} MB, {n / secs:,.0f} lines/s, exit {rc}):", flush=True)
+        how = "" if args.workers is None else f", VLLM_DOCTOR_WORKERS={args.workers}"
+        print(f"diagnose, {label} ({path.stat().st_size / MB:,.0f} MB, {n / secs:,.0f} lines/s{how}, exit {rc}):",
+              flush=True)
         print(f"    peak RSS main process {verdict(main_peak, DIAGNOSE_TARGET)}", flush=True)
         print(f"    peak RSS process tree {verdict(tree_peak, DIAGNOSE_TARGET)}", flush=True)
         over += main_peak > DIAGNOSE_TARGET or tree_peak > DIAGNOSE_TARGET

@@ -148,7 +148,7 @@ def test_kill_9_loop_counts_exactly_once(tmp_path):
             kills += 1
             if kills < KILLS and rng.random() < 0.35:  # killed again while starting up
                 proc = spawn(log, state, port)
-                time.sleep(rng.uniform(0.0, 0.8))
+                time.sleep(rng.uniform(0.3, 2.5))  # before, during or just after its first read
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
                 kills += 1

@@ -161,7 +161,7 @@ def test_kill_9_loop_counts_exactly_once(tmp_path):
                     got = scrape(port, log)
                     return got if got is not None and got[0] == want[0] else None
 
-                got = wait_for(caught_up, 30, f"the restarted sidecar to read {want[0]} lines (kill {kills})")
+                got = wait_for(caught_up, 90, f"the restarted sidecar to read {want[0]} lines (kill {kills})")
                 time.sleep(0.2)  # a line read twice would show now
                 got = scrape(port, log)
                 assert got == (float(want[0]), float(want[1]), float(want[2])), (kills, got, want)

@@ -137,8 +137,9 @@ def test_health_and_readiness(tmp_path):
         wait_for(lambda: not s.get("/readyz").json()["degraded"], what="the log to appear")
         src = s.get("/readyz").json()["sources"][0]
         assert src["status"] == "live" and src["up"]
-        # (the file can be seen created but still empty: its line comes with the next poll)
-        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(missing)) == 1.0, what="its line")
+        # "live" comes when the file opens; the line is counted by the pipeline a moment later
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(missing)) == 1.0,
+                 what="the log's first line counted")
         s.sidecar.stop()
         assert s.get("/readyz").status_code == 503 and s.get("/healthz").status_code == 200
         s.sidecar.stop()  # again (as the app's shutdown will): nothing happens

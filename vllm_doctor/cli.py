@@ -172,6 +172,27 @@ def diagnose(
     raise typer.Exit(EXIT_OK)
 
 
+@app.command()
+def events(
+    paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin); several are merged in time order.")],
+    year: Annotated[Optional[int], typer.Option("--year", metavar="YEAR", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
+) -> None:
+    """Print the typed events read from vLLM logs, one JSON object per line (what the rules see)."""
+    import json
+
+    from .oneshot import event_dict, events as run
+
+    out = sys.stdout
+    try:
+        run(paths, lambda e: out.write(json.dumps(event_dict(e), ensure_ascii=False) + "\n"), year=year)
+    except VllmDoctorError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    except BrokenPipeError:
+        raise typer.Exit(EXIT_OK)
+
+
 @app.command("rules")
 def rules_cmd(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,

@@ -217,7 +217,10 @@ class OutOfMemory:
     allocate X MiB. GPU N has a total capacity of T GiB of which F MiB is free ...``; older torch
     ``torch.cuda.OutOfMemoryError`` with the "total capacty" typo; ``RuntimeError: CUDA out of
     memory``; ``CUDA error: out of memory``).
-    phase: "startup" when the engine had not served yet, "runtime" after; decided by the state.
+    phase: "startup" or "runtime" when the traceback it closes says so (raised through
+    start-up-only frames such as ``profile_run`` / ``load_model``, or serving-only frames such as
+    ``step`` / ``output_handler``); None otherwise, and the state decides from what came before
+    (the engine served: requests or stats lines seen).
     """
 
     meta: Meta
@@ -226,6 +229,7 @@ class OutOfMemory:
     free_bytes: int | None = None
     gpu_index: int | None = None
     in_use_bytes: int | None = None
+    phase: Literal["startup", "runtime"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,11 +243,15 @@ class EngineFailure:
     ``Engine process failed to start``), "proc-died" (``Engine core proc X died unexpectedly``,
     ``Worker proc X died unexpectedly``), "output-handler" (``AsyncLLM output_handler failed``),
     "background-loop" (``Background loop has errored already`` / ``is not running``).
+    exit_code: the dead process's exit code where vLLM logs it (``Worker proc X died unexpectedly
+    (exit code: -4)``, 0.30+; ``Process X (PID: N) died with exit code N``); negative = killed by
+    that signal (-4 SIGILL, -9 SIGKILL).
     """
 
     meta: Meta
     kind: str
     message: str = ""
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -361,7 +361,7 @@ class State:
         if last is None or last[0] != e.meta.ts or e.meta.ts is None and last[1] + 50 < e.meta.lineno:
             self.oom_events_total += 1
         self._last_oom = (e.meta.ts, e.meta.lineno)
-        phase = "runtime" if self.served else "startup"
+        phase = e.phase or ("runtime" if self.served else "startup")
         self.keep("OutOfMemory:" + phase, e)
 
     def _on_ExceptionRaised(self, e: ev.ExceptionRaised) -> None:

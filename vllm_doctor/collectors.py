@@ -22,7 +22,7 @@ sidecar's health: ``vllm_doctor_log_lines_total{source}``,
 ``vllm_doctor_log_truncations_total{source}``, ``vllm_doctor_source_up{source}``,
 ``vllm_doctor_scrape_errors_total``, ``vllm_doctor_rejected_values_total``,
 ``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_evaluations_total``,
-``vllm_doctor_evaluation_seconds_total``, ``vllm_doctor_last_evaluation_duration_seconds``,
+``vllm_doctor_evaluation_seconds_total``, ``vllm_doctor_rule_errors_total{rule_id}``, ``vllm_doctor_last_evaluation_duration_seconds``,
 ``vllm_doctor_build_info{version}``.
 
 Labels are bounded: configured sources, GPU indexes, rule ids, NVML's compute processes. No
@@ -235,7 +235,13 @@ class SidecarCollector(Collector):
         eval_s = CounterMetricFamily("vllm_doctor_evaluation_seconds", "Time spent evaluating the rules "
                                      "(the pipeline is locked meanwhile).")
         eval_s.add_metric([], sc.eval_seconds_total)
-        fams = [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, evals, eval_s]
+        rerr = CounterMetricFamily("vllm_doctor_rule_errors", "Evaluations of a rule that failed (the "
+                                   "rule's incident was not checked; the rule-evaluation-failed finding "
+                                   "says why).", labels=["rule_id"])
+        errs_total = sc.pipeline.engine.rule_errors_total
+        for r in sc.pipeline.ruleset.rules:
+            rerr.add_metric([r.id], errs_total.get(r.id, 0))
+        fams = [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, evals, eval_s, rerr]
         if sc.last_eval_seconds is not None:
             last = GaugeMetricFamily("vllm_doctor_last_evaluation_duration_seconds",
                                      "How long the last rule evaluation took.")

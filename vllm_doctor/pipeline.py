@@ -279,6 +279,22 @@ class Pipeline:
         self.active = self.engine.evaluate(self.state)
         return self.active
 
+    def counters(self) -> dict:
+        """The state's counters plus each source's line number and parsed-line count: what the
+        sidecar checkpoints together with the offsets (see :meth:`State.counters`)."""
+        return {"state": self.state.counters(),
+                "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
+                            for n, c in self._sources.items()}}
+
+    def restore_counters(self, snap: dict) -> None:
+        """Put :meth:`counters` back into a fresh pipeline (a resumed sidecar)."""
+        if isinstance(snap.get("state"), dict):
+            self.state.restore_counters(snap["state"])
+        for name, src in (snap.get("sources") or {}).items():
+            if isinstance(src, dict):
+                self._ctx(name).splitter.lineno = int(src.get("lineno", 0))
+                self._parsed[name] = int(src.get("parsed", 0))
+
     def unparsed(self, source: str) -> int:
         """Lines of ``source`` that gave no event."""
         return self.state.lines_total.get(source, 0) - self._parsed.get(source, 0)

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from .pipeline import Report
+from .diagnosis.evaluate import RULE_ERROR_ID
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -201,7 +202,8 @@ def to_text(rep: Report, color: bool = False) -> str:
                 rng = f"{e.lineno}-{e.end_lineno}" if e.end_lineno else f"{e.lineno}"
                 text = e.text if len(e.text) <= 240 else e.text[:239] + "…"
                 lines.append(f"    {e.source}:{rng}: {text}")
-        lines.append(f"  More: vllm-doctor explain {f.name}")
+        if f.rule_id != RULE_ERROR_ID:  # the finding about vllm-doctor itself has no rule to explain
+            lines.append(f"  More: vllm-doctor explain {f.name}")
     if rep.replicas:
         lines.append("")
         lines.append(c("1", f"Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})"))

@@ -31,10 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vllm_doctor.errors import VllmDoctorError
 from vllm_doctor.sources.follow import (
+    FifoFollower,
     FollowStats,
     FollowThread,
     LogFollower,
     PipeFollower,
+    is_fifo,
     load_checkpoints,
     load_state_extra,
     save_checkpoints,
@@ -118,7 +120,8 @@ class ServeConfig(BaseModel):
     scrape_interval: float = Field(default=5.0, gt=0)
     nvml_interval: float = Field(default=5.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
-    checkpoint_interval: float = Field(default=10.0, gt=0)
+    checkpoint_interval: float = Field(default=1.0, gt=0)
+    start_wait: float = Field(default=2.0, ge=0)
     stale_after: float = Field(default=120.0, gt=0)
     ttft_window: float = Field(default=300.0, gt=0)
     log_level: str = "info"
@@ -201,7 +204,7 @@ class LogSource:
     path as configured); ``reader`` a LogFollower or PipeFollower."""
 
     name: str
-    reader: LogFollower | PipeFollower
+    reader: LogFollower | PipeFollower | FifoFollower
 
     @property
     def stats(self) -> FollowStats:
@@ -248,11 +251,19 @@ class Sidecar:
         resumed = any(os.path.abspath(p) in checkpoints for p in cfg.logs if p != "-")
         if resumed:  # resuming mid-file: the start-up lines were read by the previous run
             restore_sticky(self.pipeline.state, load_state_extra(cfg.state_file, "sticky_state"))
+            # the counters that correspond to the checkpointed offsets (written together with them)
+            restore = getattr(self.pipeline, "restore_counters", None)
+            if restore is not None:
+                restore(load_state_extra(cfg.state_file, "counters"))
+        self._bytes_checkpointed = -1
+        self._last_ck = 0.0
         self.logs: list[LogSource] = []
         for path in cfg.logs:
             if path == "-":
-                r: LogFollower | PipeFollower = PipeFollower(
+                r: LogFollower | PipeFollower | FifoFollower = PipeFollower(
                     stdin_fd, self._on_data("-"), self._on_end("-"), lock=self.lock)
+            elif is_fifo(path):
+                r = FifoFollower(path, self._on_data(path), self._on_end(path), lock=self.lock)
             else:
                 ck = checkpoints.get(os.path.abspath(path))
                 r = LogFollower(path, self._on_data(path), self._on_end(path),
@@ -266,7 +277,8 @@ class Sidecar:
         self._log_ts_seen: float | None = None  # the newest log time read
         self.log_behind: float | None = None  # how far that time trailed the wall clock when read
         self.follow_thread = (FollowThread(files, self.lock, poll_interval=cfg.poll_interval,
-                                           after_poll=self._sync_clock) if files else None)
+                                           after_poll=self._after_poll, first_round=self._first_round)
+                              if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
                                        window_seconds=cfg.ttft_window, clock=self.now)
                         if cfg.metrics_url else None)
@@ -409,18 +421,18 @@ class Sidecar:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start every configured source and the evaluation loop. The first poll of each log
-        file happens here, synchronously (so "from the end" means the end at start)."""
+        """Start every configured source and the evaluation loop. The first read of the log
+        files runs in the follow thread (a stalled file system or a FIFO never blocks start-up
+        or /healthz): each file is opened where reading starts ("from the end" means the end at
+        start), a checkpoint is written, then the first poll reads; ``start`` waits for that
+        first round at most ``start_wait`` seconds."""
         self.started_at = time.monotonic()
-        with self.lock:
-            for s in self.logs:
-                if isinstance(s.reader, LogFollower):
-                    s.reader.poll()
         for s in self.logs:
             if isinstance(s.reader, PipeFollower):
                 s.reader.start()
         if self.follow_thread is not None:
             self.follow_thread.start()
+            self.follow_thread.first_round_done.wait(self.cfg.start_wait)
         if self.scraper is not None:
             self.scraper.start()
         if self.nvml is not None:
@@ -438,6 +450,9 @@ class Sidecar:
         self._stop.set()
         if self.follow_thread is not None:
             self.follow_thread.stop()
+        for s in self.logs:
+            if isinstance(s.reader, FifoFollower):
+                s.reader.stop()
         if self.scraper is not None:
             self.scraper.stop()
         if self.nvml is not None:
@@ -479,26 +494,54 @@ class Sidecar:
                 annotate(out, self.bench_result)
             return out
 
+    def _first_round(self) -> None:
+        """In the follow thread: open each file where reading starts, checkpoint that point
+        (before any line is read: a kill before the next checkpoint resumes exactly here), then
+        read."""
+        files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
+        with self.lock:
+            for f in files:
+                f.prepare()
+            self.save_checkpoint()
+            for f in files:
+                f.poll()
+        self._after_poll()
+
+    def _after_poll(self) -> None:
+        self._sync_clock()
+        read = sum(s.stats.bytes_read for s in self.logs if isinstance(s.reader, LogFollower))
+        now = time.monotonic()
+        if read != self._bytes_checkpointed and now - self._last_ck >= self.cfg.checkpoint_interval:
+            self.save_checkpoint()
+
     def save_checkpoint(self) -> None:
-        """Write the offsets of the followed files to ``state_file`` (if configured)."""
+        """Write the offsets of the followed files and the state they correspond to (the
+        counters: preemptions, OOMs, lines; the sticky facts) to ``state_file``, together and
+        atomically (temp file, fsync, rename; under the pipeline lock, so no line is half
+        counted): a restart resumes both, so a ``kill -9`` at any moment neither loses nor
+        double-counts (see docs/serve.md)."""
         if not self.cfg.state_file:
             return
         files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
         with self.lock:
+            extra = {"sticky_state": sticky_snapshot(self.pipeline.state)}
+            counters = getattr(self.pipeline, "counters", None)
+            if counters is not None:
+                extra["counters"] = counters()
             try:
-                save_checkpoints(self.cfg.state_file, files,
-                                 extra={"sticky_state": sticky_snapshot(self.pipeline.state)})
+                save_checkpoints(self.cfg.state_file, files, extra=extra)
             except OSError as exc:
                 log.warning("cannot write state file %s: %s", self.cfg.state_file, exc)
+                return
+            self._bytes_checkpointed = sum(f.stats.bytes_read for f in files)
+            self._last_ck = time.monotonic()
 
     def _eval_loop(self) -> None:
-        last_ck = time.monotonic()
         while not self._stop.wait(self.cfg.eval_interval):
             self._sync_clock()  # also for a pipe, which has no follow thread
             self.evaluate()
-            if time.monotonic() - last_ck >= self.cfg.checkpoint_interval:
+            if time.monotonic() - self._last_ck >= self.cfg.checkpoint_interval:
                 self.save_checkpoint()
-                last_ck = time.monotonic()
 
     # -- status -----------------------------------------------------------------------------------
 

@@ -3,8 +3,18 @@
 Sticky facts (version, engine, configuration, KV cache capacity) plus time-bounded windows of
 the periodic stats, collector samples and incident events, which the rules read. The clock is
 the events' own timestamps: log time in ``diagnose``, wall time for collector samples in
-``serve``. Memory is bounded: windows keep at most ``max_window_seconds`` of history and at most
-``max_items`` entries per kind, whatever the log size.
+``serve``. Memory is bounded by design, whatever the log size or the rate of lines:
+
+* every event kind is a **counter** (``totals``), a windowed counter (per-second buckets, at most
+  one per second of the longest window: :class:`WindowCounter`) and a **capped ring** of the
+  last :data:`EVENTS_KEPT` events plus the first one (evidence and the rules' ``last_event`` /
+  ``first_event`` read them); an OOM flood grows nothing;
+* the periodic series (stats lines, /metrics samples, GPU samples) keep at most
+  ``max_window_seconds`` of history and at most ``max_items`` entries each;
+* peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima.
+
+:meth:`State.counters` / :meth:`State.restore_counters` give the monotonic part (the exported
+counters and what they are computed from) as JSON, for the sidecar's checkpoint.
 """
 
 from __future__ import annotations
@@ -32,8 +42,52 @@ FACT_NAMES = (
     "model_weights_bytes", "cpu_offload_kv_tokens", "preemptions_inferred", "oom_events_total",
     "quantization", "swap_space", "workers_seen",
 )
+#: Kinds that are series (kept in ``stats`` / ``metrics`` / ``gpus``) or sticky, not event rings.
+SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"})
+#: State attributes behind the exported counters (see :meth:`State.counters`).
+COUNTER_ATTRS = ("oom_events_total", "_log_preempt_base", "_log_preempt_cum", "_v1_interval_sum",
+                 "_metrics_base", "_metrics_last", "preemptions_total", "preemptions_reported",
+                 "peak_running", "peak_waiting", "peak_kv")
 # Higher wins when two sources give the same config value.
+#: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
+EVENTS_KEPT = 64
 KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
+
+
+class WindowCounter:
+    """How many events of one kind happened since a time, in bounded memory: per-second
+    buckets ``[second, count]``, trimmed to the longest window (so at most one bucket per
+    second of it, however many events each second brings). Events without a timestamp are
+    always inside the window (as :meth:`Window._in` treats them)."""
+
+    __slots__ = ("buckets", "untimed")
+
+    def __init__(self) -> None:
+        self.buckets: deque[list[int]] = deque()
+        self.untimed = 0
+
+    def add(self, ts: float | None) -> None:
+        if ts is None:
+            self.untimed += 1
+            return
+        sec = int(ts)
+        if self.buckets and self.buckets[-1][0] >= sec:
+            self.buckets[-1][1] += 1  # same second (or a clock step back): the newest bucket
+        else:
+            self.buckets.append([sec, 1])
+
+    def trim(self, cutoff: float, max_buckets: int) -> None:
+        while self.buckets and (self.buckets[0][0] < int(cutoff) or len(self.buckets) > max_buckets):
+            self.buckets.popleft()
+
+    def since(self, start: float | None) -> int:
+        """Events at or after ``start`` (None: every one kept)."""
+        n = self.untimed
+        for sec, c in reversed(self.buckets):
+            if start is not None and sec < int(start):
+                break
+            n += c
+        return n
 
 
 class State:
@@ -57,7 +111,9 @@ class State:
         self.stats: deque[ev.SchedulerStats] = deque()
         self.metrics: deque[ev.VllmMetricsSample] = deque()
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
-        self.events: dict[str, deque] = defaultdict(deque)
+        self.events: dict[str, deque] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))  # newest per kind
+        self.first_events: dict[str, Any] = {}  # the first event of each kind
+        self.counts: dict[str, WindowCounter] = defaultdict(WindowCounter)  # per kind, for windows
         self.totals: dict[str, int] = defaultdict(int)
         self.last_stats: ev.SchedulerStats | None = None
         self.last_metrics: ev.VllmMetricsSample | None = None
@@ -67,6 +123,7 @@ class State:
         self.lines_total: dict[str, int] = defaultdict(int)
         self.unparsed_total: dict[str, int] = defaultdict(int)
         self.oom_events_total = 0
+        self._last_oom: tuple[float | None, int] | None = None  # (ts, lineno) of the last OOM line
         self.now: float | None = None
         self.unknown_flags: dict[str, str | None] = {}
         self.defaulted: list[str] = []  # facts that facts() last filled from version defaults
@@ -77,7 +134,7 @@ class State:
         self._metrics_base = 0.0
         self._metrics_last: float | None = None
         self.preemptions_total = 0
-        self.preemption_timeline: deque[tuple[float | None, int]] = deque()
+        self.preemption_timeline: deque[tuple[float | None, int]] = deque(maxlen=max_items)
         self.preemptions_reported = False
         self.shutting_down = False
         self.preemptions_trimmed = False
@@ -93,17 +150,23 @@ class State:
         ts = e.meta.ts
         if ts is not None and (self.now is None or ts > self.now):
             self.now = ts
-        self.totals[kind] += 1
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
         self.timeline.note(e, kind, self)
-        if kind not in ("SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"):
-            dq = self.events[kind]
-            dq.append(e)
-            if len(dq) > self.max_items:
-                dq.popleft()
+        if kind not in SERIES_KINDS:
+            self.keep(kind, e)
+        else:
+            self.totals[kind] += 1
         self._trim()
+
+    def keep(self, kind: str, e: Any) -> None:
+        """Count one event of ``kind`` and keep it in the kind's capped ring."""
+        self.totals[kind] += 1
+        self.counts[kind].add(e.meta.ts)
+        if kind not in self.first_events:
+            self.first_events[kind] = e
+        self.events[kind].append(e)  # a deque(maxlen=EVENTS_KEPT): the oldest falls out
 
     def _trim(self) -> None:
         if self.now is None:
@@ -114,6 +177,8 @@ class State:
                 dq.popleft()
         while len(self.gpu_series) > 1 and self.gpu_series[0][0] < cutoff:
             self.gpu_series.popleft()
+        for wc in self.counts.values():
+            wc.trim(cutoff, int(self.max_window) + 2)
         while len(self.preemption_timeline) > 2 and (self.preemption_timeline[1][0] or cutoff) < cutoff:
             self.preemption_timeline.popleft()
             self.preemptions_trimmed = True
@@ -142,6 +207,29 @@ class State:
                 cur = self.config.get(k)
                 if cur is None or prio >= cur[0]:
                     self.config[k] = (prio, v)
+
+    # ---- the checkpoint's part: counters --------------------------------------------------
+    def counters(self) -> dict:
+        """The monotonic counters (and what they are computed from) as JSON-able data: what a
+        sidecar checkpoints together with the log offsets they correspond to."""
+        return {name: getattr(self, name) for name in COUNTER_ATTRS} | {
+            "lines_total": dict(self.lines_total), "unparsed_total": dict(self.unparsed_total),
+            "_last_oom": list(self._last_oom) if self._last_oom else None,
+        }
+
+    def restore_counters(self, snap: dict) -> None:
+        """Put :meth:`counters` back (a resumed sidecar continues its counters exactly)."""
+        for name in COUNTER_ATTRS:
+            if name in snap and snap[name] is not None:
+                setattr(self, name, snap[name])
+        for name in ("lines_total", "unparsed_total"):
+            if isinstance(snap.get(name), dict):
+                getattr(self, name).update({k: int(v) for k, v in snap[name].items()})
+        lo = snap.get("_last_oom")
+        if isinstance(lo, list) and len(lo) == 2:
+            self._last_oom = (lo[0], int(lo[1]))
+        if self.preemptions_reported:  # the window's base: preemptions before now are not "recent"
+            self.preemption_timeline.append((None, self.preemptions_total))
 
     def _restart(self) -> None:
         """A new engine run in the same log: counters of the old run are kept, the run's state reset."""
@@ -269,11 +357,12 @@ class State:
 
     def _on_OutOfMemory(self, e: ev.OutOfMemory) -> None:
         # The same OOM is echoed by every process that re-raises it: count distinct seconds.
-        last = self.events["OutOfMemory"][-1] if self.events["OutOfMemory"] else None
-        if last is None or last.meta.ts != e.meta.ts or e.meta.ts is None and last.meta.lineno + 50 < e.meta.lineno:
+        last = self._last_oom
+        if last is None or last[0] != e.meta.ts or e.meta.ts is None and last[1] + 50 < e.meta.lineno:
             self.oom_events_total += 1
+        self._last_oom = (e.meta.ts, e.meta.lineno)
         phase = e.phase or ("runtime" if self.served else "startup")
-        self.events["OutOfMemory:" + phase].append(e)
+        self.keep("OutOfMemory:" + phase, e)
 
     def _on_ExceptionRaised(self, e: ev.ExceptionRaised) -> None:
         if self.engine is None and e.exc_type.startswith("vllm.v1."):
@@ -331,14 +420,14 @@ class State:
         if f["max_model_len"] is None and cap.get("concurrency_tokens") is not None:
             f["max_model_len"] = cap["concurrency_tokens"]
         if f["max_model_len"] is None:
-            for e in self.events.get("KvCacheTooSmall", ()):
+            for e in self.kept("KvCacheTooSmall"):
                 if e.max_model_len:
                     f["max_model_len"] = e.max_model_len
         kv = cap.get("kv_cache_tokens")
         if kv is None and cap.get("num_gpu_blocks") is not None and f["block_size"]:
             kv = int(cap["num_gpu_blocks"]) * int(f["block_size"])
         if kv is None:
-            for e in self.events.get("KvCacheTooSmall", ()):
+            for e in self.kept("KvCacheTooSmall"):
                 if e.kv_cache_tokens:
                     kv = e.kv_cache_tokens
         f["kv_cache_tokens"] = kv
@@ -376,6 +465,15 @@ class State:
             prev = s
         return False
 
+    def kept(self, kind: str) -> list:
+        """The kept events of ``kind``: the first one, then the newest EVENTS_KEPT."""
+        ring = self.events.get(kind)
+        if not ring:
+            return []
+        first = self.first_events.get(kind)
+        fell_out = first is not None and self.totals.get(kind, 0) > len(ring)
+        return ([first] if fell_out else []) + list(ring)
+
     def window(self, seconds: float | None) -> "Window":
         """A view of the last ``seconds`` (None: all that is kept)."""
         return Window(self, seconds)
@@ -399,7 +497,13 @@ class Window:
         return [s for s in self.state.metrics if self._in(s.meta.ts)]
 
     def events(self, kind: str) -> list:
-        return [e for e in self.state.events.get(kind, ()) if self._in(e.meta.ts)]
+        """The kept events of ``kind`` in the window (at most EVENTS_KEPT + 1, oldest first)."""
+        return [e for e in self.state.kept(kind) if self._in(e.meta.ts)]
+
+    def count(self, kind: str) -> int:
+        """How many events of ``kind`` happened in the window (a counter, not the kept ones)."""
+        wc = self.state.counts.get(kind)
+        return 0 if wc is None else wc.since(self.start)
 
     def preemptions(self) -> int:
         """Preemptions within the window, from the unified counter's timeline."""

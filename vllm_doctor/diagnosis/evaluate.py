@@ -20,6 +20,8 @@ from .expr import Evaluator, names_in
 from .loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
 
 MAX_EVIDENCE = 8
+#: The finding about vllm-doctor itself: a rule that failed to evaluate (see RuleEngine.evaluate).
+RULE_ERROR_ID, RULE_ERROR_NAME = "VD000", "rule-evaluation-failed"
 
 
 def render(template: str, ev: Evaluator) -> str:
@@ -85,7 +87,8 @@ class RuleEngine:
         self.ruleset = ruleset
         self.log_time = log_time
         self.findings: dict[str, Finding] = {}
-        self.rule_errors: dict[str, list[str]] = {}
+        self.rule_errors: dict[str, list[str]] = {}  # rule id -> its last errors (while it fails)
+        self.rule_errors_total: dict[str, int] = {}  # rule id -> evaluations that failed (a counter)
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
         self._gates: dict[str, list[str]] = {}
 
@@ -104,6 +107,8 @@ class RuleEngine:
             res = self._eval_rule(rule, state, facts)
             if res is not None:
                 fired[rule.name] = (rule, *res)
+            else:
+                self._errored(rule, self._last_ev.errors)
         active_ids: set[str] = set()
         for name, got in fired.items():
             if got is None:
@@ -114,6 +119,7 @@ class RuleEngine:
             if any(u in fired for u in rule.unless):
                 continue
             f = self._finding(rule, ev, values, state)
+            self._errored(rule, ev.errors)
             prev = self.findings.get(rule.id)
             if prev is not None:
                 f.first_seen = prev.first_seen
@@ -133,11 +139,39 @@ class RuleEngine:
                     f.last_seen = max(times)
             self.findings[rule.id] = f
             active_ids.add(rule.id)
+        if self.rule_errors:
+            self.findings[RULE_ERROR_ID] = self._error_finding(now, self.findings.get(RULE_ERROR_ID))
+            active_ids.add(RULE_ERROR_ID)
         for rid, f in self.findings.items():
             f.active = rid in active_ids
         active = [f for f in self.findings.values() if f.active]
         active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
         return active
+
+    def _errored(self, rule: Rule, errors: list[str]) -> None:
+        """Record the outcome of one evaluation of ``rule``: errors are counted and kept (the
+        finding about vllm-doctor) until an evaluation of the rule succeeds."""
+        if errors:
+            self.rule_errors[rule.id] = errors[-5:]
+            self.rule_errors_total[rule.id] = self.rule_errors_total.get(rule.id, 0) + 1
+        else:
+            self.rule_errors.pop(rule.id, None)
+
+    def _error_finding(self, now: float | None, prev: Finding | None) -> Finding:
+        names = {r.id: r.name for r in self.ruleset.rules}
+        failing = ", ".join(f"{rid} ({names.get(rid, '?')})" for rid in sorted(self.rule_errors))
+        first = next(iter(sorted(self.rule_errors.items())))
+        f = Finding(
+            rule_id=RULE_ERROR_ID, name=RULE_ERROR_NAME, severity="warning",
+            title="A rule could not be evaluated: its incident is not being checked",
+            message=(f"vllm-doctor could not evaluate {failing}, so {'that incident is' if len(self.rule_errors) == 1 else 'those incidents are'} "
+                     f"not being checked. This is a fault in vllm-doctor or in a user rule, not in vLLM: "
+                     f"{first[0]}: {first[1][-1]}"),
+            evidence=[], fixes=[], values={"failing_rules": failing},
+        )
+        f.first_seen = prev.first_seen if prev is not None and prev.active else now
+        f.last_seen = now
+        return f
 
     def _namespace(self, rule: Rule, state: State, facts: dict) -> tuple[Evaluator, Any]:
         seconds = self.ruleset.window_seconds(rule)
@@ -151,11 +185,9 @@ class RuleEngine:
         fired_names = {f.name for f in self.findings.values() if f.active}
 
         def count(kind: str) -> int:
-            return len(win.events(kind))
+            return win.count(kind)
 
         def total(kind: str) -> int:
-            if ":" in kind:
-                return len(state.events.get(kind, ()))
             return state.totals.get(kind, 0)
 
         def exists(kind: str) -> bool:
@@ -169,14 +201,22 @@ class RuleEngine:
             return evs[-1] if evs else None
 
         def first_event(kind: str):
-            evs = state.events.get(kind)
-            return evs[0] if evs else None
+            return state.first_events.get(kind)
 
         def events(kind: str) -> list:
-            return list(state.events.get(kind, ()))
+            return state.kept(kind)
 
         def recent_events(kind: str) -> list:
             return win.events(kind)
+
+        def stats_max(field: str):
+            """The largest value of a stats field in the window (None when none has it)."""
+            vals = [v for v in (getattr(x, field) for x in win.stats()) if v is not None]
+            return max(vals) if vals else None
+
+        def stats_min(field: str):
+            vals = [v for v in (getattr(x, field) for x in win.stats()) if v is not None]
+            return min(vals) if vals else None
 
         def version_at_least(v: str) -> bool | None:
             pv = parse_version(state.vllm_version)
@@ -200,9 +240,9 @@ class RuleEngine:
             first_event=first_event, events=events, recent_events=recent_events,
             preemptions_counted=win.preemptions_counted, preemptions_total=lambda: state.preemptions_total, preemptions=win.preemptions,
             flag_exists=lambda f: flag_exists(f, state.vllm_version), fired=lambda n: n in fired_names,
-            version_at_least=version_at_least, ttft_p99=ttft_p99,
+            version_at_least=version_at_least, ttft_p99=ttft_p99, stats_max=stats_max, stats_min=stats_min,
         )
-        return Evaluator(names, funcs), win
+        return Evaluator(names, funcs, comprehension_limit=4 * state.max_items), win
 
     def _gating_values(self, rule: Rule) -> list[str]:
         """The values the rule's conditions need (transitively), in declaration order."""
@@ -220,6 +260,7 @@ class RuleEngine:
 
     def _eval_rule(self, rule: Rule, state: State, facts: dict):
         ev, win = self._namespace(rule, state, facts)
+        self._last_ev = ev
         values: dict[str, Any] = {}
         gating = self._gating_values(rule)
         for k in gating:  # the rest is computed only if the rule fires
@@ -227,8 +268,6 @@ class RuleEngine:
             ev.set(k, values[k])
         ok_all = all(bool(ev(c)) for c in rule.when.all) if rule.when.all else True
         ok_any = any(bool(ev(c)) for c in rule.when.any) if rule.when.any else True
-        if ev.errors:
-            self.rule_errors[rule.id] = ev.errors[-5:]
         if not (ok_all and ok_any):
             return None
         for k, expr in rule.values.items():
@@ -260,7 +299,7 @@ class RuleEngine:
             else:
                 evs = win.events(kind)
                 if kind.startswith("OutOfMemory:") or not evs:
-                    evs = list(state.events.get(kind, ())) or evs
+                    evs = state.kept(kind) or evs
             picked = evs[:MAX_EVIDENCE // 2] + evs[-(MAX_EVIDENCE // 2):] if len(evs) > MAX_EVIDENCE else evs
             for e in picked:
                 key = (e.meta.source, e.meta.end_lineno or e.meta.lineno)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
 from ..errors import RuleLoadError
@@ -121,7 +122,8 @@ FUNCTIONS: dict[str, Callable] = {
 }
 # Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
 STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",
-                   "preemptions", "preemptions_counted", "preemptions_total", "flag_exists", "fired", "version_at_least", "ttft_p99")
+                   "preemptions", "preemptions_counted", "preemptions_total", "flag_exists", "fired", "version_at_least", "ttft_p99",
+                   "stats_max", "stats_min")
 
 
 def names_in(expr: str) -> set[str]:
@@ -149,12 +151,49 @@ def attributes_of(expr: str, base: str) -> set[str]:
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base}
 
 
-class Evaluator:
-    """Evaluates rule expressions against a namespace; errors become None (a rule whose data is
-    missing does not fire) and are counted in ``errors``."""
+class _MissingData(Exception):
+    """An attribute read on None: the event did not happen (data missing, not a fault)."""
 
-    def __init__(self, names: dict[str, Any], functions: dict[str, Callable]) -> None:
-        self._ev = EvalWithCompoundTypes(names=names, functions={**FUNCTIONS, **functions})
+
+class _BoundedEval(EvalWithCompoundTypes):
+    """simpleeval whose comprehension limit is the state's bound, not simpleeval's 10,000.
+
+    simpleeval refuses a comprehension over more than 10,000 items (``IterableTooLong``) to guard
+    against runaway input. Here the input is bounded by the state itself (every series is a ring
+    of at most ``State.max_items`` entries, every event kind at most ``EVENTS_KEPT``), so the
+    guard is that bound: a long window is evaluated, never skipped."""
+
+    limit = 10_000
+
+    def _eval_attribute(self, node):
+        try:
+            return super()._eval_attribute(node)
+        except simpleeval.AttributeDoesNotExist:
+            if self._eval(node.value) is None:
+                raise _MissingData from None
+            raise
+
+    def _eval_comprehension(self, node):
+        saved = simpleeval.MAX_COMPREHENSION_LENGTH
+        simpleeval.MAX_COMPREHENSION_LENGTH = max(saved, self.limit)
+        try:
+            return super()._eval_comprehension(node)
+        finally:
+            simpleeval.MAX_COMPREHENSION_LENGTH = saved
+
+
+class Evaluator:
+    """Evaluates rule expressions against a namespace; missing data (None in arithmetic, an
+    attribute of an event that did not happen) becomes None: the rule does not fire. Anything
+    else is a fault of the rule and is recorded in ``errors`` (the engine turns it into a
+    finding about vllm-doctor itself and a metric: never a silent skip).
+
+    comprehension_limit: the most items one expression may iterate (the state's bound)."""
+
+    def __init__(self, names: dict[str, Any], functions: dict[str, Callable],
+                 comprehension_limit: int = 10_000) -> None:
+        self._ev = _BoundedEval(names=names, functions={**FUNCTIONS, **functions})
+        self._ev.limit = comprehension_limit
         self.errors: list[str] = []
 
     def set(self, name: str, value: Any) -> None:
@@ -168,8 +207,8 @@ class Evaluator:
             tree = self._parsed[expr] = self._ev.parse(expr)
         try:
             return self._ev.eval(expr, previously_parsed=tree)
-        except TypeError:
-            return None  # arithmetic or comparison on None: data missing
+        except (TypeError, _MissingData):
+            return None  # arithmetic or comparison on None, an attribute of None: data missing
         except ZeroDivisionError:
             return None
         except AttributeError as e:

@@ -5,11 +5,17 @@ Validation at load (a :class:`~vllm_doctor.errors.RuleLoadError` with a one-line
 unknown fields (pydantic ``extra="forbid"``), an id not ``VD`` + 3 digits or a file name not
 starting with it (built-in rules), a name not kebab-case, duplicate ids or names, expressions
 that do not parse or use an unknown name, ``t.X`` without a documented threshold, an event kind
-that does not exist, a fix flag that no vLLM version has.
+that does not exist, a fix flag that no vLLM version has, and an attribute that the event it is
+read on does not have (``rej.limitt`` where ``rej = last_event('ConfigRejected')``): every field
+(conditions, values, messages, fixes, evidence) is checked against one table of names
+(:data:`BASE_NAMES`, the function table in expr.py, the event classes in events.py), and an
+error names the file and the line.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -20,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import RuleLoadError
-from ..events import EVENT_KINDS
+from ..events import EVENT_KINDS, Meta, SchedulerStats, VllmMetricsSample
 from ..state import FACT_NAMES
 from ..textscan import top_level
 from ..versions import known_flag
@@ -189,6 +195,130 @@ def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), builtin: bool = T
     return RuleSet(tuple(sorted(rules, key=lambda r: r.id)), thresholds)
 
 
+def _line_map(text: str) -> dict[tuple, int]:
+    """Line number (1-based) of every node of a YAML document, by its path of keys and indexes."""
+    out: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        out[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                walk(v, path + (k.value,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+_SERIES_TYPES = {"stats": SchedulerStats, "metrics": VllmMetricsSample}
+_EVENT_GETTERS = {"last_event", "first_event"}
+_EVENT_LISTS = {"events", "recent_events"}
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+class _Types:
+    """The event class behind each name of a rule, inferred from how it was made:
+    ``last_event('K')`` / ``first_event('K')`` -> K; ``[x for x in stats if ...]`` -> a list of
+    SchedulerStats; ``first(list)`` / ``last(list)`` / ``coalesce(a, ...)`` -> the element's class."""
+
+    def __init__(self) -> None:
+        self.one: dict[str, type] = {}  # name -> event class
+        self.many: dict[str, type] = {}  # name -> class of the list's elements
+
+    @staticmethod
+    def _kind(call: ast.Call) -> type | None:
+        if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+            return EVENT_KINDS.get(call.args[0].value.split(":")[0])
+        return None
+
+    def of(self, node: ast.AST, local: dict[str, type]) -> tuple[str, type] | None:
+        """("one" | "many", class) of an expression, when known."""
+        if isinstance(node, ast.Name):
+            if node.id in local:
+                return "one", local[node.id]
+            if node.id in self.one:
+                return "one", self.one[node.id]
+            if node.id in self.many:
+                return "many", self.many[node.id]
+            if node.id in _SERIES_TYPES:
+                return "many", _SERIES_TYPES[node.id]
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            fn = node.func.id
+            if fn in _EVENT_GETTERS and (k := self._kind(node)):
+                return "one", k
+            if fn in _EVENT_LISTS and (k := self._kind(node)):
+                return "many", k
+            if fn in ("first", "last", "max", "min") and node.args:
+                got = self.of(node.args[0], local)
+                return ("one", got[1]) if got else None
+            if fn == "coalesce":
+                for a in node.args:
+                    got = self.of(a, local)
+                    if got:
+                        return got
+            return None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # list + list
+            return self.of(node.left, local) or self.of(node.right, local)
+        if isinstance(node, ast.ListComp) and isinstance(node.elt, ast.Name):
+            inner = self._comp_locals(node, local)
+            got = inner.get(node.elt.id)
+            return ("many", got) if got else None
+        return None
+
+    def _comp_locals(self, node: ast.AST, local: dict[str, type]) -> dict[str, type]:
+        inner = dict(local)
+        for gen in getattr(node, "generators", ()):
+            if isinstance(gen.target, ast.Name):
+                got = self.of(gen.iter, inner)
+                if got and got[0] == "many":
+                    inner[gen.target.id] = got[1]
+        return inner
+
+    def check(self, expr: str) -> str | None:
+        """The first attribute read that the event's class does not have, as an error text."""
+        tree = ast.parse(expr, mode="eval")
+
+        def visit(node: ast.AST, local: dict[str, type]) -> str | None:
+            if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+                local = self._comp_locals(node, local)
+            if isinstance(node, ast.Attribute):
+                base = node.value
+                if isinstance(base, ast.Attribute) and base.attr == "meta" and self.of(base.value, local):
+                    if node.attr not in _fields(Meta):
+                        return f"{ast.unparse(node)}: a line's meta has no field {node.attr!r}"
+                got = self.of(base, local)
+                if got is not None:
+                    cls = got[1]
+                    if got[0] == "many":
+                        return f"{ast.unparse(node)}: {ast.unparse(base)} is a list of {cls.__name__}, not one"
+                    if node.attr not in _fields(cls):
+                        return (f"{ast.unparse(node)}: {cls.__name__} has no field {node.attr!r} "
+                                f"(it has {', '.join(sorted(_fields(cls) - {'meta'}))})")
+            for child in ast.iter_child_nodes(node):
+                err = visit(child, local)
+                if err:
+                    return err
+            return None
+
+        return visit(tree.body, {})
+
+    def define(self, name: str, expr: str) -> None:
+        got = self.of(ast.parse(expr, mode="eval").body, {})
+        if got:
+            (self.one if got[0] == "one" else self.many)[name] = got[1]
+
+
 def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rule:
     try:
         text = path.read_text()
@@ -218,21 +348,48 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         raise RuleLoadError(f"{path}: window uses unknown threshold {e}") from None
     known = BASE_NAMES | set(FUNCTIONS) | set(STATE_FUNCTIONS)
     defined: set[str] = set()
+    lines = _line_map(text)
+    types = _Types()
+
+    src_lines = text.splitlines()
+
+    def at(where: str, needle: str | None = None) -> str:
+        """``file:line: where`` for a field path such as ``values.kv_peak`` or ``fixes[1].if``;
+        with ``needle``, the line of the field's text that holds it (a multi-line message)."""
+        key: tuple = ()
+        for part in re.findall(r"[^.\[\]]+", where):
+            key += (int(part),) if part.isdigit() else (part,)
+        if key[:1] == ("when",) and len(key) == 2 and isinstance(key[1], int):  # when[i] over all + any
+            i = key[1]
+            key = ("when", "all", i) if i < len(rule.when.all) else ("when", "any", i - len(rule.when.all))
+        line = None
+        while key and line is None:
+            line = lines.get(key)
+            key = key[:-1]
+        if line and needle:
+            for n in range(line, min(len(src_lines), line + 200) + 1):
+                if needle in src_lines[n - 1]:
+                    line = n
+                    break
+        return f"{path}:{line}: {where}" if line else f"{path}: {where}"
 
     def check(expr: str, where: str, extra: set[str] = frozenset()) -> None:
         try:
             used = names_in(expr)
         except RuleLoadError as e:
-            raise RuleLoadError(f"{path}: {where}: {e}") from None
+            raise RuleLoadError(f"{at(where)}: {e}") from None
         unknown = used - known - defined - set(extra)
         if unknown:
-            raise RuleLoadError(f"{path}: {where}: unknown name {sorted(unknown)[0]!r} in {expr!r}")
+            raise RuleLoadError(f"{at(where, sorted(unknown)[0])}: unknown name {sorted(unknown)[0]!r} in {expr!r}")
         for a in attributes_of(expr, "t"):
             if a not in thresholds:
-                raise RuleLoadError(f"{path}: {where}: unknown threshold t.{a}")
+                raise RuleLoadError(f"{at(where, 't.' + a)}: unknown threshold t.{a}")
         for kind in re.findall(r"(?:count|total|exists|recent|last_event|first_event|events|recent_events)\(\s*[\"']([\w:]+)[\"']", expr):
             if kind not in EVENT_KINDS and kind not in DERIVED_KINDS:
-                raise RuleLoadError(f"{path}: {where}: unknown event kind {kind!r}")
+                raise RuleLoadError(f"{at(where)}: unknown event kind {kind!r}")
+        err = types.check(expr)
+        if err:
+            raise RuleLoadError(f"{at(where, err.split(':')[0])}: {err}")
 
     def check_template(text: str, where: str) -> None:
         for m in TEMPLATE_RE.finditer(text):
@@ -241,11 +398,12 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     for k, e in rule.values.items():
         check(e, f"values.{k}")
         defined.add(k)
+        types.define(k, e)
     for i, e in enumerate(rule.when.all + rule.when.any):
         check(e, f"when[{i}]")
-    for kind in rule.evidence:
+    for i, kind in enumerate(rule.evidence):
         if kind not in EVENT_KINDS and kind not in DERIVED_KINDS and kind not in rule.values:
-            raise RuleLoadError(f"{path}: evidence: {kind!r} is neither an event kind nor a value")
+            raise RuleLoadError(f"{at(f'evidence[{i}]')}: {kind!r} is neither an event kind nor a value")
     if isinstance(rule.message, str):
         check_template(rule.message, "message")
     else:
@@ -256,11 +414,11 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     for i, f in enumerate(rule.fixes):
         if f.kind == "env":
             if not re.fullmatch(r"[A-Z][A-Z0-9_]*", f.flag):
-                raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not an environment variable name")
+                raise RuleLoadError(f"{at(f'fixes[{i}].flag')}: {f.flag!r} is not an environment variable name")
             if f.flag.startswith("VLLM_") and not known_flag(f.flag):
-                raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not an environment variable of any vLLM version")
+                raise RuleLoadError(f"{at(f'fixes[{i}].flag')}: {f.flag!r} is not an environment variable of any vLLM version")
         elif not known_flag(f.flag):
-            raise RuleLoadError(f"{path}: fixes[{i}]: {f.flag!r} is not a flag of any vLLM version")
+            raise RuleLoadError(f"{at(f'fixes[{i}].flag')}: {f.flag!r} is not a flag of any vLLM version")
         check(f.value, f"fixes[{i}].value")
         if f.if_:
             check(f.if_, f"fixes[{i}].if")

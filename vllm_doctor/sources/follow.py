@@ -12,7 +12,12 @@ Each step compares the path's ``stat`` with the open file descriptor:
   descriptor is read to its end first (vLLM may have written more before it reopened), the
   partial last line is flushed, ``on_end`` is called, and the new file is read from offset 0.
   While the path is missing (between the rename and the create) the old descriptor stays
-  open and is drained.
+  open and is drained. After the switch the rotated file stays open for ``rotated_grace``
+  seconds and whole lines appended to it are still read: every vLLM process (API server,
+  engine core) has its own logging handler, and a process that has not yet noticed the
+  rotation keeps writing to the renamed file. Its own rotation, a moment later, can rename a
+  file that was created and written between two polls: at each rotation the siblings written
+  since the last poll are read too (from where they were left, by inode, or from the start).
 - **truncation / copytruncate**: same inode, but the size is below our offset, or the bytes
   just before our offset no longer equal what we read there (truncated and refilled between
   two polls). With ``copytruncate`` logrotate first copies the file to a sibling
@@ -105,6 +110,7 @@ class LogFollower:
         max_pending: int = 1 << 20,
         read_chunk: int = 1 << 20,
         max_read_per_poll: int = 16 << 20,
+        rotated_grace: float = 30.0,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.on_data = on_data
@@ -118,6 +124,11 @@ class LogFollower:
         self._cur: _Open | None = None
         self._pending = b""
         self._started = False
+        self._absent_at_start = False
+        self._rotated_grace = rotated_grace
+        self._rotated: dict[tuple[int, int], tuple[_Open, float]] = {}  # rotated files still read: (file, last growth)
+        self._done: dict[tuple[int, int], int] = {}  # (dev, ino) -> offset of rotated files closed since
+        self._last_poll_wall = time.time()
 
     # -- public --------------------------------------------------------------------------
 
@@ -137,22 +148,50 @@ class LogFollower:
         self.stats.last_error = None
         return n
 
+    def prepare(self) -> None:
+        """Decide where reading starts and open the file there, without reading (the sidecar
+        writes a checkpoint between this and the first :meth:`poll`, so a kill before the first
+        periodic checkpoint neither skips nor repeats a line). A no-op when a checkpoint applies
+        (it already says where) or after the first poll. Never raises (errors are counted)."""
+        if self._started or (self._checkpoint and self._checkpoint.get("path", self.path) == self.path):
+            return
+        try:
+            st = _stat(self.path)
+            if st is None:
+                self._started = self._absent_at_start = True
+                return
+            start = 0 if self._from_start or not stat_mod.S_ISREG(st.st_mode) else _last_line_end(self.path, st.st_size)
+            self._open(self.path, st, start)
+            self._started = True
+        except OSError as exc:
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+
     def checkpoint(self) -> dict | None:
         """The resume point: ``{"path", "dev", "ino", "offset", "tail"}`` where offset is
-        the end of the last whole line delivered; None when no file is open."""
+        the end of the last whole line delivered; ``{"path", "absent": True}`` when the file did
+        not exist at start (it will be read from its beginning when it appears); None when no
+        file is open."""
         cur = self._cur
         if cur is None:
-            return self._checkpoint if not self._started else None
+            if not self._started:
+                return self._checkpoint
+            return {"path": self.path, "absent": True} if self._absent_at_start else None
         delivered = cur.offset - len(self._pending)
         tail = self._tail_before(cur, delivered)
-        return {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered,
-                "tail": tail.hex()}
+        ck = {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered, "tail": tail.hex()}
+        if self._rotated:
+            ck["rotated"] = [{"dev": o.dev, "ino": o.ino, "offset": o.offset, "tail": o.tail.hex()}
+                             for o, _ in self._rotated.values()]
+        return ck
 
     def close(self, flush: bool = False) -> None:
         """Close the file. flush=True delivers a held partial line and calls ``on_end``."""
         if flush and self._pending:
             self._deliver_all()
             self.on_end()
+        for key in list(self._rotated):
+            self._close_rotated(key)
         if self._cur is not None:
             os.close(self._cur.fd)
             self._cur = None
@@ -165,6 +204,8 @@ class LogFollower:
         if not self._started:
             self._started = True
             return self._start(st)
+        n_prev = self._read_rotated() if self._rotated else 0
+        since, self._last_poll_wall = self._last_poll_wall, time.time()
         cur = self._cur
         self.stats.up = st is not None
         if cur is None:
@@ -181,22 +222,104 @@ class LogFollower:
                 log.warning("following %s: the replaced file could not be drained: %s", self.path, exc)
                 n = 0
             if st is None:
-                return n  # renamed or deleted; wait for the new file, keep draining the old
-            self._end_file()
+                return n_prev + n  # renamed or deleted; wait for the new file, keep draining the old
+            self._end_file(keep_reading=True)
             self.stats.rotations += 1
             log.info("%s rotated (new inode); reading the new file from the start", self.path)
+            n += self._adopt_rotated_since(since - 1.0, (st.st_dev, st.st_ino))
             self._open(self.path, st, 0)
-            return n + self._read_available()
+            return n_prev + n + self._read_available()
         if st.st_size < cur.offset or not self._tail_matches(cur):
             self._truncated(cur)
-            return self._read_available()
+            return n_prev + self._read_available()
         if st.st_size == cur.offset:
+            return n_prev
+        return n_prev + self._read_available()
+
+    def _read_rotated(self) -> int:
+        """Whole lines appended to the rotated files still open (late writers); each is closed
+        once it has not grown for ``rotated_grace`` seconds."""
+        n = 0
+        now = time.monotonic()
+        for key, (o, seen) in list(self._rotated.items()):
+            got = self._read_whole_lines(o)
+            if got:
+                self._rotated[key] = (o, now)
+                n += got
+            elif now - seen > self._rotated_grace:
+                self._close_rotated(key)
+        return n
+
+    def _read_whole_lines(self, o: _Open) -> int:
+        got = b""
+        try:
+            while len(got) < self._max_read_per_poll:
+                chunk = os.pread(o.fd, self._read_chunk, o.offset + len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
             return 0
-        return self._read_available()
+        cut = got.rfind(b"\n") + 1
+        if cut:
+            o.offset += cut
+            o.tail = (o.tail + got[:cut][-TAIL_BYTES:])[-TAIL_BYTES:]
+            self.stats.bytes_read += cut
+            self.stats.recovered_bytes += cut
+            self.on_data(got[:cut])
+        return cut
+
+    def _keep_rotated(self, o: _Open) -> None:
+        self._rotated[(o.dev, o.ino)] = (o, time.monotonic())
+
+    def _close_rotated(self, key: tuple[int, int]) -> None:
+        o, _ = self._rotated.pop(key)
+        self._done[key] = o.offset
+        while len(self._done) > 64:
+            self._done.pop(next(iter(self._done)))
+        try:
+            os.close(o.fd)
+        except OSError:
+            pass
+
+    def _adopt_rotated_since(self, since: float, new_key: tuple[int, int]) -> int:
+        """Siblings modified since ``since`` (wall time) that are not being read: files created and
+        rotated away between two polls by a second writer. Read from where they were left (a
+        file read before, by inode) or from the start, and kept open like the rotated file."""
+        n = 0
+        for p in _siblings(self.path):
+            st = _stat(p)
+            if st is None or st.st_mtime < since or not stat_mod.S_ISREG(st.st_mode):
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key == new_key or key in self._rotated:
+                continue
+            offset = self._done.pop(key, 0)
+            try:
+                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                continue
+            o = _Open(fd=fd, dev=st.st_dev, ino=st.st_ino, offset=offset, path=p)
+            self._keep_rotated(o)
+            n += self._read_whole_lines(o)
+        return n
 
     def _start(self, st: os.stat_result | None) -> int:
         ck = self._checkpoint
         n = 0
+        if ck and ck.get("absent"):  # absent at the last start: whatever is there now is new
+            if st is None:
+                self._absent_at_start = True
+                return 0
+            self._open(self.path, st, 0)
+            return self._read_available()
+        handled: set[str] = set()
+        for pv in (ck or {}).get("rotated") or ():  # late lines of files rotated before the kill
+            old = _find_by_inode(self.path, pv.get("dev"), pv.get("ino")) if isinstance(pv, dict) else None
+            if old is not None:
+                handled.add(old)
+                n += self._read_rest_of(old, int(pv.get("offset", 0)), bytes.fromhex(pv.get("tail", "")),
+                                        whole_lines=True)
         if ck and ck.get("path", self.path) == self.path:
             if st is not None and (st.st_dev, st.st_ino) == (ck["dev"], ck["ino"]):
                 fd_stat_ok = st.st_size >= ck["offset"]
@@ -211,6 +334,10 @@ class LogFollower:
             old = _find_by_inode(self.path, ck["dev"], ck["ino"])
             if old is not None:
                 n += self._read_rest_of(old, ck["offset"], bytes.fromhex(ck.get("tail", "")))
+                # rotated more than once: the files rotated after it, oldest first, whole
+                for newer in _rotated_after(self.path, old):
+                    if newer not in handled:
+                        n += self._read_rest_of(newer, 0, b"")
             if st is not None:
                 self._open(self.path, st, 0)
                 n += self._read_available()
@@ -293,12 +420,16 @@ class LogFollower:
         if data:
             self.on_data(data)
 
-    def _end_file(self) -> None:
-        """The current file is finished: flush its partial line, tell the pipeline, close it."""
+    def _end_file(self, keep_reading: bool = False) -> None:
+        """The current file is finished: flush its partial line, tell the pipeline, close it
+        (``keep_reading``: keep it open as the rotated file, for late lines)."""
         self._deliver_all()
         self.on_end()
         if self._cur is not None:
-            os.close(self._cur.fd)
+            if keep_reading:
+                self._keep_rotated(self._cur)
+            else:
+                os.close(self._cur.fd)
             self._cur = None
 
     def _truncated(self, cur: _Open) -> None:
@@ -313,9 +444,11 @@ class LogFollower:
             self.on_end()
         cur.offset, cur.tail = 0, b""
 
-    def _read_rest_of(self, path: str, offset: int, tail: bytes, keep_pending: bool = False) -> int:
+    def _read_rest_of(self, path: str, offset: int, tail: bytes, keep_pending: bool = False,
+                      whole_lines: bool = False) -> int:
         """Read ``path`` from ``offset`` to its end (a rotated file or a copytruncate copy),
-        continuing the pending partial line, then flush and call on_end."""
+        continuing the pending partial line, then flush and call on_end (``whole_lines``: the
+        late lines of a rotated file: a partial last line is dropped, no on_end)."""
         if not keep_pending:
             self._pending = b""
         total = 0
@@ -339,6 +472,9 @@ class LogFollower:
             os.close(fd)
         self.stats.recovered_bytes += total
         self.stats.bytes_read += total
+        if whole_lines:
+            self._pending = b""
+            return total
         self._deliver_all()
         self.on_end()
         return total
@@ -407,20 +543,80 @@ class PipeFollower:
         self.stats.up = False
 
 
+class FifoFollower(PipeFollower):
+    """Follow a named pipe (``--log /path/to/fifo``): opened and read in its own thread, so a
+    FIFO with no writer (whose ``open`` blocks until one appears) never blocks start-up or the
+    health check. Each writer's data ends with ``on_end``; then the FIFO is opened again for the
+    next writer, until :meth:`stop`."""
+
+    def __init__(self, path: str | os.PathLike[str], on_data: OnData, on_end: OnEnd | None = None, *,
+                 lock: threading.Lock | None = None, chunk: int = 1 << 16,
+                 max_pending: int = 1 << 20) -> None:
+        super().__init__(-1, on_data, on_end, lock=lock, chunk=chunk, max_pending=max_pending)
+        self.path = os.path.abspath(os.fspath(path))
+        self.stats.up = False
+        self._stopping = threading.Event()
+        self._thread.name = "vllm-doctor-fifo"
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # waits for a writer
+            except OSError as exc:
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self._stopping.wait(1.0)
+                continue
+            if self._stopping.is_set():
+                os.close(self.fd)
+                break
+            self.stats.up = True
+            self.stats.last_error = None
+            try:
+                super()._run()  # reads until this writer closes; then flush + on_end
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop reading. A thread waiting in ``open`` for a writer is released by opening the
+        FIFO's write end for a moment (non-blocking: it fails harmlessly if nobody waits)."""
+        self._stopping.set()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+        self._thread.join(timeout)
+
+
+def is_fifo(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a named pipe (followed with :class:`FifoFollower`)."""
+    try:
+        return stat_mod.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 class FollowThread:
     """Drive several :class:`LogFollower` objects from one thread.
 
     Wakes on watchdog events in the followed files' directories (inotify on Linux) and at
     least every ``poll_interval`` seconds; polls at most once per ``min_interval`` seconds
     (batching bursts of writes). Each ``poll`` runs while holding ``lock``.
-    ``after_poll()`` (optional) is called after each round, outside the lock.
+    ``after_poll()`` (optional) is called after each round, outside the lock;
+    ``first_round()`` (optional) runs once in the thread before the first wait (the sidecar's
+    first read), and :attr:`first_round_done` is set after it.
     """
 
     def __init__(self, followers: Iterable[LogFollower], lock: threading.Lock, *,
                  poll_interval: float = 1.0, min_interval: float = 0.05,
                  use_watchdog: bool = True,
-                 after_poll: Callable[[], None] | None = None) -> None:
+                 after_poll: Callable[[], None] | None = None,
+                 first_round: Callable[[], None] | None = None) -> None:
         self.followers = list(followers)
+        self.first_round = first_round
+        self.first_round_done = threading.Event()
         self.lock = lock
         self.poll_interval = poll_interval
         self.min_interval = min_interval
@@ -493,6 +689,13 @@ class FollowThread:
         self._observer = observer
 
     def _run(self) -> None:
+        try:
+            if self.first_round is not None:  # in this thread: a stalled file blocks nobody else
+                self.first_round()
+        except Exception:  # noqa: BLE001
+            log.exception("first round failed")
+        finally:
+            self.first_round_done.set()
         last = 0.0
         while not self._stop.is_set():
             self._wake.wait(self.poll_interval)
@@ -534,7 +737,8 @@ def load_checkpoints(path: str | os.PathLike[str] | None) -> dict[str, dict]:
         return {}
     good = {}
     for k, v in files.items():
-        if isinstance(v, dict) and all(isinstance(v.get(f), int) for f in ("dev", "ino", "offset")):
+        if isinstance(v, dict) and (v.get("absent") is True
+                                    or all(isinstance(v.get(f), int) for f in ("dev", "ino", "offset"))):
             good[k] = v
     return good
 
@@ -627,6 +831,21 @@ def _find_by_inode(path: str, dev: int, ino: int) -> str | None:
         if st is not None and (st.st_dev, st.st_ino) == (dev, ino):
             return p
     return None
+
+
+def _rotated_after(path: str, old: str) -> list[str]:
+    """Rotated siblings of ``path`` written after ``old`` (by modification time), oldest first:
+    the files a log went through while the sidecar was down when it rotated more than once."""
+    try:
+        since = os.stat(old).st_mtime_ns
+    except OSError:
+        return []
+    out = []
+    for p in _siblings(path):
+        st = _stat(p)
+        if p != old and st is not None and st.st_mtime_ns > since:
+            out.append((st.st_mtime_ns, p))
+    return [p for _, p in sorted(out)]
 
 
 def _find_copy(path: str, cur: _Open) -> str | None:

@@ -1,0 +1,55 @@
+"""Every rule's pass/fail cases (tests/rule_cases/VDnnn.yaml, sqlfluff-style), run through the
+one pipeline exactly as ``diagnose`` reads a log. See tests/rule_cases/README.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_doctor.diagnosis.loader import load_rules
+from vllm_doctor.pipeline import Pipeline
+
+HERE = Path(__file__).resolve().parent
+CASES = HERE / "rule_cases"
+RULESET = load_rules()
+
+
+def _cases():
+    for path in sorted(CASES.glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        for case in spec["cases"]:
+            yield pytest.param(spec["rule"], case, id=f"{spec['rule']}-{case['name']}")
+
+
+def test_every_rule_has_a_firing_and_a_silent_case():
+    seen: dict[str, set[bool]] = {}
+    for path in CASES.glob("*.yaml"):
+        spec = yaml.safe_load(path.read_text())
+        assert path.stem == spec["rule"]
+        seen[spec["rule"]] = {bool(c["fires"]) for c in spec["cases"]}
+    for r in RULESET.rules:
+        assert seen.get(r.id) == {True, False}, f"{r.id} needs a case where it fires and one where it does not"
+
+
+@pytest.mark.parametrize("rule_id,case", list(_cases()))
+def test_rule_case(rule_id, case):
+    data = (HERE / "fixtures" / case["file"]).read_bytes() if "file" in case else case["log"].encode()
+    p = Pipeline(RULESET, follow=False, base_year=2025)
+    p.run_files([("case.log", [data])])
+    rep = p.report()
+    assert rep.rule_errors == {}
+    got = {f.rule_id: f for f in rep.findings}
+    assert (rule_id in got) == case["fires"], (case["name"], sorted(got))
+    if not case["fires"]:
+        return
+    f = got[rule_id]
+    for k, v in (case.get("values") or {}).items():
+        assert f.values.get(k) == v, (k, f.values.get(k), v)
+    fixes = {x.flag: x.value for x in f.fixes}
+    for flag, v in (case.get("fixes") or {}).items():
+        if v is None:
+            assert flag not in fixes
+        else:
+            assert fixes.get(flag) == str(v), (flag, fixes)

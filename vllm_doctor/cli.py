@@ -44,6 +44,27 @@ def _fail(msg: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _when(text: str | None, option: str) -> float | None:
+    """``--since`` / ``--until``: an ISO time (no zone: UTC, as vLLM's log clock is read) or a
+    duration before now (``90s``, ``30m``, ``2h``, ``1d``, ``1w``) -> epoch seconds."""
+    import re
+    import time
+    from datetime import datetime, timezone
+
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if m:
+        return time.time() - float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m[2]]
+    try:
+        t = datetime.fromisoformat(text.strip())
+    except ValueError:
+        _fail(f"{option} {text!r}: not a time (2026-03-22T16:50, 2026-03-22 16:50:00) nor a duration (30m, 2h, 1d)")
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
+
+
 @app.command()
 def diagnose(
     paths: Annotated[list[str], typer.Argument(help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
@@ -52,14 +73,19 @@ def diagnose(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: ISO (2026-03-22T16:50, read as the log's clock, which vLLM prints without a zone) or a time before now (30m, 2h, 1d).")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time (same forms as --since).")] = None,
 ) -> None:
     """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
     from .oneshot import diagnose as run
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
 
+    lo, hi = _when(since, "--since"), _when(until, "--until")
+    if lo is not None and hi is not None and lo > hi:
+        _fail(f"--since {since} is after --until {until}")
     try:
-        rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [])
+        rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [], since=lo, until=hi)
     except VllmDoctorError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -203,13 +203,18 @@ def _run_parallel(pipe: Pipeline, path: str, name: str) -> None:
     pipe.end(name)
 
 
-def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
-    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
+def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | None = None,
+             until: float | None = None) -> Report:
+    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError.
+
+    since / until: epoch seconds on the log's clock; only what happened between them is judged
+    (the engine's start-up configuration is read wherever it is)."""
     if not paths:
         raise InputError("no input: give a log file, or - for standard input")
     ruleset = load_rules([Path(d) for d in rules_dirs])
     years = [file_year(p) for p in paths if p != "-"]
     pipe = Pipeline(ruleset, follow=False, base_year=next((y for y in years if y), None))
+    pipe.time_range = (since, until)
     sources = [open_source(p) for p in paths]
     names = [n for n, _ in sources]
     if len(set(names)) != len(names):  # same base name in two folders: use the paths given

@@ -21,12 +21,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from . import __version__
+from .advice import share_fixes
 from .diagnosis import RuleEngine, RuleSet
 from .envelope import CRI_RE, Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
-from .state import State
+from .state import QUIET_KINDS, State
 
 
 class _SourceCtx:
@@ -64,6 +65,10 @@ class Pipeline:
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
+        # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
+        # except what a starting engine writes (version, configuration, KV cache size: sticky facts)
+        self.time_range: tuple[float | None, float | None] = (None, None)
+        self._last_ts: float | None = None
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -106,10 +111,29 @@ class Pipeline:
         st = self.state
         if rec.process:
             st.note_process(rec.process, rec.pid)
+        lo, hi = self.time_range
         for e in evs:
             if e is None:
                 n += 1
                 continue
+            if e.meta.ts is not None:
+                self._last_ts = e.meta.ts
+            if (lo is not None or hi is not None) and type(e).__name__ not in QUIET_KINDS:
+                ts = self._last_ts  # an untimed line (a traceback) belongs where the log was
+                if ts is not None and (lo is not None and ts < lo or hi is not None and ts > hi):
+                    if hi is not None and ts > hi and (st.now is None or st.now < hi):
+                        st.now = hi  # the log went on: what was still going on lasted until --until
+                    n += 1
+                    continue
+            if not self.follow and st.starts_run(e):
+                # a restart ends the run: judge everything on what it did before it is cut
+                self.active = self.engine.evaluate(st)
+            if (not self.follow and e.meta.ts is not None and st.now is not None
+                    and e.meta.ts - st.now > max(self.eval_interval, 60.0)):
+                # diagnose: judge the quiet stretch before this event at its end (a stall or an
+                # incident that lasted until now), as serve would have on its timer
+                st.now = e.meta.ts
+                self._tick(e.meta.ts)
             st.apply(e)
             n += 1
             if isinstance(e, SchedulerStats):
@@ -252,8 +276,9 @@ class Pipeline:
             engine=st.engine,
             facts=facts,
             facts_defaulted=sorted(st.defaulted),
-            findings=sorted(self.engine.findings.values(),
-                            key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id)),
+            findings=share_fixes(sorted(self.engine.all_occurrences(),
+                                        key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id,
+                                                       f.occurrence))),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
                       "vllm_lines": self.vllm_records(n)} for n in self._sources],
             unknown_flags=dict(st.unknown_flags),

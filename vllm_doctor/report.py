@@ -16,7 +16,7 @@ FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "tensor_parallel_size", "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching",
-    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio",
+    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio",
 )
 SEV_MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "INFO"}
 

@@ -135,6 +135,24 @@ def test_old_version_gets_one_upgrade_fix_not_notes():
     assert all(x.option == up.option and x.relation == "set" for x in f.fixes) and not f.notes
 
 
+def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
+    # #23230: "Model loading took 16.5557 GiB" on a 44.40 GiB GPU, then 33.75 GiB asked, 26.88 free
+    f = by_name(diagnose_file(log("072")))["startup-oom"]
+    assert "after the weights loaded: they take 16.56 GiB of the 44.40 GiB device" in f.message
+    assert "33.75 GiB more with 26.88 GiB free" in f.message and "--max-model-len" in f.message
+    got = {x.flag: x.value for x in f.fixes}
+    # the weights fit: no tensor parallelism, no quantization; eager mode drops CUDA graph memory
+    assert got == {"--enforce-eager": ""}
+
+
+def test_startup_oom_while_loading_names_the_weight_flags_with_values():
+    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3)
+    f = by_name(diagnose_file(log("006")))["startup-oom"]
+    got = {x.flag: (x.value, x.relation) for x in f.fixes}
+    assert got == {"--tensor-parallel-size": ("4", "alternative"), "--quantization": ("fp8", "alternative")}
+    assert "above the 2 worker processes" in f.fixes[0].arithmetic
+
+
 # ---- engine-stalled -------------------------------------------------------------------------------
 def test_engine_stalled_on_a_real_stall():
     rep = diagnose_file(log("070"))

@@ -26,6 +26,9 @@ def explain_text(r: Rule, rs: RuleSet) -> str:
         out += ["", "Fixes (only flags of the detected vLLM version are recommended):"]
         for f in r.fixes:
             out.append(f"  {f.flag} = {f.value}" + (f"   if {f.if_}" if f.if_ else ""))
+    if r.checks:
+        out += ["", "Checks (diagnostic steps to confirm the cause, not fixes):"]
+        out += [f"  {' '.join(c.text.split())}" for c in r.checks]
     if r.docs.fix:
         out += ["", *("  " + ln for ln in r.docs.fix.strip().splitlines())]
     if r.docs.limits:

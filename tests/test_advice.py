@@ -145,21 +145,28 @@ def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
     assert got == {"--enforce-eager": ""}
 
 
-def test_startup_oom_while_loading_names_the_weight_flags_with_values():
-    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3)
+def test_startup_oom_without_the_weights_size_names_fp8_but_no_parallel_size():
+    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3, not known):
+    # fp8 weights are named; no tensor-parallel value is safe without the parallel size or weights
     f = by_name(diagnose_file(log("006")))["startup-oom"]
     got = {x.flag: (x.value, x.relation) for x in f.fixes}
-    assert got == {"--tensor-parallel-size": ("4", "alternative"), "--quantization": ("fp8", "alternative")}
-    assert "above the 2 worker processes" in f.fixes[0].arithmetic
+    assert got == {"--quantization": ("fp8", "only")}
+    # 004 (405B FP8 over 8 GPUs, the KV cache too small): no OOM, so no weight flags
+    assert "--quantization" not in {x.flag for x in by_name(diagnose_file(log("004")))["startup-oom"].fixes}
 
 
 # ---- engine-stalled -------------------------------------------------------------------------------
 def test_engine_stalled_on_a_real_stall():
     rep = diagnose_file(log("070"))
-    f = by_name(rep)["engine-stalled"]
+    occ = [f for f in rep.findings if f.name == "engine-stalled"]
+    f = occ[0]
     assert f.severity == "critical" and f.rule_id == "VD011"
-    # 1 waiting, 0 running, 0.0 / 0.0 tokens/s: once at 16:47:46, then nothing moved until 16:57:06
-    assert f.first_seen == utc("2026-03-22T16:47:46")
+    # 1 waiting, 0 running, 0.0 / 0.0 tokens/s at 16:47:46, 16:57:26, 17:07:26 (the client retried in
+    # between), then nothing until 19:40:45: one incident; the stall after 19:41:05 is another
+    assert [(o.occurrence, o.first_seen) for o in occ] == [(1, utc("2026-03-22T16:47:46")),
+                                                           (2, utc("2026-03-22T19:41:05"))]
+    assert [e.lineno for e in f.evidence] == [9, 12, 15]
+    assert "for 153.3 min" in f.message
     assert all("Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s" in e.text
                and "Waiting: 1 reqs" in e.text for e in f.evidence)
     assert "engine 0 had 1 request waiting and 0 running for" in f.message
@@ -170,7 +177,7 @@ def test_engine_stalled_since_until_and_its_duration():
     f = by_name(rep)["engine-stalled"]
     # the stall began 16:47:46 and was still on at --until 16:50:00: 2.2 min
     assert f.values["minutes"] == round((utc("2026-03-22T16:50:00") - utc("2026-03-22T16:47:46")) / 60, 6)
-    assert "still so at the end of the data" in f.message
+    assert "still stalled at the last data" in f.message
     assert [e.lineno for e in f.evidence] == [9]
     rep = diagnose_file(log("070"), since=utc("2026-03-22T19:00:00"))
     f = by_name(rep)["engine-stalled"]
@@ -256,6 +263,20 @@ def test_a_restart_splits_incidents(tmp_path):
     # each occurrence quotes its own run's lines, and the fix is listed once
     assert all(e.lineno <= n for e in occ[0].evidence) and all(e.lineno > n for e in occ[1].evidence)
     assert occ[0].fixes and not occ[1].fixes and "its occurrence 1" in occ[1].notes[0]
+
+
+def test_two_incidents_an_hour_apart_are_two(tmp_path):
+    # The real 0.32 run, and the same stretch of its stats lines (115-170) again an hour later (no
+    # restart in between: only the clock moves): two occurrences, each with its own time and lines.
+    lines = DEMO.read_bytes().split(b"\n")[:-1]
+    assert len(lines) == 235
+    again = [ln.replace(b"11-30 09:1", b"11-30 10:1") for ln in lines[114:170]]
+    p = tmp_path / "vllm.log"
+    p.write_bytes(b"\n".join(lines + again) + b"\n")
+    occ = [f for f in diagnose_file(p).findings if f.name == "kv-capacity-bound"]
+    assert [(f.occurrence, f.run) for f in occ] == [(1, 0), (2, 0)]
+    assert occ[1].first_seen - occ[0].first_seen == 3600.0
+    assert [e.lineno for e in occ[0].evidence] == [138] and [e.lineno for e in occ[1].evidence] == [235 + 138 - 114]
 
 
 def test_cli_since_until_and_bad_values(tmp_path):

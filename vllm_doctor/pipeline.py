@@ -130,8 +130,10 @@ class Pipeline:
                 self.active = self.engine.evaluate(st)
             if (not self.follow and e.meta.ts is not None and st.now is not None
                     and e.meta.ts - st.now > max(self.eval_interval, 60.0)):
-                # diagnose: judge the quiet stretch before this event at its end (a stall or an
-                # incident that lasted until now), as serve would have on its timer
+                # diagnose, a quiet stretch: judge what came before it while it is still in the
+                # windows, then the stretch itself at its end (a stall or an incident that lasted
+                # until now), as serve would have on its timer
+                self.active = self.engine.evaluate(st)
                 st.now = e.meta.ts
                 self._tick(e.meta.ts)
             st.apply(e)

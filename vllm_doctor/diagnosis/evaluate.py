@@ -119,15 +119,8 @@ class RuleEngine:
             if prev is not None:
                 f.occurrence = prev.occurrence
                 f.first_seen = prev.first_seen
-                # windowed rule: keep the earlier windows' lines of this occurrence, add new ones
-                # (a whole-log rule's evidence is already complete: it replaces)
-                seen = {(e.source, e.lineno) for e in f.evidence}
-                if self.ruleset.window_seconds(rule) is None:
-                    seen = None
-                if seen is not None:
-                    f.evidence = (f.evidence + [e for e in prev.evidence if (e.source, e.lineno) not in seen])
-                f.evidence.sort(key=lambda e: (e.source, e.lineno))
-                f.evidence = f.evidence[: MAX_EVIDENCE * 2]
+                # the evidence is this evaluation's: the lines that back this message (an earlier
+                # window's lines could contradict it); the occurrence keeps its first_seen
             else:
                 f.first_seen = now
             f.last_seen = now

@@ -22,10 +22,10 @@ def log(name_prefix: str) -> Path:
     return hits[0]
 
 
-def expectations() -> dict[str, dict]:
-    """Rows of tests/fixtures/logs/README.md: file -> {must, may, facts, fix_max}."""
+def expectations(readme: Path = LOGS / "README.md") -> dict[str, dict]:
+    """Rows of a fixtures README table (default tests/fixtures/logs/README.md): file -> {must, may, facts, fix_max}."""
     exp = {}
-    for line in (LOGS / "README.md").read_text().splitlines():
+    for line in readme.read_text().splitlines():
         if not line.startswith("| ") or ".log" not in line.split("|")[1]:
             continue
         c = [x.strip() for x in line.strip().strip("|").split("|")]

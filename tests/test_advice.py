@@ -64,7 +64,8 @@ def _concurrency_of(path: Path):
     pipe.feed(path.name, path.read_bytes())
     pipe.end(path.name)
     facts = pipe.state.facts()
-    return concurrency(list(pipe.state.stats), [], facts["kv_cache_tokens"], facts["max_model_len"], 0.95)
+    return concurrency(list(pipe.state.stats), [], facts["kv_cache_tokens"], facts["max_model_len"], 0.95,
+                       facts["block_size"])
 
 
 def test_demo_recommends_what_ran_and_both_rules_agree():

@@ -13,9 +13,10 @@ Concurrency (``--max-num-seqs``) is sized from what the server was seen doing, i
    requests are far shorter), used only when nothing was observed, and always labelled.
 
 Every rule that recommends ``--max-num-seqs`` calls :func:`concurrency` (exposed to rule
-expressions), so preemption-storm and kv-capacity-bound cannot disagree. A helper working on
-``vllm-doctor plan`` writes ``capacity.py`` (KV bytes per token, pool sizes); when it lands, the
-byte arithmetic belongs there and this module keeps the observed-value side.
+expressions), so preemption-storm and kv-capacity-bound cannot disagree. The block arithmetic is
+:mod:`vllm_doctor.capacity`'s (the one ``plan`` and ``check`` use): whole KV cache blocks per
+sequence, ``max_num_seqs_that_fit`` for the never-preempt bound, ``concurrency_at_length`` for
+the observed length; this module adds the observed side (which sample, which method).
 
 Fix relations: each fix of a finding belongs to an *option*. Fixes of one option go together
 (a set); different options are alternatives (pick one). :func:`relate_fixes` numbers them, and
@@ -29,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .capacity import concurrency_at_length, max_num_seqs_that_fit
 from .findings import Finding, FlagFix
 
 
@@ -48,6 +50,7 @@ class Concurrency:
     never_preempt: int | None = None
     kv_cache_tokens: int | None = None
     max_model_len: int | None = None
+    block_size: int | None = None
     sample: Any = None
 
     def bytes_for(self, kv_cache_memory_bytes: int | None, sequences: int | None) -> int | None:
@@ -70,12 +73,16 @@ class Concurrency:
         return "whose size is unknown"
 
     @property
+    def _blocks(self) -> str:
+        return f" in whole blocks of {self.block_size} tokens" if self.block_size and self.block_size > 1 else ""
+
+    @property
     def text(self) -> str:
         """The method in words, with the arithmetic (for a fix's ``arithmetic``)."""
         where = _where(self.sample)
         bound = ("" if self.never_preempt is None or self.method == "never-preempt-bound" else
                  f"; the never-preempt bound (every sequence at max_model_len) would be "
-                 f"{self.kv_cache_tokens:,} / {self.max_model_len:,} = {self.never_preempt}")
+                 f"{self.kv_cache_tokens:,} / {self.max_model_len:,} = {self.never_preempt}{self._blocks}")
         if self.method == "running-at-full":
             return (f"{self.running} sequences were running when the KV cache was full "
                     f"({self.usage_ratio:.1%}{where}){bound}")
@@ -85,7 +92,7 @@ class Concurrency:
                     f"{where}) = {self.value}{bound}")
         if self.method == "never-preempt-bound":
             return (f"never-preempt bound: {self.kv_cache_tokens:,} KV cache tokens / max_model_len "
-                    f"{self.max_model_len:,} = {self.value} (a worst case: it assumes every sequence grows to "
+                    f"{self.max_model_len:,} = {self.value}{self._blocks} (a worst case: it assumes every sequence grows to "
                     f"max_model_len; no busy interval was observed to size it from)")
         return "unknown"
 
@@ -100,15 +107,19 @@ def _where(sample: Any) -> str:
 
 
 def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_model_len: int | None,
-                full_ratio: float) -> Concurrency:
+                full_ratio: float, block_size: int | None = None) -> Concurrency:
     """See the module doc. ``stats`` are SchedulerStats lines (one per engine and interval),
-    ``metrics`` /metrics samples (per engine where vLLM labels them); all of the same window."""
+    ``metrics`` /metrics samples (per engine where vLLM labels them); all of the same window.
+    ``block_size``: tokens per KV cache block (sequences hold whole blocks); None: per token."""
     samples = [s for s in list(stats) + list(metrics)
                if s.kv_cache_usage_ratio is not None and s.num_running is not None and s.num_running >= 1]
+    bs = int(block_size) if block_size else 1
+    blocks = int(kv_cache_tokens) // bs if kv_cache_tokens else None
     never = None
-    if kv_cache_tokens and max_model_len:
-        never = max(1, int(kv_cache_tokens) // int(max_model_len))
-    common = dict(never_preempt=never, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len)
+    if blocks and max_model_len:
+        never = max_num_seqs_that_fit(blocks, int(max_model_len), bs)
+    common = dict(never_preempt=never, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len,
+                  block_size=block_size)
     full = [s for s in samples if s.kv_cache_usage_ratio >= full_ratio]
     if full:
         s = max(full, key=lambda x: (x.num_running, x.kv_cache_usage_ratio))
@@ -118,7 +129,7 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
     if busy and kv_cache_tokens:
         s = max(busy, key=lambda x: (x.kv_cache_usage_ratio, x.num_running))
         per_seq = s.kv_cache_usage_ratio * kv_cache_tokens / s.num_running
-        value = max(1, math.floor(kv_cache_tokens / per_seq))
+        value = max(1, concurrency_at_length(blocks, math.ceil(per_seq), bs))
         return Concurrency(value, "tokens-per-sequence", int(s.num_running), s.kv_cache_usage_ratio, per_seq,
                            sample=s, **common)
     if never is not None:

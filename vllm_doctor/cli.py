@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, VllmDoctorError
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -75,6 +75,7 @@ def diagnose(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
     since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: ISO (2026-03-22T16:50, read as the log's clock, which vLLM prints without a zone) or a time before now (30m, 2h, 1d).")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time (same forms as --since).")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
     from .oneshot import diagnose as run
@@ -90,6 +91,13 @@ def diagnose(
         _fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+    if bench:
+        from .bench.annotate import BenchFileError, annotate, load_ladder
+
+        try:
+            annotate(rep.findings, load_ladder(bench))
+        except BenchFileError as e:
+            _fail(str(e))
     for rid, errs in rep.rule_errors.items():
         print(f"vllm-doctor: rule {rid}: expression failed: {errs[-1]}", file=sys.stderr)
     if format == Format.text:
@@ -206,6 +214,7 @@ def serve(
     eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. (default: 5)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. (default: info)")] = None,
+    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
@@ -214,7 +223,8 @@ def serve(
     try:
         cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url, nvml=nvml, host=host, port=port,
                                        from_start=from_start, state_file=state_file, rules=rules,
-                                       eval_interval=eval_interval, log_level=log_level), config_file=config)
+                                       eval_interval=eval_interval, log_level=log_level, bench=bench),
+                          config_file=config)
         code = run(cfg)
     except VllmDoctorError as e:
         _fail(str(e))
@@ -246,6 +256,110 @@ def watch(
         _fail(str(e))
     raise typer.Exit(code)
 # --- end serve/watch ---
+
+
+# --- plan/check (issue 12) ---
+@app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    vllm_version: Annotated[str, typer.Option("--vllm-version", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1)] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", min=1)] = 1,
+    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=1)] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", min=0.01, max=1.0)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1)] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", min=1)] = None,
+    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
+    overhead: Annotated[Optional[str], typer.Option("--overhead", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
+    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", min=1, help="Requests at max_model_len to hold at once.")] = None,
+    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown")] = "text",
+) -> None:
+    """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
+    whether start-up fails, and the flags for a target, with the arithmetic shown.
+    Exit 1 when start-up would fail."""
+    from . import plan as planmod
+
+    if format not in planmod.FORMATS:
+        _fail(f"unknown format {format!r}: text, json or markdown")
+    if device not in ("cuda", "cpu"):
+        _fail(f"unknown device {device!r}: cuda or cpu")
+    from .versions import parse_version
+
+    if parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    try:
+        cfg, name = planmod.load_config(model)
+        kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else (None if kvb is not None else planmod.nvml_total_memory())
+        p = planmod.make_plan(planmod.PlanInputs(
+            config=cfg, model=name, gpu_memory_bytes=mem, vllm_version=vllm_version, device=device,
+            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
+            overhead_bytes=planmod.parse_size(overhead) if overhead else None,
+            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(planmod.FORMATS[format](p))
+    raise typer.Exit(EXIT_FINDINGS if p.startup["fails"] else EXIT_OK)
+
+@app.command()
+def check(
+    paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
+    model_config: Annotated[Optional[str], typer.Option("--model-config", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="text, json, sarif or github")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding at or above: error, warning, note, never.")] = "error",
+) -> None:
+    """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
+    above --fail-on, 2 on unusable input."""
+    from . import check as chk
+    from . import plan as planmod
+
+    if format not in chk.FORMATS:
+        _fail(f"unknown format {format!r}: text, json, sarif or github")
+    if fail_on not in ("error", "warning", "note", "never"):
+        _fail(f"unknown --fail-on {fail_on!r}: error, warning, note or never")
+    from .versions import parse_version
+
+    if vllm_version is not None and parse_version(vllm_version) is None:
+        _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    try:
+        cfg = planmod.load_config(model_config)[0] if model_config else None
+        mem = planmod.parse_size(gpu_memory) if gpu_memory else None
+        results = []
+        for path in paths:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                try:
+                    text = Path(path).read_text(errors="replace")
+                except OSError as e:
+                    raise InputError(f"{path}: cannot read: {e.strerror}") from None
+            results.append(chk.check_text(text, path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+    except VllmDoctorError as e:
+        _fail(str(e))
+    sys.stdout.write(chk.FORMATS[format](results))
+    if fail_on != "never" and chk.worst(results) >= chk.LEVEL_ORDER[fail_on]:
+        raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK)
+# --- end plan/check ---
+
+
+# --- bench (issue 14) ---
+from .bench.cli import bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")
+# --- end bench ---
 
 
 def main() -> None:

@@ -110,6 +110,7 @@ class ServeConfig(BaseModel):
     stale_after: float = Field(default=120.0, gt=0)
     ttft_window: float = Field(default=300.0, gt=0)
     log_level: str = "info"
+    bench: str | None = None  # a `bench ladder` result: findings name the level where they began
 
     @field_validator("metrics_url", mode="before")
     @classmethod
@@ -216,6 +217,14 @@ class Sidecar:
                                 base_year=time.gmtime().tm_year)
         self.pipeline = pipeline
         self.pipeline_errors = 0
+        self.bench_result = None
+        if cfg.bench:
+            from .bench.annotate import BenchFileError, load_ladder
+
+            try:
+                self.bench_result = load_ladder(cfg.bench)
+            except BenchFileError as e:
+                raise ConfigError(f"--bench {e}") from None
         self.started_at: float | None = None
         self.last_eval_at: float | None = None
         self.evaluations = 0
@@ -397,6 +406,10 @@ class Sidecar:
             self.eval_seconds_total += self.last_eval_seconds
             self.last_eval_at = time.monotonic()
             self.evaluations += 1
+            if self.bench_result is not None:
+                from .bench.annotate import annotate
+
+                annotate(out, self.bench_result)
             return out
 
     def save_checkpoint(self) -> None:

@@ -210,7 +210,8 @@ class RuleEngine:
                                               int(self._thresholds.engine_stalled_min_intervals))
                             if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
             concurrency=lambda: concurrency(win.stats(), win.engine_metrics(), facts.get("kv_cache_tokens"),
-                                            facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio),
+                                            facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
+                                            facts.get("block_size")),
         )
         return Evaluator(names, funcs), win
 

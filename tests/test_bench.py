@@ -1,0 +1,257 @@
+"""`vllm-doctor bench`: the ladder against a streaming stand-in of vLLM (tests/bench_fake_vllm.py),
+`compare` on real result files (tests/fixtures/bench/, recorded from vLLM 0.32 on CPU), and
+`diagnose --bench`. The real vLLM ladder is tests/e2e/test_e2e_bench.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.bench.annotate import began_at
+from vllm_doctor.bench.ladder import LadderConfig, find_knee, run_ladder
+from vllm_doctor.bench.results import ResultError, Targets, compare, load_runs, pick
+
+from bench_fake_vllm import FakeVllm
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "bench"
+DOCTOR = [sys.executable, "-m", "vllm_doctor"]
+
+
+def doctor(*args, timeout=120):
+    return subprocess.run([*DOCTOR, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def saturating():
+    """4 slots; requests beyond 4 in flight queue and are counted as preemptions."""
+    with FakeVllm(slots=4, preempt_above=4, token_seconds=0.02) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def ladder_result(saturating):
+    before = saturating.preemptions
+    cfg = LadderConfig(url=saturating.url, levels=[1, 2, 4, 8], requests_per_level=16, input_len=20,
+                       output_len=10, metrics_interval_seconds=0.05)
+    res = asyncio.run(run_ladder(cfg))
+    return res, saturating.preemptions - before
+
+
+def test_ladder_measures_every_level(ladder_result):
+    res, _ = ladder_result
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 2, 4, 8]
+    for lv in res["levels"]:
+        assert lv["requests"] == 16 and lv["completed"] == 16 and lv["errors"] == 0
+        assert lv["output_tokens"] == 16 * 10          # the server's usage chunk, exact with ignore_eos
+        assert lv["prompt_tokens"] == 16 * 20
+        assert lv["mean_tokens_per_request"] == 30.0
+        # TTFT is the first content chunk: one token time at least; TPOT about one token time
+        assert lv["ttft_ms"]["p50"] >= 15
+        assert 15 <= lv["tpot_ms"]["mean"] <= 200
+    assert res["model"] == "fake-model"
+    assert res["kv_cache_tokens"] == 32 * 16            # num_gpu_blocks x block_size of cache_config_info
+
+
+def test_ladder_throughput_saturates_and_the_knee_is_the_slot_count(ladder_result):
+    res, _ = ladder_result
+    tp = {lv["concurrency"]: lv["output_throughput"] for lv in res["levels"]}
+    assert tp[2] > 1.3 * tp[1] and tp[4] > 1.3 * tp[2]   # below the 4 slots: throughput scales
+    assert tp[8] < 1.10 * tp[4]                          # beyond: flat
+    p99 = {lv["concurrency"]: lv["ttft_ms"]["p99"] for lv in res["levels"]}
+    assert p99[8] > 2 * p99[4]                           # half of them wait a whole request
+    assert res["knee"]["concurrency"] == 4
+    assert "from 4 to 8" in res["knee"]["reason"]
+
+
+def test_ladder_preemptions_are_the_servers_counter_deltas(ladder_result, saturating):
+    res, total_delta = ladder_result
+    lv = {x["concurrency"]: x for x in res["levels"]}
+    assert lv[1]["preemptions"] == lv[2]["preemptions"] == lv[4]["preemptions"] == 0
+    assert lv[8]["preemptions"] > 0
+    assert sum(x["preemptions"] for x in res["levels"]) == total_delta
+    # consecutive levels: one level's "after" is the next one's "before" (no traffic in between)
+    for a, b in zip(res["levels"], res["levels"][1:]):
+        assert a["preemptions_after"] == b["preemptions_before"]
+    assert lv[8]["max_waiting"] >= 1 and lv[8]["max_running"] == 4
+    assert lv[8]["max_kv_cache_usage_ratio"] == 1.0
+
+
+def test_ladder_recommends_max_num_seqs_with_its_reasons(ladder_result):
+    rec = ladder_result[0]["recommendation"]
+    assert rec["flag"] == "--max-num-seqs" and rec["value"] == 4
+    text = "\n".join(rec["arithmetic"])
+    assert "512 tokens / 30.0 tokens per request" in text and "= 17 sequences" in text
+    assert "preemptions began at 8 concurrent requests; 4 ran without preemption" in text
+
+
+def test_ladder_counts_errors_and_exits_1(tmp_path):
+    with FakeVllm(slots=2, token_seconds=0.005, fail_every=4) as fake:
+        r = doctor("bench", "ladder", "--url", fake.url, "--levels", "2", "--requests", "8", "--output-len", "4",
+                   "--input-len", "5", "--output", str(tmp_path / "r.json"), "--format", "json")
+    assert r.returncode == 1, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    lv = res["levels"][0]
+    assert lv["requests"] == 8 and lv["errors"] == 2 and lv["completed"] == 6
+    assert lv["error_examples"] and lv["error_examples"][0].startswith("HTTP 500")
+
+
+def test_chat_ttft_skips_the_role_only_chunk():
+    with FakeVllm(slots=1, token_seconds=0.05) as fake:
+        res = asyncio.run(run_ladder(LadderConfig(url=fake.url, levels=[1], requests_per_level=2, input_len=3,
+                                                  output_len=3, chat=True)))
+    lv = res["levels"][0]
+    assert lv["completed"] == 2 and lv["ttft_ms"]["p50"] >= 45    # the first token, not the role chunk
+
+
+def test_cli_writes_result_chart_and_escapes_the_model_name(tmp_path):
+    with FakeVllm(slots=2, token_seconds=0.005, model="<script>alert(1)</script>") as fake:
+        r = doctor("bench", "ladder", "--url", fake.url, "--levels", "1,2,3", "--requests", "3", "--output-len", "3",
+                   "--input-len", "4", "--output", str(tmp_path / "r.json"), "--chart", str(tmp_path / "c.html"))
+    assert r.returncode == 0, r.stderr
+    assert "Knee:" in r.stdout and "Do this: --max-num-seqs" in r.stdout
+    page = (tmp_path / "c.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    pts = re.search(r'class="series-throughput" points="([^"]*)"', page).group(1).split()
+    assert len(pts) == 3 and page.count('class="point-ttft"') == 3
+
+
+def test_unreachable_server_is_one_line_exit_2():
+    r = doctor("bench", "ladder", "--url", "http://127.0.0.1:9", "--levels", "1", "--requests", "1")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("vllm-doctor bench: http://127.0.0.1:9/v1/models")
+    r = doctor("bench", "ladder", "--url", "http://127.0.0.1:9", "--levels", "8,x")
+    assert r.returncode == 2 and "--levels" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_knee_needs_ttft_to_grow():
+    from vllm_doctor.bench.ladder import LevelResult
+
+    def lv(c, tp, p99):
+        return LevelResult(c, 8, 8, 0, 1.0, 0, 1, 8, 8, 8.0, tp, 8.0, {"p99": p99}, {}, {}, {}, 0, 0, 0,
+                           None, None, None)
+    # flat throughput but TTFT did not grow: not a knee yet
+    assert find_knee([lv(1, 100, 50), lv(2, 105, 40), lv(4, 200, 60)], 0.10).concurrency == 4
+    assert find_knee([lv(1, 100, 50), lv(2, 105, 90)], 0.10).concurrency == 1
+
+
+# ---- compare -------------------------------------------------------------------------------------
+
+def test_load_real_vllm_bench_serve_result():
+    runs = load_runs(str(FIX / "vllm-0.32-cpu-bench-serve-c4.json"))
+    assert len(runs) == 1
+    r = runs[0]
+    doc = json.loads((FIX / "vllm-0.32-cpu-bench-serve-c4.json").read_text())
+    assert r.format == "vllm-bench-serve" and r.concurrency == 4
+    assert r.ttft_p99_ms == doc["p99_ttft_ms"] and r.tpot_mean_ms == doc["mean_tpot_ms"]
+    assert r.output_throughput == doc["output_throughput"] and r.preemptions is None
+
+
+def test_load_real_guidellm_report():
+    """GuideLLM 0.8.1's report of a real run against vLLM 0.32 on CPU (concurrent@4 and @8; its
+    own log said 614.33 and 369.43 output tokens/s)."""
+    path = FIX / "guidellm-0.8.1-vllm-0.32-cpu.json"
+    runs = load_runs(str(path))
+    doc = json.loads(path.read_text())
+    assert [(r.format, r.concurrency, r.completed, r.errors) for r in runs] == \
+        [("guidellm", 4.0, 16, 0), ("guidellm", 8.0, 16, 0)]
+    assert [round(r.output_throughput, 2) for r in runs] == [614.33, 369.43]
+    m = doc["benchmarks"][1]["metrics"]
+    assert runs[1].ttft_p99_ms == m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"]
+    assert runs[1].tpot_mean_ms == m["time_per_output_token_ms"]["successful"]["mean"]
+    r = doctor("bench", "compare", str(path), str(path), "--level", "8", "--ttft-p99-ms", "100000", "--format", "json")
+    assert r.returncode == 3 and json.loads(r.stdout)["after"]["concurrency"] == 8.0
+
+
+def test_compare_pass_fail_unknown(tmp_path, ladder_result):
+    res = ladder_result[0]
+    p = tmp_path / "ladder.json"
+    p.write_text(json.dumps(res))
+    runs = load_runs(str(p))
+    at4, at8 = pick(runs, 4, runs), pick(runs, 8, runs)
+    checks = {c.indicator: c for c in compare(at8, at4, Targets(ttft_p99_ms=10_000))}
+    assert checks["preemptions"].status == "PASS" and checks["preemptions"].after == 0
+    assert checks["TTFT p99"].status == "PASS"
+    checks = {c.indicator: c for c in compare(at4, at8, Targets())}
+    assert checks["preemptions"].status == "FAIL"
+    with pytest.raises(ResultError, match="no run at concurrency 3"):
+        pick(runs, 3, runs)
+
+
+def test_compare_cli_exit_codes(tmp_path, ladder_result):
+    p = tmp_path / "ladder.json"
+    p.write_text(json.dumps(ladder_result[0]))
+    r = doctor("bench", "compare", str(p), str(p), "--level", "8")
+    assert r.returncode == 1 and "preemptions" in r.stdout and "Verdict: FAIL" in r.stdout
+    r = doctor("bench", "compare", str(p), str(p), "--level", "4", "--ttft-p99-ms", "100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Verdict: PASS" in r.stdout
+    vb = FIX / "vllm-0.32-cpu-bench-serve-c4.json"
+    r = doctor("bench", "compare", str(vb), str(vb), "--ttft-p99-ms", "100000", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 3 and doc["verdict"] == "UNKNOWN"
+    assert [c["status"] for c in doc["checks"]] == ["PASS", "PASS", "PASS", "UNKNOWN"]
+    r = doctor("bench", "compare", str(vb), str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and r.stderr.strip().endswith("missing.json: no such file")
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    r = doctor("bench", "compare", str(vb), str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "not a result of" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- diagnose --bench ----------------------------------------------------------------------------
+
+def test_diagnose_names_the_level_where_the_incident_began(tmp_path, ladder_result):
+    p = tmp_path / "ladder.json"
+    p.write_text(json.dumps(ladder_result[0]))
+    log = ROOT / "tests" / "fixtures" / "logs" / "cpu-preemption-tiny-kv-cache.log"
+    metrics = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32-cpu-preemption.txt"
+    r = doctor("diagnose", str(log), "--metrics", str(metrics), "--bench", str(p), "--format", "json")
+    doc = json.loads(r.stdout)
+    notes = {f["name"]: f["notes"] for f in doc["findings"]}
+    pre = ladder_result[0]["levels"][3]["preemptions"]
+    assert f"bench ladder: began at 8 concurrent requests (first level with preemptions ({pre}))" \
+        in notes["preemption-storm"]
+    r = doctor("diagnose", str(log), "--bench", str(tmp_path / "nope.json"))
+    assert r.returncode == 2 and "nope.json: no such file" in r.stderr
+
+
+def test_began_at_prefers_the_time_window():
+    res = {"levels": [{"concurrency": 2, "started_at": 100.0, "ended_at": 200.0, "preemptions": 0},
+                      {"concurrency": 4, "started_at": 200.0, "ended_at": 300.0, "preemptions": 5}]}
+    assert "during the level of 2 concurrent" in began_at(res, "preemption-storm", 150.0)
+    assert "began at 4 concurrent requests (first level with preemptions (5))" in \
+        began_at(res, "preemption-storm", None)
+    assert began_at(res, "nccl-failure", None) is None
+
+
+def test_serve_bench_notes_the_level_on_live_findings(tmp_path):
+    """The sidecar with --bench: a live preemption-storm (from the real /metrics timeline of the
+    storm run) carries the ladder level where preemptions began (the recorded real ladder)."""
+    from serve_helpers import Pages, live_sidecar, timeline_pages
+
+    ladder = FIX / "ladder-vllm-0.32-cpu.json"
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with Pages(timeline_pages()) as vllm:
+        with live_sidecar({"logs": [str(log)], "metrics_url": vllm.url, "scrape_interval": 3600,
+                           "bench": str(ladder)}) as s:
+            for _ in range(15):
+                s.sidecar.scraper.scrape_once()
+            s.sidecar.evaluate()
+            storm = next(f for f in s.get("/api/findings").json()["findings"] if f["name"] == "preemption-storm")
+    assert "bench ladder: began at 8 concurrent requests (first level with preemptions (3))" in storm["notes"]
+
+
+def test_serve_rejects_a_bad_bench_file_in_one_line(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    r = doctor("serve", "--log", str(tmp_path / "v.log"), "--bench", str(bad), "--no-nvml", "--metrics-url", "none",
+               "--port", "0")
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"vllm-doctor: --bench {bad}: not a `vllm-doctor bench ladder` result"

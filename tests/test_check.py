@@ -1,0 +1,228 @@
+"""check: the tuning note's templates, real launch commands from public issues, monitoring files.
+Every input under tests/fixtures/launch is a real one (see the READMEs there)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.check import FORMATS, check_text
+from vllm_doctor.plan import load_config
+
+HERE = Path(__file__).parent
+NOTE = HERE / "fixtures" / "launch" / "tuning-note"
+ISSUES = HERE / "fixtures" / "launch" / "issues"
+MODELS = HERE / "fixtures" / "models"
+
+
+def run(path: Path, version: str | None = None, **kw):
+    return check_text(path.read_text(), str(path), vllm_version=version, **kw)
+
+
+def ids(res) -> list[tuple[str, int, str | None]]:
+    return [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in res.findings]
+
+
+# ---------------------------------------------------------------- the tuning note: every invented setting
+
+def test_note_docker_run_template():
+    r = run(NOTE / "s8-docker-run.sh")
+    assert r.kind == "shell" and r.launches == 1
+    assert ids(r) == [("VC007", 2, "--no-enable-chunked-prefill"), ("VC008", 3, "image"),
+                      ("VC001", 10, "--max-num-batched-tokens")]
+    assert r.findings[2].fix["value"] == "4096"
+
+
+def test_note_compose_template():
+    r = run(NOTE / "s8.1-docker-compose.yml")
+    assert r.kind == "compose"
+    assert ids(r) == [("VC008", 3, "image"), ("VC001", 11, "--max-num-batched-tokens")]
+
+
+def test_note_start_sh_expands_its_variables():
+    r = run(NOTE / "A5-start.sh")
+    assert {f.rule_id for f in r.findings} == {"VC001", "VC007", "VC008"}
+    assert all(f.line == 7 for f in r.findings)
+
+
+def test_note_dockerfile_env_and_ci():
+    d = run(NOTE / "A10-Dockerfile")
+    assert d.kind == "dockerfile" and ids(d) == [("VC008", 2, "image"), ("VC007", 3, "--no-enable-chunked-prefill")]
+    e = run(NOTE / "A10.env")
+    assert e.kind == "dotenv" and ids(e) == [("VC001", 5, "--max-num-batched-tokens")]
+    ci = run(NOTE / "A17-gitlab-ci.yml")
+    assert ci.kind == "ci" and ids(ci) == [("VC008", 4, "image"), ("VC011", 9, "vllm bench serve")]
+    b = run(NOTE / "s9-bench.sh")
+    assert ids(b) == [("VC011", 2, "vllm bench serve")]
+
+
+def test_note_k8s_and_env_list():
+    k = run(NOTE / "A20-deployment.yaml")
+    assert k.kind == "kubernetes" and k.launches == 1 and ids(k) == [("VC008", 12, "image")]
+    a = run(NOTE / "A25-env.txt")
+    assert ids(a) == [("VC007", 1, "--no-enable-chunked-prefill"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
+
+
+@pytest.mark.parametrize("version,rule,setting", [
+    ("0.4.3", "VC003", "--num-gpu-blocks-override"),    # silently read as --kv-cache-dtype 500000
+    ("0.10.1", "VC003", "--num-gpu-blocks-override"),
+    ("0.10.2", "VC002", "--num-gpu-blocks-override"),   # ambiguous from 0.10.2 (--kv-cache-memory-bytes)
+    ("0.32.0", "VC002", "--num-gpu-blocks-override"),
+])
+def test_note_kv_cache_flag_by_version(version, rule, setting):
+    r = run(NOTE / "s3.3-kv-flags.sh", version)
+    assert ids(r) == [(rule, 6, setting)]
+    assert r.findings[0].fix["value"] == 31250          # 500,000 tokens / 16-token blocks
+
+
+def test_note_templates_on_an_old_version():
+    """fp8 KV cache and the underscore-free names on 0.4.0: --kv-cache-dtype fp8 is an invalid choice."""
+    r = run(NOTE / "s8-docker-run.sh", "0.4.0")
+    got = {(f.rule_id, (f.fix or {}).get("setting")) for f in r.findings}
+    assert ("VC006", "--kv-cache-dtype") in got
+    assert any("vllm serve" in f.message and f.rule_id == "VC011" for f in r.findings)
+
+
+def test_note_alert_rules_never_fire():
+    r = run(NOTE / "s7.6-alert-rules.yml")
+    assert r.kind == "prometheus-rules"
+    assert ids(r) == [("VM001", 6, "vllm:num_preemptions_total"), ("VM004", 6, "increase"), ("VM005", 12, "deriv")]
+
+
+def test_note_grafana_and_queries():
+    g = run(NOTE / "A8-grafana.json")
+    assert g.kind == "grafana"
+    want = [("VM001", 6, "vllm:num_preemptions_total"), ("VM001", 10, "vllm:num_requests_running"),
+            ("VM001", 10, "vllm:kv_cache_usage_perc"), ("VM005", 14, "deriv")]
+    assert ids(g) == want
+    q = run(NOTE / "A4-queries.promql")
+    assert [(a, s) for a, _, s in ids(q)] == [(a, s) for a, _, s in want]
+
+
+# ---------------------------------------------------------------- real launch commands from public issues
+
+def test_issue_kimi_linear_abbreviation():
+    r = run(ISSUES / "vllm-28228-kimi-linear-typo.sh", "0.11.0")
+    assert ("VC003", 4, "--tensor-parallel-size") in ids(r)
+    assert any(f.rule_id == "VC006" and "--port" in f.message for f in r.findings)
+
+
+def test_issue_13061_capacity_predicts_the_start_up_failure():
+    cfg, _ = load_config(str(MODELS / "qwen2.5-14b"))
+    r = run(ISSUES / "vllm-13061-tp2-underscores.sh", "0.7.3", model_config=cfg, gpu_memory=int(23.99 * (1 << 30)))
+    assert [f.rule_id for f in r.findings] == ["VC010"]
+    assert "is larger than the maximum number of tokens that can be stored in KV cache" in r.findings[0].message
+    assert r.findings[0].fix["setting"] == "--max-model-len" and r.findings[0].fix["value"] < 131072
+
+
+def test_issue_commands_that_are_fine_stay_quiet():
+    assert run(ISSUES / "vllm-21348-tp4-kv-transfer.sh", "0.10.0").findings == []
+    assert run(ISSUES / "vllm-34076-pp2.sh", "0.15.0").findings == []
+    assert run(ISSUES / "qwen-295-api-server.sh", "0.4.0").findings == []
+    assert run(ISSUES / "vllm-4650-docker-engine-args.txt", "0.5.4").findings == []
+
+
+def test_removed_and_v0_only_flags():
+    r = check_text("vllm serve m --preemption-mode swap --max-num-seqs 64\n", "x.sh", vllm_version="0.9.2")
+    assert [f.rule_id for f in r.findings] == ["VC005"]
+    r = check_text("vllm serve m --preemption-mode swap\n", "x.sh", vllm_version="0.11.0")
+    assert [f.rule_id for f in r.findings] == ["VC004"] and "0.5.4–0.10.2" in r.findings[0].message
+    r = check_text("vllm serve m --gpu-memory-utilization 90\n", "x.sh", vllm_version="0.11.0")
+    assert r.findings[0].rule_id == "VC006" and r.findings[0].fix["value"] == 0.9
+
+
+def test_max_num_seqs_above_the_kv_cache_at_max_model_len():
+    """The note's 8B template on its own A100 40G: 128 sequences of 16,384 tokens never fit."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    r = run(NOTE / "s8-docker-run.sh", "0.11.0", model_config=cfg, gpu_memory=40 * (1 << 30))
+    cap = [f for f in r.findings if f.rule_id == "VC010"]
+    assert len(cap) == 1 and cap[0].fix["setting"] == "--max-num-seqs"
+    assert 10 <= cap[0].fix["value"] < 128          # fp8 KV: 64 KiB/token, ~19 GiB pool
+
+
+def test_shared_memory_for_multi_gpu():
+    base = "docker run --gpus all {shm} vllm/vllm-openai:v0.11.0 --model m --tensor-parallel-size 4\n"
+    r = check_text(base.format(shm=""), "run.sh")
+    assert [f.rule_id for f in r.findings] == ["VC009"]
+    assert r.vllm_version == "0.11.0" and r.version_source == "image tag"
+    assert check_text(base.format(shm="--ipc=host"), "run.sh").findings == []
+    assert check_text(base.format(shm="--shm-size 16g"), "run.sh").findings == []
+    k8s = (NOTE / "A20-deployment.yaml").read_text().replace('"--enable-chunked-prefill"]', '"-tp", "2"]')
+    assert [f.rule_id for f in check_text(k8s, "d.yaml").findings] == ["VC008", "VC009"]
+
+
+def test_series_by_version():
+    q = "rate(vllm:num_preemptions_total[5m])\n\nvllm:gpu_cache_usage_perc > 0.9\n\nrate(vllm:num_preemptions[5m])\n"
+    new = check_text(q, "q.promql", vllm_version="0.32.0")
+    assert [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in new.findings] == [
+        ("VM001", 3, "vllm:kv_cache_usage_perc"), ("VM001", 5, "vllm:num_preemptions_total")]
+    old = check_text(q, "q.promql", vllm_version="0.6.3")
+    assert [(f.rule_id, f.line) for f in old.findings] == [("VM001", 5)]
+
+
+def test_rate_on_gauge_and_histogram_quantile():
+    q = ("rate(vllm:num_requests_running[5m])\n\n"
+         "histogram_quantile(0.99, rate(vllm:e2e_request_latency_seconds_sum[5m]))\n\n"
+         "histogram_quantile(0.99, sum by (model_name) (rate(vllm:e2e_request_latency_seconds_bucket[5m])))\n\n"
+         "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[5m])))\n")
+    r = check_text(q, "q.promql", vllm_version="0.32.0")
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VM002", 1), ("VM003", 3), ("VM003", 5)]
+
+
+def test_sarif_and_github_output():
+    r = run(NOTE / "s7.6-alert-rules.yml")
+    sarif = json.loads(FORMATS["sarif"]([r]))
+    assert sarif["version"] == "2.1.0"
+    res = sarif["runs"][0]["results"]
+    rules = sarif["runs"][0]["tool"]["driver"]["rules"]
+    assert [x["ruleId"] for x in res] == ["VM001", "VM004", "VM005"]
+    assert all(rules[x["ruleIndex"]]["id"] == x["ruleId"] for x in res)
+    assert res[0]["locations"][0]["physicalLocation"]["region"]["startLine"] == 6
+    gh = FORMATS["github"]([r]).splitlines()
+    assert gh[0].startswith(f"::error file={r.file},line=6,title=VM001 series-never-exported::")
+
+
+def test_cli_exit_codes(tmp_path):
+    cmd = [sys.executable, "-m", "vllm_doctor", "check"]
+    bad = subprocess.run(cmd + [str(NOTE / "s8-docker-run.sh"), "-f", "github"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "::error file=" in bad.stdout
+    ok = subprocess.run(cmd + [str(ISSUES / "vllm-34076-pp2.sh"), "--vllm-version", "0.15.0"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    warn_only = subprocess.run(cmd + ["-", "--fail-on", "error"], input="FROM vllm/vllm-openai:latest\n",
+                               capture_output=True, text=True)
+    assert warn_only.returncode == 0 and "VC008" in warn_only.stdout
+    missing = subprocess.run(cmd + [str(tmp_path / "nope.sh")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_sidecar_series_table_matches_the_collector():
+    """check's table of the sidecar's own series is the collector's (vllm_doctor/collectors.py)."""
+    from vllm_doctor.check.metric_names import SIDECAR_SERIES
+
+    src = (Path(__file__).parent.parent / "vllm_doctor" / "collectors.py").read_text()
+    for name in SIDECAR_SERIES:
+        assert f'"{name.removesuffix("_total")}"' in src, name
+
+
+def test_the_projects_own_monitoring_is_clean():
+    """vllm-doctor's alert rules and dashboard (written for vLLM and its sidecar) have no errors."""
+    from vllm_doctor.check import worst
+
+    root = Path(__file__).parent.parent
+    res = [run(root / "alerts" / "vllm-doctor.rules.yaml"), run(root / "dashboards" / "out" / "vllm-doctor.json")]
+    assert [r.kind for r in res] == ["prometheus-rules", "grafana"]
+    assert worst(res) < 2, [f.message for r in res for f in r.findings if f.level == "error"]
+
+
+def test_vllm_config_yaml():
+    """vLLM's --config YAML: keys are flag names (underscores or dashes), judged like the flags."""
+    text = "model: meta-llama/Llama-3.1-8B-Instruct\nmax_num_seqs: 128\nkv-cache: fp8\npreemption_mode: swap\n"
+    r = check_text(text, "serve.yaml", vllm_version="0.11.0")
+    assert r.kind == "vllm-config"
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC002", 3), ("VC004", 4)]
+    r = check_text(text, "serve.yaml", vllm_version="0.9.2")
+    assert [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in r.findings] == [
+        ("VC003", 3, "--kv-cache-dtype"), ("VC005", 4, None)]

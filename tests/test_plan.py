@@ -1,0 +1,324 @@
+"""plan / capacity: real vLLM numbers (the e2e recordings of vLLM 0.32 on CPU, GPU log lines from
+public issues under tests/fixtures/models) against the arithmetic of vllm_doctor.capacity."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor import capacity as cap
+from vllm_doctor.plan import PlanInputs, load_config, make_plan, parse_size, to_json, to_markdown, to_text
+
+HERE = Path(__file__).parent
+MODELS = HERE / "fixtures" / "models"
+E2E = HERE / "fixtures" / "e2e"
+CASES = json.loads((MODELS / "cases.json").read_text())  # list of logs with their launch settings
+
+# the config tests/e2e/make_tiny_model.py writes (LlamaConfig(...) as written there; no torch needed)
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+        "max_position_embeddings": 8192, "vocab_size": 553, "tie_word_embeddings": True, "dtype": "bfloat16"}
+
+
+def _vllm_cmd(log: str) -> dict:
+    m = re.search(r"non-default args: (\{.*\})", log)
+    import ast
+    return ast.literal_eval(m.group(1))
+
+
+def _e2e_cases():
+    for d in sorted(E2E.iterdir()):
+        log = d / "vllm.log"
+        if log.is_file():
+            yield pytest.param(d.name, id=d.name)
+
+
+def test_tiny_model_config_matches_the_builder():
+    """The config used here is the one make_tiny_model.py builds (its docstring states the KV cost)."""
+    src = (HERE / "e2e" / "make_tiny_model.py").read_text()
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        assert re.search(rf"{key}={TINY[key]},", src), key
+    assert "1,024 bytes per token" in src
+
+
+@pytest.mark.parametrize("scenario", list(_e2e_cases()))
+def test_plan_predicts_vllm_032_cpu_exactly(scenario):
+    """Every e2e recording: plan prints vLLM's own KV cache tokens and concurrency, or its start-up error."""
+    log = (E2E / scenario / "vllm.log").read_text(errors="replace")
+    args = _vllm_cmd(log)
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                             kv_cache_memory_bytes=args["kv_cache_memory_bytes"], max_num_seqs=args.get("max_num_seqs")))
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log)
+    if m:
+        assert p.pool["kv_cache_tokens"] == int(m.group(1).replace(",", ""))
+        assert f"{p.concurrency['at_max_model_len']:.2f}" == m.group(3)
+        assert p.pool["vllm_prints"] in log
+        assert not p.startup["fails"]
+    else:
+        err = re.search(r"ValueError: (To serve at least one request.*?estimated maximum model length is \d+\.)", log).group(1)
+        assert p.startup["fails"]
+        assert err in p.startup["messages"][0]
+        est = int(re.search(r"model length is (\d+)", err).group(1))
+        assert {"flag": "--max-model-len", "value": est} == {k: p.fixes[0][k] for k in ("flag", "value")}
+        size = next(f["value"] for f in p.fixes if f["flag"] == "--kv-cache-memory-bytes")
+        fixed = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                                     kv_cache_memory_bytes=size))
+        smaller = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu",
+                                       max_model_len=args["max_model_len"], kv_cache_memory_bytes=size - 1))
+        assert not fixed.startup["fails"] and smaller.startup["fails"]   # the fix is the smallest that starts
+
+
+@pytest.mark.parametrize("log", sorted((HERE / "fixtures" / "logs").glob("cpu-*.log")), ids=lambda p: p.name)
+def test_plan_on_the_cpu_logs(log):
+    text = log.read_text(errors="replace")
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    args = _vllm_cmd(text) if "non-default args" in text else {}
+    if not m or "kv_cache_memory_bytes" not in args:
+        pytest.skip("no explicit KV cache size or no capacity line in this recording")
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=args["max_model_len"],
+                             kv_cache_memory_bytes=args["kv_cache_memory_bytes"]))
+    assert p.pool["kv_cache_tokens"] == int(m.group(1).replace(",", ""))
+    assert f"{p.concurrency['at_max_model_len']:.2f}" == m.group(3)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / b
+
+
+def logged(case: dict) -> dict:
+    """The figures a real log printed: available KV GiB, KV cache tokens, concurrency, weights GiB, TP."""
+    text = (MODELS / case["model"] / case["log"]).read_text()
+    out: dict = {}
+    own = text if "rank" not in case else "\n".join(  # the worker whose stage binds the pool
+        line for line in text.splitlines() if f"rank={case['rank']} " in line)
+    if m := re.search(r"Available KV cache memory: ([\d.]+) GiB|kv_cache_size=([\d.]+)GiB", own):
+        out["avail_gib"] = float(m.group(1) or m.group(2))
+    if m := re.search(r"KV cache size: ([\d,]+) tokens", text):
+        out["tokens"] = int(m.group(1).replace(",", ""))
+    elif m := re.search(r"GPU blocks: (\d+)", text):
+        out["tokens"] = int(m.group(1)) * case.get("block_size", 16)
+    if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
+        out["max_model_len"], out["concurrency"] = int(m.group(1).replace(",", "")), float(m.group(2))
+    if m := re.search(r"(?:Model loading took|Loading model weights took) ([\d.]+) G", text):
+        out["weights_gib"] = float(m.group(1))
+    elif "weights_column" in case:
+        out["weights_gib"] = float(text.strip().splitlines()[-1].split("|")[case["weights_column"]])
+    if "kv_gib_column" in case:
+        out["pool_gib"] = float(text.strip().splitlines()[-1].split("|")[case["kv_gib_column"]])
+    m = re.search(r"'tensor_parallel_size': (\d+)", text)
+    out["tp"] = int(m.group(1)) if m else case.get("tp", 1)
+    out["pp"] = case.get("pp", 1)
+    return out
+
+
+KV_CASES = [c for c in CASES if {"avail_gib", "tokens"} <= set(logged(c))]
+W_CASES = [c for c in CASES if "weights_gib" in logged(c)]
+
+
+def predicted(case: dict) -> tuple[int, int]:
+    cfg, _ = load_config(str(MODELS / case["model"]))
+    shape = cap.model_shape(cfg)
+    lg = logged(case)
+    tp, pp = lg["tp"], lg["pp"]
+    return cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, tp, pp)), cap.weight_bytes_per_gpu(shape, 2, tp, pp)
+
+
+def test_mla_moe_parameter_count_is_the_checkpoints():
+    """DeepSeek-V2-Lite (MLA + MoE with shared experts and one dense layer): the parameters counted
+    from config.json equal the sum over the checkpoint's tensors."""
+    cfg, _ = load_config(str(MODELS / "deepseek-v2-lite"))
+    want = int(re.search(r"([\d,]{10,})", (MODELS / "deepseek-v2-lite" / "params.txt").read_text()).group(1).replace(",", ""))
+    assert sum(cap.weight_params(cap.model_shape(cfg)).values()) == want
+
+
+def test_accuracy_corpus_size():
+    assert len(KV_CASES) >= 6 and len(W_CASES) >= 8
+    assert len({c["model"] for c in CASES}) >= 7
+
+
+@pytest.mark.parametrize("case", KV_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
+def test_kv_bytes_per_token_within_1_percent_of_real_gpu_logs(case):
+    lg = logged(case)
+    per_tok, _ = predicted(case)
+    assert _rel(per_tok, lg["avail_gib"] * cap.GiB / lg["tokens"]) < 0.01
+
+
+@pytest.mark.parametrize("case", [c for c in KV_CASES if "concurrency" in logged(c) and c.get("vllm")],
+                         ids=lambda c: f"{c['model']}:{c['log']}")
+def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
+    """Given the logged available memory, the version's accounting gives the printed tokens and x."""
+    lg = logged(case)
+    cfg, _ = load_config(str(MODELS / case["model"]))
+    p = make_plan(PlanInputs(config=cfg, vllm_version=case["vllm"], max_model_len=lg["max_model_len"],
+                             tensor_parallel_size=lg["tp"], pipeline_parallel_size=lg["pp"],
+                             kv_cache_memory_bytes=int(lg["avail_gib"] * cap.GiB)))
+    assert _rel(p.pool["kv_cache_tokens"], lg["tokens"]) < 0.01
+    assert p.concurrency["at_max_model_len"] == pytest.approx(lg["concurrency"], rel=0.01)
+
+
+@pytest.mark.parametrize("case", W_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
+def test_weights_within_5_percent_of_real_gpu_logs(case):
+    lg = logged(case)
+    _, w = predicted(case)
+    assert _rel(w / cap.GiB, lg["weights_gib"]) < 0.05
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "kv_gib_column" in c], ids=lambda c: c["model"])
+def test_available_kv_memory_estimate_on_h100(case):
+    """The profiling formula with the ESTIMATED activation peak (V1 sampler profile) and non-torch
+    memory, against the KV cache memory vLLM reported on an H100 (within 2 %)."""
+    lg = logged(case)
+    cfg, _ = load_config(str(MODELS / case["model"]))
+    p = make_plan(PlanInputs(config=cfg, vllm_version=case["vllm"], gpu_memory_bytes=int(case["gpu_gib"] * cap.GiB),
+                             gpu_memory_utilization=case["gpu_memory_utilization"], max_model_len=case["max_model_len"]))
+    assert _rel(p.pool["available_kv_cache_bytes"] / cap.GiB, lg["pool_gib"]) < 0.02
+
+
+def accuracy_rows() -> list[dict]:
+    """The accuracy table of docs/plan.md (``python tests/test_plan.py`` prints it)."""
+    rows = []
+    for c in CASES:
+        lg = logged(c)
+        per_tok, w = predicted(c)
+        row = {"model": c["model"], "log": c["source"], "tp": f"{lg['tp']}" + (f" x PP {lg['pp']}" if lg["pp"] > 1 else ""),
+               "predicted_bytes_per_token": per_tok}
+        if "tokens" in lg and "avail_gib" in lg:
+            row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
+        row["predicted_weights_gib"] = round(w / cap.GiB, 3)
+        row["logged_weights_gib"] = lg.get("weights_gib")
+        rows.append(row)
+    return rows
+
+
+def test_tuning_note_a21_llama_8b_is_128_kib_not_1_kb():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB))
+    assert p.kv_per_token["bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131072
+
+
+def test_mla_and_sliding_and_hybrid_kinds():
+    mla = {"num_hidden_layers": 27, "hidden_size": 2048, "num_attention_heads": 16, "kv_lora_rank": 512,
+           "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 102400}
+    g = cap.kv_layer_groups(cap.model_shape(mla), 2, tp=8)
+    assert [(x.kind, x.layers, x.bytes_per_token_per_layer) for x in g] == [("mla", 27, 1152)]  # not split by TP
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 4096}
+    s = cap.model_shape(gemma2)
+    assert s.layer_kinds == ["sliding_window", "full", "sliding_window", "full"]
+    groups = cap.kv_layer_groups(s, 2)
+    assert cap.request_blocks(groups, 32768, 16, 4096, 8192) == 2048 + (cdiv := -(-(4095 + 8192) // 16)) + 1
+    assert cdiv == 768
+    nemo = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "hybrid_override_pattern": "M*M-"}
+    ns = cap.model_shape(nemo)
+    assert ns.layer_kinds == ["mamba", "full", "mamba", "mlp_only"]
+    assert any("Mamba" in u for u in ns.unsized)
+    assert cap.kv_bytes_per_token(cap.kv_layer_groups(ns, 2)) == 1 * 2 * 2 * 16 * 2
+
+
+def test_hybrid_sliding_window_allocator_gpt_oss():
+    """gpt-oss (real config): 12 sliding-window (128) + 12 full layers -> two V1 groups of 12 layers
+    sharing one pool; a request holds cdiv(max_model_len, 16) full blocks plus
+    cdiv(127 + max_num_batched_tokens, 16) + 1 sliding blocks. (A gpt-oss-120b log, 0.10.1.1 TP 4,
+    prints 2,640,144 tokens / 284.25x for 45.32 GiB: the same arithmetic with its 36 layers.)"""
+    cfg, _ = load_config(str(MODELS / "gpt-oss-20b"))
+    s = cap.model_shape(cfg)
+    assert (s.count("full"), s.count("sliding_window"), s.sliding_window) == (12, 12, 128)
+    groups = cap.kv_layer_groups(s, 2, tp=1)
+    assert cap.group_layout(groups) == (12, {"sliding_window": 1, "full": 1})
+    assert cap.bytes_per_block(groups, 16) == 12 * 16 * (2 * 8 * 64 * 2)
+    assert cap.request_blocks(groups, 16384, 16, 128, 2048) == 1024 + 137
+    p = make_plan(PlanInputs(config=cfg, vllm_version="0.10.1", max_model_len=16384, max_num_batched_tokens=2048,
+                             kv_cache_memory_bytes=10 * cap.GiB))
+    blocks = 10 * cap.GiB // (12 * 16 * 2048)
+    assert p.pool["num_gpu_blocks"] == blocks
+    assert p.pool["kv_cache_tokens"] == blocks // 2 * 16
+    assert p.concurrency["at_max_model_len"] == round(blocks / 1161, 2)
+
+
+def test_target_concurrency_gives_a_utilization_that_holds_it():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    inp = PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, max_model_len=8192, target_concurrency=40,
+                     overhead_bytes=2 * cap.GiB, vllm_version="0.11.0")
+    p = make_plan(inp)
+    fix = {f["flag"]: f["value"] for f in p.fixes}
+    u = fix["--gpu-memory-utilization"]
+    again = make_plan(PlanInputs(**{**inp.__dict__, "gpu_memory_utilization": u, "target_concurrency": None}))
+    assert again.concurrency["at_max_model_len"] >= 40
+    lower = make_plan(PlanInputs(**{**inp.__dict__, "gpu_memory_utilization": u - 0.01, "target_concurrency": None}))
+    assert lower.concurrency["at_max_model_len"] < 40
+
+
+def test_outputs_and_sizes():
+    p = make_plan(PlanInputs(config=TINY, vllm_version="0.32.0", device="cpu", max_model_len=2048,
+                             kv_cache_memory_bytes=4194304, mean_request_tokens=1400))
+    assert json.loads(to_json(p))["pool"]["kv_cache_tokens"] == 4096
+    assert "## KV cache pool (per GPU)" in to_markdown(p)
+    assert "32 blocks // ceil(1,400 / 128) = 2 requests" in to_text(p)
+    assert parse_size("80GiB") == 80 * cap.GiB and parse_size("81559MiB") == 81559 * cap.MiB
+
+
+def test_cli_plan_exit_codes(tmp_path):
+    cache = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    cache.mkdir(parents=True)
+    (cache / "config.json").write_text(json.dumps(TINY))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", *a], capture_output=True, text=True)
+    ok = run(str(tmp_path / "hub" / "models--org--tiny"), "--device", "cpu", "--vllm-version", "0.32.0",
+             "--kv-cache-memory-bytes", "4194304", "--max-model-len", "2048", "--format", "json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["model"] == "org/tiny"
+    bad = run(str(cache), "--device", "cpu", "--vllm-version", "0.32.0", "--kv-cache-memory-bytes", "4MiB",
+              "--max-model-len", "8192")
+    assert bad.returncode == 1 and "estimated maximum model length is 3968" in bad.stdout
+    missing = run(str(tmp_path / "nope"), "--gpu-memory", "80GiB")
+    assert missing.returncode == 2 and missing.stderr.startswith("vllm-doctor: ") and "Traceback" not in missing.stderr
+
+
+if __name__ == "__main__":
+    print("| model | TP | KV B/token plan | KV B/token log | diff | weights GiB plan | weights GiB log | diff | log |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in accuracy_rows():
+        kv = (f"{r['logged_bytes_per_token']:,} | {(r['predicted_bytes_per_token'] / r['logged_bytes_per_token'] - 1) * 100:+.2f}%"
+              if "logged_bytes_per_token" in r else "- | -")
+        wd = (f"{r['logged_weights_gib']} | {(r['predicted_weights_gib'] / r['logged_weights_gib'] - 1) * 100:+.2f}%"
+              if r["logged_weights_gib"] else "- | -")
+        print(f"| {r['model']} | {r['tp']} | {r['predicted_bytes_per_token']:,} | {kv} | {r['predicted_weights_gib']} | {wd} | {r['log']} |")
+
+
+def test_gpu_memory_through_nvml(monkeypatch):
+    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source."""
+    from vllm_doctor.errors import InputError
+    from vllm_doctor.plan import nvml_total_memory
+    from vllm_doctor.sources import nvml
+
+    fake = nvml.FakeNvml([nvml.FakeGpu(total=85_520_809_984)])
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+    assert nvml_total_memory() == 85_520_809_984
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: nvml.FakeNvml(fail_init=nvml.FakeNvmlError(12)))
+    with pytest.raises(InputError, match="give --gpu-memory"):
+        nvml_total_memory()
+
+
+def test_hf_cache_with_several_models_is_refused(tmp_path):
+    from vllm_doctor.errors import InputError
+
+    for name in ("models--a--x", "models--b--y"):
+        d = tmp_path / name / "snapshots" / "1"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(TINY))
+    with pytest.raises(InputError, match="2 models"):
+        load_config(str(tmp_path))
+
+
+def test_helpers_for_observed_pools():
+    """The helpers diagnose's fixes use on a pool a log printed (e2e preemption storm: 32 blocks of
+    128 tokens, max_model_len 2048)."""
+    assert cap.max_num_seqs_that_fit(32, 2048, 128) == 2
+    # 16 x 2048-token requests need 256 blocks; 224 more blocks of 128 KiB on a 13.09 GiB CPU node at 0.92
+    u = cap.utilization_for_more_blocks(0.92, int(13.09 * cap.GiB), 32, 256, 131072)
+    assert u == 0.93 and 0.92 + 224 * 131072 / (13.09 * cap.GiB) <= u

@@ -1,0 +1,254 @@
+"""``vllm-doctor bench``: ``ladder`` (find the throughput knee) and ``compare`` (judge a tuning step).
+
+Exit codes:
+- ladder: 0 every request completed; 1 some requests failed (the result is still written);
+  2 unusable input or an unreachable server (one line on stderr).
+- compare: 0 every indicator PASSes; 1 at least one FAILs; 3 none fails but one is UNKNOWN (a
+  file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+
+EXIT_UNKNOWN = 3
+MAX_TOTAL_REQUESTS = 100_000
+
+bench_app = typer.Typer(help="Prove a tuning step: a concurrency ladder, and a before/after comparison.",
+                        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def _fail(msg: str) -> None:
+    print(f"vllm-doctor bench: {msg}", file=sys.stderr)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(f"--levels {text!r}: comma-separated positive integers, e.g. 8,16,32,64")
+    if not out or any(c < 1 for c in out):
+        _fail(f"--levels {text!r}: comma-separated positive integers, e.g. 8,16,32,64")
+    return out
+
+
+def _prompts(path: Path) -> list[str]:
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"{path}: cannot read ({getattr(e, 'strerror', None) or type(e).__name__})")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+                line = obj.get("prompt") or obj.get("text") or ""
+            except ValueError:
+                pass
+        if line:
+            out.append(line)
+    if not out:
+        _fail(f"{path}: no prompt (one per line, or JSON lines with a \"prompt\" field)")
+    return out
+
+
+class OutFormat(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+def _fmt(v, spec="{:,.1f}") -> str:
+    return "–" if v is None else spec.format(v)
+
+
+def ladder_table(result: dict) -> str:
+    head = (f"{'conc':>5} {'done':>9} {'out tok/s':>10} {'req/s':>7} {'goodput':>8} {'TTFT p99':>9} "
+            f"{'TPOT':>7} {'ITL p99':>8} {'E2E p99':>8} {'preempt':>8} {'KV max':>7} {'run':>5} {'wait':>5}")
+    rows = [head]
+    for lv in result["levels"]:
+        kv = lv["max_kv_cache_usage_ratio"]
+        rows.append(
+            f"{lv['concurrency']:>5} {lv['completed']:>4}/{lv['requests']:<4} {_fmt(lv['output_throughput']):>10} "
+            f"{_fmt(lv['request_throughput'], '{:.2f}'):>7} {_fmt(lv['goodput'], '{:.2f}'):>8} "
+            f"{_fmt(lv['ttft_ms']['p99'], '{:,.0f}'):>6} ms {_fmt(lv['tpot_ms']['mean']):>4} ms "
+            f"{_fmt(lv['itl_ms']['p99'], '{:,.0f}'):>5} ms {_fmt(lv['e2el_ms']['p99'], '{:,.0f}'):>5} ms "
+            f"{'unknown' if lv['preemptions'] is None else lv['preemptions']:>8} "
+            f"{'–' if kv is None else f'{kv * 100:.0f} %':>7} {_fmt(lv['max_running'], '{:.0f}'):>5} "
+            f"{_fmt(lv['max_waiting'], '{:.0f}'):>5}")
+    return "\n".join(rows)
+
+
+@bench_app.command()
+def ladder(
+    url: Annotated[str, typer.Option("--url", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, comma-separated.")] = "8,16,32,64",
+    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Requests per level (default: 4 x level, at least 8).")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", metavar="SECONDS", help="Run each level this long instead of a request count.")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", metavar="WORDS", help="Synthetic prompt length (words, about one token each).")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", metavar="TOKENS", help="max_tokens of each request (exact: ignore_eos).")] = 64,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="Real prompts: one per line, or JSON lines with a \"prompt\" field.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Model name (default: the first of /v1/models).")] = None,
+    request_rate: Annotated[Optional[float], typer.Option("--request-rate", metavar="PER_SECOND", help="Poisson arrival rate; default: back to back.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Generate exactly --output-len tokens (vLLM's ignore_eos).")] = True,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics (default: URL/metrics; 'none' to skip).")] = None,
+    knee_gain: Annotated[float, typer.Option("--knee-gain", metavar="RATIO", help="The knee: a step up gaining less than this throughput ratio while p99 TTFT grows.")] = 0.10,
+    slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", metavar="MS", help="Goodput counts requests with TTFT under this.")] = 500.0,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", metavar="MS", help="... and TPOT under this.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per-request timeout.")] = 300.0,
+    level_timeout: Annotated[float, typer.Option("--level-timeout", metavar="SECONDS", help="Wall-clock limit of one level.")] = 900.0,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
+    chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
+    format: Annotated[OutFormat, typer.Option("--format", "-f", help="text or json on stdout.")] = OutFormat.text,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic prompts and arrivals.")] = 0,
+) -> None:
+    """Run a concurrency ladder against a live vLLM: TTFT/TPOT/ITL/E2E, goodput, errors and
+    vLLM's own preemptions per level; find the knee and recommend --max-num-seqs."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .chart import html_page, ladder_svg
+    from .ladder import BenchError, LadderConfig, run_ladder
+
+    lv = _levels(levels)
+    if requests is not None and requests < 1:
+        _fail("--requests must be at least 1")
+    if duration is not None and duration <= 0:
+        _fail("--duration must be positive")
+    if input_len < 1 or output_len < 1:
+        _fail("--input-len and --output-len must be at least 1")
+    if chart is not None and chart.suffix.lower() not in (".svg", ".html", ".htm"):
+        _fail(f"--chart {chart}: give a .svg or .html file")
+    cfg = LadderConfig(url=url, levels=lv, model=model, requests_per_level=requests, duration_seconds=duration,
+                       input_len=input_len, output_len=output_len, prompts=_prompts(prompts) if prompts else None,
+                       request_rate=request_rate, chat=chat, ignore_eos=ignore_eos,
+                       request_timeout_seconds=timeout, level_timeout_seconds=level_timeout,
+                       metrics_url="" if (metrics_url or "").lower() == "none" else metrics_url,
+                       knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed)
+    total = sum(cfg.requests_for(c) or 0 for c in lv)
+    if total > MAX_TOTAL_REQUESTS:
+        _fail(f"{total:,} requests in all is over the limit of {MAX_TOTAL_REQUESTS:,}")
+    err = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=err,
+                        disable=not err.is_terminal)  # not a terminal (CI): one plain line per level
+    state: dict = {}
+
+    def start(c: int, n: int | None):
+        state["task"] = progress.add_task(f"concurrency {c:>4}", total=n, status="")
+        state["errors"] = 0
+
+    def one(res):
+        if not res.ok:
+            state["errors"] += 1
+        progress.update(state["task"], advance=1,
+                        status=f"[red]{state['errors']} failed" if state["errors"] else "")
+
+    def done(level):
+        p99 = level.ttft_ms.get("p99")
+        status = (f"{level.output_throughput:,.0f} tok/s, TTFT p99 {'–' if p99 is None else f'{p99:,.0f} ms'}, "
+                  f"preemptions {'unknown' if level.preemptions is None else level.preemptions}")
+        progress.update(state["task"], status=status)
+        if progress.disable:
+            print(f"vllm-doctor bench: concurrency {level.concurrency}: {level.completed}/{level.requests} "
+                  f"completed, {status}", file=sys.stderr, flush=True)
+
+    try:
+        with progress:
+            result = asyncio.run(run_ladder(cfg, start, one, done))
+    except BenchError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    text = json.dumps(result, indent=1)
+    for path, body in ((output, text + "\n"), (chart, None)):
+        if path is None:
+            continue
+        if body is None:
+            body = ladder_svg(result) if path.suffix.lower() == ".svg" else html_page(result)
+        try:
+            path.write_text(body)
+        except OSError as e:
+            _fail(f"{path}: cannot write: {e.strerror}")
+    if format == OutFormat.json:
+        sys.stdout.write(text + "\n")
+    else:
+        print(f"vllm-doctor bench ladder: {result['url']} model {result['model']}")
+        if result.get("kv_cache_tokens"):
+            print(f"KV cache: {result['kv_cache_tokens']:,} tokens (vllm:cache_config_info)")
+        if result.get("metrics_error"):
+            print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
+        print(ladder_table(result))
+        k = result["knee"]
+        where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
+        print(f"\nKnee: {where}: {k['reason']}")
+        rec = result["recommendation"]
+        if rec["value"] is not None:
+            print(f"Do this: {rec['flag']} {rec['value']}\n  why: {rec['why']}")
+            for line in rec["arithmetic"]:
+                print(f"  how: {line}")
+    failed = sum(lv_["errors"] for lv_ in result["levels"])
+    raise typer.Exit(EXIT_FINDINGS if failed else EXIT_OK)
+
+
+@bench_app.command()
+def compare(
+    before: Annotated[str, typer.Argument(metavar="BEFORE", help="Result before the change: bench ladder JSON, vllm bench serve --save-result JSON or a GuideLLM report.")],
+    after: Annotated[str, typer.Argument(metavar="AFTER", help="Result after the change (same formats).")],
+    level: Annotated[Optional[float], typer.Option("--level", metavar="CONCURRENCY", help="Compare this concurrency (default: the highest both files have).")] = None,
+    ttft_p99_ms: Annotated[float, typer.Option("--ttft-p99-ms", metavar="MS", help="Target: p99 TTFT below this.")] = 500.0,
+    max_preemptions: Annotated[int, typer.Option("--max-preemptions", metavar="N", help="Target: at most N preemptions.")] = 0,
+    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", metavar="MS", help="Target: mean TPOT below this (default: no more than 10 % above BEFORE).")] = None,
+    max_throughput_drop: Annotated[float, typer.Option("--max-throughput-drop", metavar="RATIO", help="Target: output throughput at most this ratio below BEFORE.")] = 0.05,
+    format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown.")] = OutFormat.text,
+) -> None:
+    """Put TTFT p99, TPOT, throughput and preemptions of two runs side by side, PASS/FAIL each."""
+    from .results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick
+
+    try:
+        b_runs, a_runs = load_runs(before), load_runs(after)
+        b = pick(b_runs, level, a_runs)
+        a = pick(a_runs, level, b_runs)
+    except ResultError as e:
+        _fail(str(e))
+    checks = run_compare(b, a, Targets(ttft_p99_ms=ttft_p99_ms, max_preemptions=max_preemptions,
+                                       tpot_mean_ms=tpot_ms, max_throughput_drop_ratio=max_throughput_drop))
+    doc = checks_dict(b, a, checks)
+    if format == OutFormat.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        def conc(r):
+            return "" if r.concurrency is None else f" at {r.concurrency:g} concurrent"
+        md = format == OutFormat.markdown
+        lines = [f"BEFORE: {b.source} ({b.format}{conc(b)})", f"AFTER:  {a.source} ({a.format}{conc(a)})", ""]
+        if md:
+            lines = [f"- BEFORE: `{b.source}` ({b.format}{conc(b)})", f"- AFTER: `{a.source}` ({a.format}{conc(a)})", "",
+                     "| indicator | before | after | target | result |", "|---|---|---|---|---|"]
+        for c in checks:
+            unit = f" {c.unit}" if c.unit else ""
+            bv = "unknown" if c.before is None else f"{c.before:,.1f}{unit}"
+            av = "unknown" if c.after is None else f"{c.after:,.1f}{unit}"
+            if md:
+                lines.append(f"| {c.indicator} | {bv} | {av} | {c.target} | **{c.status}** |")
+            else:
+                lines.append(f"{c.indicator:<18} {bv:>16} -> {av:<16} {c.target:<36} {c.status}")
+            if c.note:
+                lines.append(f"{'  ' if not md else '  - '}{c.note}")
+        lines.append("")
+        lines.append(f"{'**Verdict: ' + doc['verdict'] + '**' if md else 'Verdict: ' + doc['verdict']}")
+        print("\n".join(lines))
+    raise typer.Exit({"PASS": EXIT_OK, "FAIL": EXIT_FINDINGS}.get(doc["verdict"], EXIT_UNKNOWN))

@@ -1,0 +1,429 @@
+"""``vllm-doctor bench ladder``: a concurrency ladder against a running vLLM, and the knee.
+
+For each concurrency level the ladder keeps exactly that many streamed requests in flight (or
+fewer, when ``request_rate`` spaces their arrivals) until the level's request count or duration is
+reached. It reads the server's ``/metrics`` before and after each level (preemptions: the delta of
+``vllm:num_preemptions_total``, vLLM's own counter; never a ``grep -c`` of the log) and samples it
+during the level (peak running, waiting and KV cache usage).
+
+The knee is the last level before throughput stops paying: the first step up the ladder that
+gains less than ``knee_gain`` (default 10 %) output-token throughput while p99 TTFT grows. The
+``--max-num-seqs`` advice combines the knee with what the KV cache holds for the sequences this
+run actually sent (KV cache tokens / observed prompt+output tokens per request), and with the
+highest level that ran without preemption.
+
+Bounded by construction: at most ``levels x requests`` requests, each with a timeout, each level
+with a wall-clock limit; only the URL given is contacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import httpx
+
+from ..sources.scrape import parse_metrics
+from .client import RequestResult, request_body, stream_one
+
+WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
+         "scheduler sequence latency throughput kernel tensor layer attention window context "
+         "replica cluster metric signal budget").split()
+
+RESULT_KIND = "vllm-doctor-bench-ladder"
+RESULT_VERSION = 1
+
+
+class BenchError(Exception):
+    """A ladder that cannot run (server unreachable, no model). One line for the CLI."""
+
+
+@dataclass
+class LadderConfig:
+    url: str                                   # base URL of vLLM's OpenAI-compatible server
+    levels: list[int]
+    model: str | None = None                   # None: the first model of GET /v1/models
+    requests_per_level: int | None = None      # None: 4 x level (at least 8), unless duration is set
+    duration_seconds: float | None = None      # run each level this long instead of a request count
+    input_len: int = 128                       # prompt length in words (about one token each)
+    output_len: int = 64                       # max_tokens (exact with ignore_eos)
+    prompts: list[str] | None = None           # real prompts instead of synthetic ones
+    request_rate: float | None = None          # Poisson arrivals per second; None: back to back
+    chat: bool = False                         # /v1/chat/completions instead of /v1/completions
+    ignore_eos: bool = True
+    request_timeout_seconds: float = 300.0
+    level_timeout_seconds: float = 900.0
+    metrics_url: str | None = None             # None: URL + /metrics; "" disables
+    metrics_interval_seconds: float = 1.0
+    knee_gain: float = 0.10
+    slo_ttft_ms: float = 500.0                 # goodput: requests meeting both SLOs
+    slo_tpot_ms: float | None = None
+    seed: int = 0
+
+    def requests_for(self, level: int) -> int | None:
+        if self.duration_seconds is not None and self.requests_per_level is None:
+            return None
+        return self.requests_per_level or max(8, 4 * level)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), q in 0..100."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 3)
+
+
+@dataclass
+class MetricsWindow:
+    """What the server's /metrics said around one level (None: not readable)."""
+
+    preemptions_before: float | None = None
+    preemptions_after: float | None = None
+    max_running: float | None = None
+    max_waiting: float | None = None
+    max_kv_cache_usage_ratio: float | None = None
+    samples: int = 0
+
+    @property
+    def preemptions(self) -> int | None:
+        if self.preemptions_before is None or self.preemptions_after is None:
+            return None
+        return max(0, int(round(self.preemptions_after - self.preemptions_before)))
+
+    def add(self, s) -> None:
+        self.samples += 1
+        for attr, val in (("max_running", s.num_running), ("max_waiting", s.num_waiting),
+                          ("max_kv_cache_usage_ratio", s.kv_cache_usage_ratio)):
+            if val is not None:
+                cur = getattr(self, attr)
+                setattr(self, attr, val if cur is None else max(cur, val))
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    requests: int
+    completed: int
+    errors: int
+    duration_seconds: float
+    started_at: float                           # epoch seconds (wall clock)
+    ended_at: float
+    output_tokens: int
+    prompt_tokens: int | None
+    request_throughput: float                   # completed requests / s
+    output_throughput: float                    # output tokens / s
+    goodput: float                              # requests / s meeting the SLOs
+    ttft_ms: dict[str, float | None]            # mean, p50, p90, p99
+    tpot_ms: dict[str, float | None]
+    itl_ms: dict[str, float | None]
+    e2el_ms: dict[str, float | None]
+    preemptions: int | None                     # vllm:num_preemptions_total after - before the level
+    preemptions_before: float | None
+    preemptions_after: float | None
+    max_running: float | None
+    max_waiting: float | None
+    max_kv_cache_usage_ratio: float | None
+    error_examples: list[str] = field(default_factory=list)
+    mean_tokens_per_request: float | None = None
+
+
+def summarise(level: int, results: list[RequestResult], started: float, ended: float,
+              window: MetricsWindow, cfg: LadderConfig) -> LevelResult:
+    ok = [r for r in results if r.ok]
+    dur = max(ended - started, 1e-9)
+    ttft = [r.ttft_seconds for r in ok if r.ttft_seconds is not None]
+    tpot = [t for t in (r.tpot_seconds for r in ok) if t is not None]
+    itl = [x for r in ok for x in r.itl_seconds]
+    e2e = [r.e2e_seconds for r in ok if r.e2e_seconds is not None]
+
+    def stats(v: list[float]) -> dict[str, float | None]:
+        return {"mean": _ms(sum(v) / len(v)) if v else None, "p50": _ms(_pct(v, 50)),
+                "p90": _ms(_pct(v, 90)), "p99": _ms(_pct(v, 99))}
+
+    def good(r: RequestResult) -> bool:
+        if r.ttft_seconds is None or r.ttft_seconds * 1000 > cfg.slo_ttft_ms:
+            return False
+        t = r.tpot_seconds
+        return cfg.slo_tpot_ms is None or (t is not None and t * 1000 <= cfg.slo_tpot_ms)
+
+    out_tokens = sum(r.output_tokens for r in ok)
+    prompt_known = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    per_req = ([(p or 0) + r.output_tokens for p, r in zip((r.prompt_tokens for r in ok), ok)]
+               if ok and len(prompt_known) == len(ok) else [])
+    errors = [r.error for r in results if not r.ok and r.error]
+    return LevelResult(
+        concurrency=level, requests=len(results), completed=len(ok), errors=len(results) - len(ok),
+        duration_seconds=round(dur, 3), started_at=started, ended_at=ended,
+        output_tokens=out_tokens, prompt_tokens=sum(prompt_known) if prompt_known else None,
+        request_throughput=round(len(ok) / dur, 4), output_throughput=round(out_tokens / dur, 3),
+        goodput=round(sum(1 for r in ok if good(r)) / dur, 4),
+        ttft_ms=stats(ttft), tpot_ms=stats(tpot), itl_ms=stats(itl), e2el_ms=stats(e2e),
+        preemptions=window.preemptions, preemptions_before=window.preemptions_before,
+        preemptions_after=window.preemptions_after, max_running=window.max_running,
+        max_waiting=window.max_waiting, max_kv_cache_usage_ratio=window.max_kv_cache_usage_ratio,
+        error_examples=sorted(set(errors))[:3],
+        mean_tokens_per_request=round(sum(per_req) / len(per_req), 1) if per_req else None,
+    )
+
+
+@dataclass
+class Knee:
+    concurrency: int | None
+    reason: str
+    found: bool = False   # False: throughput still grew at the top of the ladder (knee at or above it)
+
+
+def find_knee(levels: list[LevelResult], gain: float) -> Knee:
+    """The last level worth its concurrency: the step up from it gains < ``gain`` throughput while
+    p99 TTFT grows. No such step: the highest level tried (the knee lies beyond the ladder)."""
+    usable = [lv for lv in sorted(levels, key=lambda x: x.concurrency) if lv.completed > 0]
+    if not usable:
+        return Knee(None, "no level completed a request")
+    for prev, cur in zip(usable, usable[1:]):
+        if prev.output_throughput <= 0:
+            continue
+        g = cur.output_throughput / prev.output_throughput - 1.0
+        p_prev, p_cur = prev.ttft_ms.get("p99"), cur.ttft_ms.get("p99")
+        if g < gain and p_prev is not None and p_cur is not None and p_cur > p_prev:
+            return Knee(prev.concurrency,
+                        f"from {prev.concurrency} to {cur.concurrency} concurrent requests output throughput "
+                        f"changed by {g * 100:+.1f} % ({prev.output_throughput:.1f} -> {cur.output_throughput:.1f} "
+                        f"tokens/s, under {gain * 100:.0f} %) while p99 TTFT grew {p_prev:.0f} -> {p_cur:.0f} ms",
+                        found=True)
+    last = usable[-1]
+    return Knee(last.concurrency, f"throughput still grew by {gain * 100:.0f} % or more at every step: "
+                                  f"the knee is at or above {last.concurrency}; extend --levels to find it")
+
+
+@dataclass
+class Recommendation:
+    flag: str
+    value: int | None
+    why: str
+    arithmetic: list[str]
+
+
+def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None) -> Recommendation:
+    """``--max-num-seqs`` from the knee, the KV cache and the preemption-free levels."""
+    lines: list[str] = []
+    candidates: list[tuple[int, str, str]] = []   # (value, what, why)
+    if knee.concurrency is not None:
+        if knee.found:
+            candidates.append((knee.concurrency, "the throughput knee",
+                               "past it this server gains little throughput while TTFT grows"))
+        lines.append(f"knee: {knee.concurrency} concurrent requests ({knee.reason})")
+    per_req = [lv.mean_tokens_per_request for lv in levels if lv.mean_tokens_per_request]
+    if kv_cache_tokens and per_req:
+        tok = max(per_req)
+        fit = int(kv_cache_tokens // tok)
+        lines.append(f"KV cache: {kv_cache_tokens:,} tokens / {tok:,.1f} tokens per request "
+                     f"(observed prompt + output) = {fit} sequences held at once")
+        candidates.append((max(fit, 1), "what the KV cache holds for these requests",
+                           f"the KV cache holds {fit} sequences of this length; more are preempted and recomputed"))
+    pre = [lv for lv in levels if lv.preemptions is not None]
+    if pre:
+        clean = [lv.concurrency for lv in pre if lv.preemptions == 0]
+        first_bad = min((lv.concurrency for lv in pre if lv.preemptions), default=None)
+        if first_bad is not None:
+            below = max((c for c in clean if c < first_bad), default=None)
+            lines.append(f"preemptions began at {first_bad} concurrent requests"
+                         + (f"; {below} ran without preemption" if below else ""))
+            if below:
+                candidates.append((below, "the highest level without preemption",
+                                   f"at {first_bad} concurrent requests vLLM preempted sequences"))
+        else:
+            lines.append("no level was preempted (vllm:num_preemptions_total did not move)")
+    if not candidates:
+        return Recommendation("--max-num-seqs", None, "no level completed: nothing to recommend", lines)
+    value, what, reason = min(candidates, key=lambda c: c[0])  # a tie: the first named (knee, KV, preemption)
+    lines.append(f"--max-num-seqs = min({', '.join(f'{v} ({w})' for v, w, _ in candidates)}) = {value}")
+    why = f"Admit at most {value} sequences ({what}): {reason}."
+    return Recommendation("--max-num-seqs", value, why, lines)
+
+
+def synthetic_prompt(n_words: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, n_words)))
+
+
+class _MetricsReader:
+    def __init__(self, client: httpx.AsyncClient, url: str | None):
+        self.client, self.url = client, url
+        self.error: str | None = None
+
+    async def read(self):
+        if not self.url:
+            return None
+        try:
+            r = await self.client.get(self.url, timeout=10)
+            if r.status_code != 200:
+                self.error = f"{self.url}: HTTP {r.status_code}"
+                return None
+            return parse_metrics(r.text, source=self.url)
+        except httpx.HTTPError as e:
+            self.error = f"{self.url}: {type(e).__name__}"
+            return None
+
+
+def _cache_tokens(parsed) -> int | None:
+    if parsed is None:
+        return None
+    cc = dict(parsed.sample.cache_config)
+    for key in ("kv_cache_size_tokens",):
+        if cc.get(key, "None") not in ("None", ""):
+            try:
+                return int(float(cc[key]))
+            except ValueError:
+                pass
+    try:
+        return int(cc["num_gpu_blocks"]) * int(cc["block_size"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
+    try:
+        r = await client.get(base + "/v1/models", timeout=15)
+    except httpx.HTTPError as e:
+        raise BenchError(f"{base}/v1/models: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise BenchError(f"{base}/v1/models: HTTP {r.status_code}")
+    try:
+        data = r.json().get("data") or []
+        return data[0]["id"]
+    except (ValueError, KeyError, IndexError, AttributeError):
+        raise BenchError(f"{base}/v1/models: no model listed; give --model") from None
+
+
+async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, level: int,
+                    prompts: list[str], metrics: _MetricsReader,
+                    on_request: Callable[[RequestResult], None] | None = None) -> LevelResult:
+    base = cfg.url.rstrip("/")
+    url = base + ("/v1/chat/completions" if cfg.chat else "/v1/completions")
+    n_target = cfg.requests_for(level)
+    deadline = time.monotonic() + (cfg.duration_seconds if n_target is None else cfg.level_timeout_seconds)
+    hard_deadline = time.monotonic() + cfg.level_timeout_seconds
+    rng = random.Random(cfg.seed * 1000003 + level)
+    window = MetricsWindow()
+    before = await metrics.read()
+    if before is not None:
+        window.preemptions_before = before.sample.num_preemptions_total
+    results: list[RequestResult] = []
+    issued = 0
+    next_arrival = time.monotonic()
+    sem = asyncio.Semaphore(level)
+    lock = asyncio.Lock()
+    stop = asyncio.Event()
+
+    async def sampler():
+        while not stop.is_set():
+            m = await metrics.read()
+            if m is not None:
+                window.add(m.sample)
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.metrics_interval_seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    async def one(i: int):
+        try:
+            prompt = prompts[i % len(prompts)]
+            res = await stream_one(client, url, request_body(model, prompt, cfg.output_len, cfg.chat,
+                                                             cfg.ignore_eos), cfg.chat,
+                                   min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())))
+            results.append(res)
+            if on_request:
+                on_request(res)
+        finally:
+            sem.release()
+
+    started = time.time()
+    sample_task = asyncio.create_task(sampler())
+    tasks = []
+    while True:
+        if n_target is not None and issued >= n_target:
+            break
+        if time.monotonic() >= deadline or time.monotonic() >= hard_deadline:
+            break
+        await sem.acquire()
+        if cfg.request_rate:
+            next_arrival += rng.expovariate(cfg.request_rate)
+            delay = next_arrival - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        async with lock:
+            idx = issued
+            issued += 1
+        tasks.append(asyncio.create_task(one(idx)))
+    if tasks:
+        await asyncio.wait(tasks, timeout=max(1.0, hard_deadline - time.monotonic() + 5))
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+    ended = time.time()
+    stop.set()
+    await sample_task
+    after = await metrics.read()
+    if after is not None:
+        window.preemptions_after = after.sample.num_preemptions_total
+        window.add(after.sample)
+    return summarise(level, results, started, ended, window, cfg)
+
+
+async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | None], None] | None = None,
+                     on_request: Callable[[RequestResult], None] | None = None,
+                     on_level_done: Callable[[LevelResult], None] | None = None) -> dict:
+    """Run every level in order; returns the JSON-ready result (see :func:`result_dict`)."""
+    if not cfg.levels or any(c < 1 for c in cfg.levels):
+        raise BenchError("--levels must be positive integers, e.g. 8,16,32")
+    base = cfg.url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise BenchError(f"--url must be an http(s) URL, got {cfg.url!r}")
+    limits = httpx.Limits(max_connections=max(cfg.levels) + 4, max_keepalive_connections=max(cfg.levels) + 4)
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+        model = cfg.model or await _resolve_model(client, base)
+        rng = random.Random(cfg.seed)
+        n_prompts = max(cfg.requests_for(c) or 64 for c in cfg.levels)
+        if cfg.prompts:
+            prompts = list(cfg.prompts)
+        else:
+            # A distinct first word per request keeps vLLM's prefix cache from serving them for free.
+            prompts = [f"{i} " + synthetic_prompt(cfg.input_len - 1, rng) for i in range(n_prompts)]
+        murl = (base + "/metrics") if cfg.metrics_url is None else cfg.metrics_url
+        metrics = _MetricsReader(client, murl)
+        first = await metrics.read()
+        kv_tokens = _cache_tokens(first)
+        levels: list[LevelResult] = []
+        for c in cfg.levels:
+            if on_level_start:
+                on_level_start(c, cfg.requests_for(c))
+            lv = await run_level(client, cfg, model, c, prompts, metrics, on_request)
+            levels.append(lv)
+            if on_level_done:
+                on_level_done(lv)
+    knee = find_knee(levels, cfg.knee_gain)
+    rec = recommend(levels, knee, kv_tokens)
+    return result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+
+
+def result_dict(cfg: LadderConfig, model: str, levels: list[LevelResult], knee: Knee,
+                rec: Recommendation, kv_tokens: int | None, metrics_error: str | None) -> dict:
+    c = asdict(cfg)
+    c.pop("prompts", None)
+    c["prompts_given"] = bool(cfg.prompts)
+    return {
+        "kind": RESULT_KIND, "version": RESULT_VERSION, "url": cfg.url, "model": model,
+        "config": c, "kv_cache_tokens": kv_tokens, "metrics_error": metrics_error,
+        "levels": [asdict(lv) for lv in levels],
+        "knee": asdict(knee), "recommendation": asdict(rec),
+    }

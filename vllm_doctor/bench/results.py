@@ -1,0 +1,221 @@
+"""Benchmark result files, read into the four figures a tuning step is judged by, and compared.
+
+Formats read (recognised by their content, never by file name):
+
+- ``vllm-doctor bench ladder --output``: ``{"kind": "vllm-doctor-bench-ladder", "levels": [...]}``;
+  one level is compared (``--level``; default: the highest level both files have).
+- ``vllm bench serve --save-result`` (vLLM's ``vllm/benchmarks/serve.py``, also the older
+  ``benchmarks/benchmark_serving.py``): flat keys ``p99_ttft_ms``, ``mean_tpot_ms``,
+  ``output_throughput``, ``request_throughput``, ``completed``, ``max_concurrency``. It holds no
+  preemption count, so preemptions are unknown for it.
+- GuideLLM's report (``guidellm benchmark ... --output-path x.json``; ``GenerativeBenchmarksReport``):
+  ``benchmarks[i].metrics.<name>.successful.{mean, percentiles.p99}`` with ``time_to_first_token_ms``,
+  ``time_per_output_token_ms``, ``output_tokens_per_second``, ``requests_per_second``; the
+  concurrency of a ``concurrent`` strategy is ``config.strategy.streams``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .ladder import RESULT_KIND
+
+
+class ResultError(Exception):
+    """A file that is not a benchmark result this command reads (one line for the CLI)."""
+
+
+@dataclass
+class RunFigures:
+    """The four indicators of one run (None: the file does not say)."""
+
+    source: str
+    format: str                       # vllm-doctor-ladder | vllm-bench-serve | guidellm
+    concurrency: float | None
+    ttft_p99_ms: float | None
+    tpot_mean_ms: float | None
+    output_throughput: float | None   # output tokens / s
+    request_throughput: float | None  # requests / s
+    preemptions: int | None
+    completed: int | None
+    errors: int | None
+
+
+def _num(x) -> float | None:
+    if isinstance(x, bool) or x is None:
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    return None
+
+
+def _dig(d, *path):
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def _from_ladder(doc: dict, src: str, level: int | None) -> list[RunFigures]:
+    out = []
+    for lv in doc.get("levels") or ():
+        if not isinstance(lv, dict):
+            continue
+        out.append(RunFigures(
+            source=src, format="vllm-doctor-ladder", concurrency=_num(lv.get("concurrency")),
+            ttft_p99_ms=_num(_dig(lv, "ttft_ms", "p99")), tpot_mean_ms=_num(_dig(lv, "tpot_ms", "mean")),
+            output_throughput=_num(lv.get("output_throughput")),
+            request_throughput=_num(lv.get("request_throughput")),
+            preemptions=None if lv.get("preemptions") is None else int(lv["preemptions"]),
+            completed=lv.get("completed"), errors=lv.get("errors")))
+    if not out:
+        raise ResultError(f"{src}: a vllm-doctor ladder result with no level")
+    return out
+
+
+def _from_vllm(doc: dict, src: str) -> list[RunFigures]:
+    failed = doc.get("failed")
+    return [RunFigures(
+        source=src, format="vllm-bench-serve", concurrency=_num(doc.get("max_concurrency")),
+        ttft_p99_ms=_num(doc.get("p99_ttft_ms")), tpot_mean_ms=_num(doc.get("mean_tpot_ms")),
+        output_throughput=_num(doc.get("output_throughput")),
+        request_throughput=_num(doc.get("request_throughput")),
+        preemptions=None, completed=doc.get("completed"),
+        errors=failed if isinstance(failed, int) else None)]
+
+
+def _from_guidellm(doc: dict, src: str) -> list[RunFigures]:
+    out = []
+    for b in doc.get("benchmarks") or ():
+        m = b.get("metrics") if isinstance(b, dict) else None
+        if not isinstance(m, dict):
+            continue
+        streams = _num(_dig(b, "config", "strategy", "streams")) or _num(_dig(b, "args", "strategy", "streams"))
+        totals = _dig(b, "metrics", "request_totals") or {}
+        out.append(RunFigures(
+            source=src, format="guidellm", concurrency=streams,
+            ttft_p99_ms=_num(_dig(m, "time_to_first_token_ms", "successful", "percentiles", "p99")),
+            tpot_mean_ms=_num(_dig(m, "time_per_output_token_ms", "successful", "mean")),
+            output_throughput=_num(_dig(m, "output_tokens_per_second", "successful", "mean")),
+            request_throughput=_num(_dig(m, "requests_per_second", "successful", "mean")),
+            preemptions=None,
+            completed=totals.get("successful") if isinstance(totals, dict) else None,
+            errors=totals.get("errored") if isinstance(totals, dict) else None))
+    if not out:
+        raise ResultError(f"{src}: a GuideLLM report with no benchmark")
+    return out
+
+
+def load_runs(path: str) -> list[RunFigures]:
+    """Every run a result file holds (one per ladder level / GuideLLM benchmark)."""
+    p = Path(path)
+    try:
+        text = p.read_text("utf-8")
+    except FileNotFoundError:
+        raise ResultError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ResultError(f"{path}: is a directory") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultError(f"{path}: cannot read ({type(e).__name__})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ResultError(f"{path}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise ResultError(f"{path}: not a benchmark result (a JSON object is expected)")
+    if doc.get("kind") == RESULT_KIND:
+        return _from_ladder(doc, path, None)
+    if "benchmarks" in doc and isinstance(doc["benchmarks"], list):
+        return _from_guidellm(doc, path)
+    if "p99_ttft_ms" in doc or ("request_throughput" in doc and "completed" in doc):
+        return _from_vllm(doc, path)
+    raise ResultError(f"{path}: not a result of vllm-doctor bench ladder, vllm bench serve or GuideLLM")
+
+
+def pick(runs: list[RunFigures], level: float | None, other: list[RunFigures]) -> RunFigures:
+    """The run at ``level`` (a concurrency); default: the highest concurrency both files have,
+    else the file's only (or last) run."""
+    if level is not None:
+        for r in runs:
+            if r.concurrency == level:
+                return r
+        have = ", ".join(str(int(r.concurrency)) for r in runs if r.concurrency is not None) or "none"
+        raise ResultError(f"{runs[0].source}: no run at concurrency {level:g} (it has: {have})")
+    if len(runs) == 1:
+        return runs[0]
+    common = {r.concurrency for r in runs} & {o.concurrency for o in other}
+    common.discard(None)
+    if common:
+        top = max(common)
+        return next(r for r in runs if r.concurrency == top)
+    return runs[-1]
+
+
+@dataclass
+class Check:
+    indicator: str
+    unit: str
+    before: float | None
+    after: float | None
+    target: str
+    status: str            # PASS | FAIL | UNKNOWN
+    note: str = ""
+
+
+@dataclass
+class Targets:
+    ttft_p99_ms: float = 500.0
+    max_preemptions: int = 0
+    tpot_mean_ms: float | None = None
+    max_throughput_drop_ratio: float = 0.05
+
+
+def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
+    """The four indicators side by side, each judged on the AFTER run against its target."""
+    out: list[Check] = []
+
+    def judge(val, ok) -> str:
+        return "UNKNOWN" if val is None else ("PASS" if ok(val) else "FAIL")
+
+    a = after.ttft_p99_ms
+    out.append(Check("TTFT p99", "ms", before.ttft_p99_ms, a, f"< {t.ttft_p99_ms:g} ms",
+                     judge(a, lambda v: v < t.ttft_p99_ms)))
+    a = after.tpot_mean_ms
+    if t.tpot_mean_ms is not None:
+        out.append(Check("TPOT mean", "ms", before.tpot_mean_ms, a, f"< {t.tpot_mean_ms:g} ms",
+                         judge(a, lambda v: v < t.tpot_mean_ms)))
+    else:
+        b = before.tpot_mean_ms
+        ok = None if (a is None or b is None) else a <= b * 1.10
+        out.append(Check("TPOT mean", "ms", b, a, "no more than 10 % above BEFORE",
+                         "UNKNOWN" if ok is None else ("PASS" if ok else "FAIL")))
+    b, a = before.output_throughput, after.output_throughput
+    floor = None if b is None else b * (1 - t.max_throughput_drop_ratio)
+    out.append(Check("output throughput", "tokens/s", b, a,
+                     f"no more than {t.max_throughput_drop_ratio * 100:g} % below BEFORE",
+                     "UNKNOWN" if a is None or floor is None else ("PASS" if a >= floor else "FAIL")))
+    a = after.preemptions
+    note = ""
+    if a is None:
+        note = (f"{after.format} records no preemption count: run `vllm-doctor bench ladder`, which reads "
+                "vllm:num_preemptions_total before and after each level")
+    out.append(Check("preemptions", "", None if before.preemptions is None else float(before.preemptions),
+                     None if a is None else float(a), f"<= {t.max_preemptions}",
+                     judge(a, lambda v: v <= t.max_preemptions), note))
+    return out
+
+
+def checks_dict(before: RunFigures, after: RunFigures, checks: list[Check]) -> dict:
+    return {"before": asdict(before), "after": asdict(after), "checks": [asdict(c) for c in checks],
+            "verdict": verdict(checks)}
+
+
+def verdict(checks: list[Check]) -> str:
+    if any(c.status == "FAIL" for c in checks):
+        return "FAIL"
+    if any(c.status == "UNKNOWN" for c in checks):
+        return "UNKNOWN"
+    return "PASS"

@@ -1,0 +1,481 @@
+"""KV cache and weight arithmetic, per GPU, the way vLLM does it. Pure functions, no I/O.
+
+Used by ``vllm-doctor plan`` (the report), ``vllm-doctor check`` (combinations that cannot
+work) and the fixes ``diagnose`` computes, so the three never disagree. Every function takes
+plain numbers (bytes, tokens, counts) and returns plain numbers; ``model_shape`` turns a
+Hugging Face ``config.json`` dict into the few numbers the arithmetic needs.
+
+What each formula mirrors in vLLM's released source (read from the wheels):
+
+- KV bytes per token per layer: ``AttentionSpec.page_size_bytes / block_size`` =
+  ``2 (K and V) * num_kv_heads_per_gpu * head_size * dtype_bytes``; ``num_kv_heads_per_gpu =
+  max(1, num_key_value_heads // tensor_parallel_size)`` (``ModelConfig.get_num_kv_heads``).
+  MLA (DeepSeek-V2/V3, ``kv_lora_rank`` in the config): one latent vector per token and layer,
+  ``(kv_lora_rank + qk_rope_head_dim) * dtype_bytes``, the same on every TP rank (``MLAAttentionSpec``).
+- Blocks: V1 ``get_kv_cache_config_from_groups``: ``num_blocks = available // bytes_per_block``
+  with ``bytes_per_block = page_size * layers_per_group``; V0 ``determine_num_available_blocks``:
+  ``num_gpu_blocks = int(available // cache_block_size)`` with ``cache_block_size = block_size *
+  num_layers * kv_bytes_per_token_per_layer``.
+- Available KV memory: V0 ``total * gpu_memory_utilization - peak_memory`` (``worker.py``); V1
+  ``requested_memory - non_kv_cache_memory`` with ``requested_memory = total *
+  gpu_memory_utilization`` (``gpu_worker.determine_available_memory``); with
+  ``--kv-cache-memory-bytes`` (0.10.2+) or, on CPU, ``VLLM_CPU_KVCACHE_SPACE`` GiB: that value.
+- Blocks a request needs (V1 ``max_memory_usage_bytes``): full attention ``cdiv(max_model_len,
+  block_size)``; sliding window ``cdiv(min(sliding_window - 1 + max_num_batched_tokens,
+  max_model_len), block_size) + 1``.
+- Printed capacity (V1 ``get_kv_cache_capacity``): ``max_concurrency = num_blocks / sum(blocks a
+  request needs per group)``; ``"KV cache size: N tokens"`` with ``N = int(max_concurrency *
+  max_model_len)`` (0.11.0+) or ``num_blocks // num_groups * block_size`` (0.8-0.10);
+  V0 prints ``# GPU blocks: N`` and ``N * block_size / max_model_len`` as its concurrency.
+- Start-up check (V1 ``check_enough_kv_cache_memory``): fails when ``available <= 0`` ("No
+  available memory for the cache blocks") or when the memory one request at ``max_model_len``
+  needs exceeds ``available - bytes_per_block`` (0.32: one null block held back); the estimate is
+  vLLM's own binary search for the longest length that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+#: bytes per element of the dtype names vLLM accepts (``--dtype``, ``--kv-cache-dtype``, config dtypes)
+DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1, "uint8": 1,
+}
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division, vLLM's ``cdiv``."""
+    return -(-a // b)
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype name (``bfloat16`` -> 2, ``fp8`` -> 1). KeyError if unknown."""
+    return DTYPE_BYTES[name.lower().replace("torch.", "")]
+
+
+# ---------------------------------------------------------------- model shape from config.json
+
+@dataclass
+class ModelShape:
+    """The numbers of a model's config.json that size its weights and KV cache."""
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None
+    dtype: str
+    layer_kinds: list[str]            # per layer: full | sliding_window | mla | mamba | linear_attention
+    sliding_window: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    q_lora_rank: int | None = None
+    attention_bias: bool = False
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    dense_layers: int = 0             # leading dense-MLP layers of a MoE model (first_k_dense_replace)
+    quant_method: str | None = None
+    quant_bits: float | None = None   # bits per quantized linear weight
+    quant_group_size: int | None = None
+    unsized: list[str] = field(default_factory=list)  # what cannot be sized, named
+
+    def count(self, kind: str) -> int:
+        return sum(1 for k in self.layer_kinds if k == kind)
+
+
+def _text_config(cfg: dict) -> dict:
+    """Multimodal configs keep the language model under ``text_config`` / ``llm_config``."""
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, dict) and sub.get("num_hidden_layers"):
+            merged = dict(sub)
+            for k in ("quantization_config", "torch_dtype", "dtype", "architectures"):
+                merged.setdefault(k, cfg.get(k))
+            return merged
+    return cfg
+
+
+def _layer_kinds(c: dict, n: int) -> tuple[list[str], list[str]]:
+    """Per-layer attention kind from the config's own layout fields; what is unknown is named."""
+    unsized: list[str] = []
+    if c.get("kv_lora_rank"):
+        return ["mla"] * n, unsized
+    types = c.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        kinds = []
+        for t in types:
+            t = str(t)
+            if t in ("full_attention", "attention", "global_attention"):
+                kinds.append("full")
+            elif t in ("sliding_attention", "sliding_window", "local_attention"):
+                kinds.append("sliding_window")
+            elif t in ("mamba", "mamba2", "ssm"):
+                kinds.append("mamba")
+            elif t in ("linear_attention", "linear"):
+                kinds.append("linear_attention")
+            else:
+                kinds.append(t)
+                unsized.append(f"layer type {t!r}")
+        return kinds, sorted(set(unsized))
+    if isinstance(c.get("hybrid_override_pattern"), str):  # Nemotron-H: M mamba, * attention, - MLP
+        pat = c["hybrid_override_pattern"]
+        return ["full" if ch == "*" else "mamba" if ch == "M" else "mlp_only" for ch in pat], unsized
+    if c.get("full_attention_interval"):                     # Qwen3-Next style
+        k = int(c["full_attention_interval"])
+        return ["full" if (i + 1) % k == 0 else "linear_attention" for i in range(n)], unsized
+    if c.get("attn_layer_period"):                           # Jamba
+        p, o = int(c["attn_layer_period"]), int(c.get("attn_layer_offset", 0))
+        return ["full" if i % p == o else "mamba" for i in range(n)], unsized
+    sw = c.get("sliding_window")
+    use_sw = c.get("use_sliding_window", True) and sw
+    mt = c.get("model_type", "")
+    if use_sw and mt == "gemma2":                            # even layers slide (vLLM Gemma2)
+        return ["sliding_window" if i % 2 == 0 else "full" for i in range(n)], unsized
+    if use_sw and c.get("sliding_window_pattern"):           # Gemma3: every Nth layer global
+        p = int(c["sliding_window_pattern"])
+        return ["full" if (i + 1) % p == 0 else "sliding_window" for i in range(n)], unsized
+    if use_sw and mt in ("mistral", "mixtral"):
+        return ["sliding_window"] * n, unsized
+    if mt in ("mamba", "mamba2", "falcon_mamba"):
+        return ["mamba"] * n, unsized
+    return ["full"] * n, unsized
+
+
+def _quant(c: dict) -> tuple[str | None, float | None, int | None]:
+    q = c.get("quantization_config") or {}
+    if not isinstance(q, dict) or not q:
+        return None, None, None
+    method = str(q.get("quant_method") or q.get("quant_algo") or "").lower() or None
+    bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
+    group = q.get("group_size") or q.get("q_group_size")
+    if method in ("fp8", "fbgemm_fp8") and not bits:
+        bits = 8
+    if method == "compressed-tensors":
+        for g in (q.get("config_groups") or {}).values():
+            w = (g or {}).get("weights") or {}
+            bits = bits or w.get("num_bits")
+            group = group or w.get("group_size")
+    if method in ("modelopt", "nvfp4") or "fp4" in str(q.get("quant_algo", "")).lower():
+        bits, group = bits or 4, group or 16
+    if method == "mxfp4":
+        bits, group = 4, 32
+    return method, (float(bits) if bits else None), (int(group) if group and int(group) > 0 else None)
+
+
+def model_shape(config: dict) -> ModelShape:
+    """A ``ModelShape`` from a Hugging Face ``config.json`` dict. ValueError if it has no layers."""
+    c = _text_config(config)
+    n = c.get("num_hidden_layers") or c.get("n_layer") or c.get("num_layers")
+    hidden = c.get("hidden_size") or c.get("d_model") or c.get("n_embd")
+    if not n or not hidden:
+        raise ValueError("config.json has no num_hidden_layers / hidden_size")
+    heads = c.get("num_attention_heads") or c.get("n_head") or 0
+    kv = c.get("num_key_value_heads")
+    if kv is None:
+        kv = 1 if c.get("multi_query") else heads
+    head_dim = c.get("head_dim") or (hidden // heads if heads else 0)
+    kinds, unsized = _layer_kinds(c, int(n))
+    method, bits, group = _quant(c)
+    experts = (c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
+               or c.get("moe_num_experts") or 0)
+    moe_inter = c.get("moe_intermediate_size") or (c.get("intermediate_size") if experts else 0) or 0
+    shared = c.get("shared_expert_intermediate_size") or 0
+    if not shared and c.get("n_shared_experts"):
+        shared = int(c["n_shared_experts"]) * int(moe_inter)
+    dense = int(c.get("first_k_dense_replace") or 0)
+    dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
+    if "mamba" in kinds:
+        unsized.append("Mamba state (one fixed-size state per sequence, not per token)")
+    if "linear_attention" in kinds:
+        unsized.append("linear-attention state (one fixed-size state per sequence, not per token)")
+    return ModelShape(
+        architecture=(c.get("architectures") or ["?"])[0], model_type=str(c.get("model_type", "")),
+        num_layers=int(n), hidden_size=int(hidden), num_heads=int(heads), num_kv_heads=int(kv),
+        head_dim=int(head_dim), vocab_size=int(c.get("vocab_size") or 0),
+        intermediate_size=int(c.get("intermediate_size") or c.get("ffn_dim") or 4 * hidden),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        max_position_embeddings=c.get("max_position_embeddings"), dtype=dtype, layer_kinds=kinds,
+        sliding_window=c.get("sliding_window") if any(k == "sliding_window" for k in kinds) else None,
+        kv_lora_rank=c.get("kv_lora_rank"), qk_rope_head_dim=c.get("qk_rope_head_dim"),
+        qk_nope_head_dim=c.get("qk_nope_head_dim"), v_head_dim=c.get("v_head_dim"),
+        q_lora_rank=c.get("q_lora_rank"),
+        attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias") or c.get("model_type") in ("qwen2", "qwen2_moe")),
+        num_experts=int(experts), moe_intermediate_size=int(moe_inter),
+        shared_expert_intermediate_size=int(shared), dense_layers=dense,
+        quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized,
+    )
+
+
+# ---------------------------------------------------------------- KV bytes per token
+
+def kv_heads_per_gpu(num_kv_heads: int, tp: int) -> int:
+    """vLLM ``get_num_kv_heads``: KV heads are split over TP ranks, replicated when fewer than TP."""
+    return max(1, num_kv_heads // tp)
+
+
+def attention_kv_bytes_per_token(num_kv_heads: int, head_dim: int, kv_dtype_bytes: int, tp: int = 1) -> int:
+    """MHA/GQA/MQA (full or sliding window), one layer, one GPU: 2 (K, V) * heads * head_dim * bytes."""
+    return 2 * kv_heads_per_gpu(num_kv_heads, tp) * head_dim * kv_dtype_bytes
+
+
+def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, kv_dtype_bytes: int) -> int:
+    """MLA, one layer, any TP rank: the compressed latent plus the rotary key, stored once."""
+    return (kv_lora_rank + qk_rope_head_dim) * kv_dtype_bytes
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Layers of one kind on one GPU, with their KV bytes per token per layer (None: not per token)."""
+    kind: str
+    layers: int
+    bytes_per_token_per_layer: int | None
+    formula: str
+
+
+def kv_layer_groups(shape: ModelShape, kv_dtype_bytes: int, tp: int = 1, pp: int = 1) -> list[LayerGroup]:
+    """The model's layers on one GPU (PP rank 0), grouped by kind, each with its per-token cost."""
+    out = []
+    for kind in dict.fromkeys(shape.layer_kinds):
+        n = cdiv(shape.count(kind), pp)
+        if kind == "mla":
+            b = mla_kv_bytes_per_token(shape.kv_lora_rank or 0, shape.qk_rope_head_dim or 0, kv_dtype_bytes)
+            f = f"({shape.kv_lora_rank} kv_lora_rank + {shape.qk_rope_head_dim} qk_rope_head_dim) x {kv_dtype_bytes} B"
+        elif kind in ("full", "sliding_window"):
+            h = kv_heads_per_gpu(shape.num_kv_heads, tp)
+            b = attention_kv_bytes_per_token(shape.num_kv_heads, shape.head_dim, kv_dtype_bytes, tp)
+            f = f"2 (K,V) x {h} KV heads/GPU x {shape.head_dim} head_dim x {kv_dtype_bytes} B"
+        elif kind == "mlp_only":
+            continue
+        else:
+            b, f = None, "fixed-size state per sequence: not sized"
+        out.append(LayerGroup(kind, n, b, f))
+    return out
+
+
+def kv_bytes_per_token(groups: list[LayerGroup]) -> int:
+    """KV bytes one token costs on one GPU, summed over the layers that store per-token KV."""
+    return sum(g.layers * g.bytes_per_token_per_layer for g in groups if g.bytes_per_token_per_layer)
+
+
+# ---------------------------------------------------------------- weights
+
+def _linear_bytes(params: float, shape: ModelShape, weight_bytes: float) -> float:
+    """Bytes of quantizable linear weights: packed bits plus one 16-bit scale per group."""
+    if shape.quant_bits:
+        b = params * shape.quant_bits / 8
+        if shape.quant_group_size:
+            b += params / shape.quant_group_size * (1 if shape.quant_method in ("modelopt", "nvfp4", "mxfp4") else 2)
+        return b
+    return params * weight_bytes
+
+
+def weight_params(shape: ModelShape) -> dict[str, int]:
+    """Parameter counts by part (whole model, all GPUs): embedding, lm_head, attention, mlp, norms."""
+    h = shape.hidden_size
+    if shape.kv_lora_rank:
+        nope, rope = shape.qk_nope_head_dim or 0, shape.qk_rope_head_dim or 0
+        v = shape.v_head_dim or shape.head_dim
+        q = (h * shape.q_lora_rank + shape.q_lora_rank + shape.q_lora_rank * shape.num_heads * (nope + rope)
+             if shape.q_lora_rank else h * shape.num_heads * (nope + rope))
+        attn = (q + h * (shape.kv_lora_rank + rope) + shape.kv_lora_rank
+                + shape.kv_lora_rank * shape.num_heads * (nope + v) + shape.num_heads * v * h)
+    else:
+        qd, kvd = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        attn = h * qd + 2 * h * kvd + qd * h + ((qd + 2 * kvd) if shape.attention_bias else 0)
+    n_attn = sum(1 for k in shape.layer_kinds if k in ("full", "sliding_window", "mla"))
+    dense_mlp = 3 * h * shape.intermediate_size
+    if shape.num_experts:
+        moe = shape.num_experts * 3 * h * shape.moe_intermediate_size + h * shape.num_experts
+        moe += 3 * h * shape.shared_expert_intermediate_size
+        mlp = shape.dense_layers * dense_mlp + (shape.num_layers - shape.dense_layers) * moe
+    else:
+        mlp = shape.num_layers * dense_mlp
+    return {
+        "embedding": shape.vocab_size * h,
+        "lm_head": 0 if shape.tie_word_embeddings else shape.vocab_size * h,
+        "attention": n_attn * attn,
+        "mlp": mlp,
+        "norms": (2 * shape.num_layers + 1) * h,
+    }
+
+
+def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
+    """Weight bytes on the busiest GPU (PP rank 0, which also holds the embedding; with pp=1 the
+    lm_head too). Linear layers and the vocabulary are split over TP; norms are replicated.
+    Quantized checkpoints: linear weights at their bit width plus group scales; embedding and
+    lm_head stay in the model dtype."""
+    p = weight_params(shape)
+    layers_share = 1 / pp
+    linear = (p["attention"] + p["mlp"]) * layers_share / tp
+    b = _linear_bytes(linear, shape, weight_dtype_bytes)
+    b += p["embedding"] / tp * weight_dtype_bytes
+    if pp == 1:
+        b += p["lm_head"] / tp * weight_dtype_bytes
+    b += p["norms"] * layers_share * weight_dtype_bytes
+    return int(b)
+
+
+# ---------------------------------------------------------------- memory accounting and blocks
+
+def available_kv_memory(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
+                        activation_peak_bytes: int, non_torch_bytes: int,
+                        kv_cache_memory_bytes: int | None = None) -> int:
+    """Bytes vLLM gives the KV cache on one GPU: ``--kv-cache-memory-bytes`` when set, otherwise
+    ``total * gpu_memory_utilization - (weights + activation peak + non-torch memory)``."""
+    if kv_cache_memory_bytes is not None:
+        return int(kv_cache_memory_bytes)
+    return int(total_bytes * gpu_memory_utilization) - weights_bytes - activation_peak_bytes - non_torch_bytes
+
+
+def group_layout(groups: list[LayerGroup]) -> tuple[int, dict[str, int]]:
+    """V1 hybrid allocator: layers of each kind are cut into groups of ``group_size`` layers (the
+    smallest kind's layer count) that share one block pool. Returns (group_size, groups per kind).
+    A model with one kind has one group of all its layers."""
+    sized = [g for g in groups if g.bytes_per_token_per_layer]
+    if not sized:
+        return 0, {}
+    size = min(g.layers for g in sized)
+    return size, {g.kind: cdiv(g.layers, size) for g in sized}
+
+
+def bytes_per_block(groups: list[LayerGroup], block_size: int) -> int:
+    """Bytes one block id costs in the shared pool: page size x layers per group (V1); for a model
+    with one kind of layer that is ``block_size x num_layers x bytes/token/layer`` (V0's
+    ``cache_block_size``)."""
+    size, _ = group_layout(groups)
+    page = max((g.bytes_per_token_per_layer or 0) for g in groups) * block_size
+    return page * size
+
+
+def blocks_per_request(kind: str, max_model_len: int, block_size: int, sliding_window: int | None = None,
+                       max_num_batched_tokens: int = 0) -> int:
+    """Blocks one request at ``max_model_len`` holds in a group of this kind (V1)."""
+    if kind == "sliding_window" and sliding_window:
+        return cdiv(min(sliding_window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1
+    return cdiv(max_model_len, block_size)
+
+
+def request_blocks(groups: list[LayerGroup], max_model_len: int, block_size: int,
+                   sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
+    """Block ids one request at ``max_model_len`` takes from the pool, summed over the groups."""
+    _, per_kind = group_layout(groups)
+    return sum(n * blocks_per_request(k, max_model_len, block_size, sliding_window, max_num_batched_tokens)
+               for k, n in per_kind.items())
+
+
+def num_blocks(available_bytes: int, block_bytes: int) -> int:
+    """``available // bytes_per_block`` (never negative)."""
+    return max(0, available_bytes // block_bytes) if block_bytes else 0
+
+
+def max_concurrency(blocks: int, blocks_per_req: int) -> float:
+    """Requests of ``max_model_len`` tokens the pool holds at once (vLLM's printed ``x`` figure)."""
+    return blocks / blocks_per_req if blocks_per_req else 0.0
+
+
+def printed_kv_cache_tokens(blocks: int, block_size: int, max_model_len: int, concurrency: float,
+                            num_groups: int, v1_token_formula: str) -> int:
+    """The ``KV cache size: N tokens`` vLLM prints. ``v1_token_formula``: ``"concurrency"`` (0.11+:
+    ``int(concurrency * max_model_len)``), ``"blocks"`` (0.8-0.10 and V0: blocks per group x block_size)."""
+    if v1_token_formula == "concurrency":
+        return int(concurrency * max_model_len)
+    return blocks // max(1, num_groups) * block_size
+
+
+def needed_bytes_one_request(groups: list[LayerGroup], max_model_len: int, block_size: int,
+                             sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
+    """V1 ``max_memory_usage_bytes``: KV bytes one request at ``max_model_len`` needs, per layer."""
+    total = 0
+    for g in groups:
+        if not g.bytes_per_token_per_layer:
+            continue
+        page = g.bytes_per_token_per_layer * block_size
+        total += g.layers * page * blocks_per_request(g.kind, max_model_len, block_size, sliding_window,
+                                                      max_num_batched_tokens)
+    return total
+
+
+def estimate_max_model_len(groups: list[LayerGroup], available_bytes: int, max_model_len: int, block_size: int,
+                           sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
+    """vLLM's binary search: the longest ``max_model_len`` whose one request fits (0 if none)."""
+    def fits(n: int) -> bool:
+        return needed_bytes_one_request(groups, n, block_size, sliding_window, max_num_batched_tokens) <= available_bytes
+    if not fits(1):
+        return 0
+    lo, hi, best = 1, max_model_len, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def format_gib(n: float) -> str:
+    """vLLM's ``format_gib``: GiB rounded to 2 decimals, printed as Python prints a float."""
+    return str(round(n / GiB, 2))
+
+
+def concurrency_at_length(blocks: int, tokens_per_request: int, block_size: int) -> int:
+    """Whole requests of ``tokens_per_request`` (prompt + output) that fit the pool at once."""
+    return blocks // cdiv(tokens_per_request, block_size) if tokens_per_request > 0 else 0
+
+
+def utilization_for_blocks(total_bytes: int, weights_bytes: int, activation_peak_bytes: int,
+                           non_torch_bytes: int, blocks: int, block_bytes: int) -> float:
+    """The ``gpu_memory_utilization`` that leaves ``blocks`` KV blocks, rounded up to 0.01."""
+    need = weights_bytes + activation_peak_bytes + non_torch_bytes + blocks * block_bytes
+    return math.ceil(need / total_bytes * 100) / 100
+
+
+def utilization_for_more_blocks(gpu_memory_utilization: float, total_bytes: int, have_blocks: int,
+                                need_blocks: int, block_bytes: int) -> float:
+    """From an OBSERVED pool (a log's ``num_gpu_blocks`` at a known ``gpu_memory_utilization``):
+    the utilization that gives ``need_blocks``, rounded up to 0.01. Every extra block costs
+    ``block_bytes`` of ``total * gpu_memory_utilization`` (weights and activations do not change)."""
+    extra = max(0, need_blocks - have_blocks) * block_bytes
+    return math.ceil((gpu_memory_utilization + extra / total_bytes) * 100 - 1e-9) / 100
+
+
+def max_num_seqs_that_fit(blocks: int, max_model_len: int, block_size: int) -> int:
+    """Sequences of ``max_model_len`` tokens the pool holds at once, whole (the ``--max-num-seqs``
+    that never preempts at full length); at least 1."""
+    return max(1, blocks // cdiv(max_model_len, block_size))
+
+
+def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
+                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1") -> int:
+    """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).
+
+    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``) and the
+      hidden states it keeps, per batched token;
+    - V1 also profiles the sampler on ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
+      probabilities, sorted values, int64 indices: about 38 bytes per row and vocabulary entry; real
+      H100 logs show 4.76 GiB for Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B, 7.38 GiB for gpt-oss-20b at
+      1,024 sequences). The peak is the larger of the two.
+    """
+    inter = shape.moe_intermediate_size * 8 if shape.num_experts else shape.intermediate_size
+    forward = max_num_batched_tokens * (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
+    sampler = max_num_seqs * shape.vocab_size * 38 if engine == "v1" else max_num_seqs * (shape.vocab_size // tp) * 4
+    return max(forward, sampler)
+
+
+def non_torch_estimate(world_size: int) -> int:
+    """An ESTIMATE of non-torch memory (NCCL buffers, cuBLAS workspaces): 0.13-0.35 GiB on one GPU,
+    0.25-0.55 GiB with tensor parallelism in real logs."""
+    return int((0.3 if world_size == 1 else 0.55) * GiB)

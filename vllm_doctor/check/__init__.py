@@ -1,0 +1,288 @@
+"""``vllm-doctor check FILE|-``: lint a vLLM launch config or the monitoring that queries vLLM.
+
+``check_text(text, name, ...) -> CheckResult``: detects what the file is (shell / docker run,
+docker-compose, Kubernetes, CI YAML, ``.env``, Dockerfile, vLLM ``--config`` YAML, Prometheus
+rules, Grafana dashboard JSON, raw PromQL), resolves the target vLLM version (``--vllm-version``,
+else the ``vllm/vllm-openai:vX.Y.Z`` image tag, else the newest examined release, said so), and
+returns findings. Formats: text, json, sarif (2.1.0), github (workflow commands).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .. import versions
+from .findings import RULES, CheckFinding
+from .launch import (Launch, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+                     read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
+from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
+
+NEWEST = "0.33.0"
+LEVEL_ORDER = {"note": 0, "warning": 1, "error": 2}
+
+
+@dataclass
+class CheckResult:
+    file: str
+    kind: str
+    vllm_version: str
+    version_source: str
+    findings: list[CheckFinding] = field(default_factory=list)
+    launches: int = 0
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "kind": self.kind, "vllm_version": self.vllm_version,
+                "version_source": self.version_source, "launches": self.launches,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def _yaml_docs(text: str) -> list[dict] | None:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        return None
+    return docs if docs and all(isinstance(d, (dict, list)) for d in docs) else None
+
+
+def _mostly_promql(text: str) -> bool:
+    """Whether most paragraphs of a plain file look like PromQL (not shell): a selector with a
+    range, braces or a function call, and no command-line options."""
+    paras = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"(?m)^\s*#.*$", "", text)) if p.strip()]
+    looks = [p for p in paras if re.search(r"[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
+             and not re.match(r"^(docker|vllm|python|curl|sudo|export|echo|set|for|if|kubectl)\b", p)]
+    return bool(paras) and len(looks) * 2 >= len(paras)
+
+
+def detect(text: str, name: str) -> tuple[str, object]:
+    """(kind, parsed document) of a file."""
+    low = name.lower()
+    base = Path(low).name
+    s = text.lstrip()
+    if s.startswith("{"):
+        try:
+            doc = json.loads(text)
+            if isinstance(doc, dict) and ("panels" in doc or "dashboard" in doc):
+                return "grafana", doc
+        except ValueError:
+            pass
+    first = next((l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")), "")
+    if base == "dockerfile" or base.endswith((".dockerfile", "-dockerfile")) or first.upper().startswith("FROM "):
+        return "dockerfile", None
+    if low.endswith((".promql", ".pql")):
+        return "promql", None
+    if base.endswith(".env") or base == ".env" or base.startswith(".env"):
+        return "dotenv", None
+    if low.endswith((".yml", ".yaml", ".json")) or ":" in s.split("\n", 1)[0]:
+        docs = _yaml_docs(text)
+        if docs:
+            d0 = docs[0]
+            if isinstance(d0, dict):
+                if "groups" in d0 and isinstance(d0["groups"], list):
+                    return "prometheus-rules", d0
+                if d0.get("kind") == "PrometheusRule":
+                    return "prometheus-rules", d0.get("spec") or {}
+                if "services" in d0:
+                    return "compose", d0
+                if any(isinstance(d, dict) and d.get("apiVersion") and d.get("kind") for d in docs):
+                    return "kubernetes", docs
+                if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
+                        or "jobs" in d0:
+                    return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
+                known = [k for k in d0 if isinstance(k, str) and (versions.known_flag("--" + k.replace("_", "-"))
+                                                                   or k in ("model",))]
+                if d0 and len(known) * 2 >= len(d0):      # mostly vLLM flag names: a --config file
+                    return "vllm-config", d0
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    if low.endswith((".sh", ".bash")) or s.startswith("#!") or any(l.startswith("--") for l in lines):
+        return "shell", None
+    if lines and all(re.match(r"^(export\s+)?[A-Za-z_]\w*=", l) for l in lines):
+        return "dotenv", None
+    if lines and _mostly_promql(text):
+        return "promql", None
+    return "shell", None
+
+
+def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str, str, list[CheckFinding]]:
+    found: list[CheckFinding] = []
+    tagged = None
+    for la in launches:
+        v, unpinned = image_version(la.image)
+        if unpinned:
+            found.append(CheckFinding("VC008", f"image {la.image}: :latest (or no tag) is whatever vLLM was newest "
+                                      "when the node pulled it; flags, defaults and metric names change between "
+                                      "releases. Pin the version", la.file, la.image_line or la.line,
+                                      fix={"setting": "image", "value": f"vllm/vllm-openai:v{explicit or NEWEST}"},
+                                      snippet=la.image or ""))
+        tagged = tagged or v
+    if explicit:
+        return explicit, "--vllm-version", found
+    if tagged:
+        return tagged, "image tag", found
+    return NEWEST, "unknown: judged as the newest examined release", found
+
+
+def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None) -> list[CheckFinding]:
+    """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
+    from ..plan import PlanInputs, make_plan, parse_size
+
+    kvb = flags.get("--kv-cache-memory-bytes")
+    if model_config is None or (gpu_memory is None and not kvb):
+        return []
+
+    def num(k, cast):
+        v = flags.get(k)
+        try:
+            return cast(v) if v is not None else None
+        except ValueError:
+            return None
+    try:
+        p = make_plan(PlanInputs(
+            config=model_config, gpu_memory_bytes=gpu_memory, vllm_version=version,
+            tensor_parallel_size=num("--tensor-parallel-size", int) or 1,
+            pipeline_parallel_size=num("--pipeline-parallel-size", int) or 1,
+            dtype=flags.get("--dtype") or "auto", kv_cache_dtype=flags.get("--kv-cache-dtype") or "auto",
+            block_size=num("--block-size", int), max_model_len=num("--max-model-len", int),
+            gpu_memory_utilization=num("--gpu-memory-utilization", float), max_num_seqs=num("--max-num-seqs", int),
+            max_num_batched_tokens=num("--max-num-batched-tokens", int),
+            kv_cache_memory_bytes=parse_size(kvb) if kvb else None))
+    except Exception:  # noqa: BLE001 - a value plan cannot use is reported by the flag checks
+        return []
+    out = []
+    if p.startup["fails"]:
+        fixes = [f for f in p.fixes if not f.get("informational")]
+        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, la.line,
+                                fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"],
+                                     "alternatives": [f"{f['flag']} {f['value']}" for f in fixes[1:]]} if fixes else None))
+        return out
+    conc = p.concurrency["at_max_model_len"]
+    seqs = p.settings["max_num_seqs"]
+    if seqs > conc and "--max-num-seqs" in flags:
+        mml = p.settings["max_model_len"]
+        fit = int(conc)
+        bs = p.settings["block_size"]
+        fit_len = p.pool["num_gpu_blocks"] // seqs * bs
+        out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but the KV cache holds {p.pool['kv_cache_tokens']:,} "
+                                f"tokens = {conc:.2f} requests of {mml:,} tokens ({p.kv_per_token['bytes_per_token']:,} "
+                                f"B/token, {p.pool['num_gpu_blocks']:,} blocks); once long requests fill it, vLLM "
+                                f"preempts (RECOMPUTE) instead of admitting more", la.file, la.line, level="warning",
+                                fix={"setting": "--max-num-seqs", "value": max(1, fit),
+                                     "alternatives": [f"--max-model-len {fit_len}"] if fit_len >= bs else []}))
+    return out
+
+
+def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
+               gpu_memory: int | None = None, kind: str | None = None) -> CheckResult:
+    kind_, doc = detect(text, name) if kind is None else (kind, None)
+    if kind is not None and kind not in ("shell", "promql", "dotenv", "dockerfile"):
+        _, doc = detect(text, name)
+    findings: list[CheckFinding] = []
+    launches: list[Launch] = []
+    if kind_ == "shell":
+        launches = read_shell(text, name, findings)
+        _scan_modules(text, name, 1, findings)
+    elif kind_ == "compose":
+        launches = read_compose(doc, text, name)
+    elif kind_ == "kubernetes":
+        start = 1
+        for d in doc:
+            if isinstance(d, dict) and d.get("kind") in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet",
+                                                        "Job", "CronJob", "Pod"):
+                launches += read_k8s(d, text, name, start)
+    elif kind_ == "ci":
+        launches = read_ci(doc, text, name, findings)
+    elif kind_ == "dotenv":
+        launches = read_dotenv(text, name)
+    elif kind_ == "dockerfile":
+        launches = read_dockerfile(text, name)
+    elif kind_ == "vllm-config":
+        launches = read_vllm_config(doc, text, name)
+    version, source, vf = _resolve_version(vllm_version, launches)
+    findings += vf
+    known = source != "unknown: judged as the newest examined release"
+    if kind_ == "prometheus-rules":
+        findings += lint_rules_file(doc, text, name, version, known)
+    elif kind_ == "grafana":
+        findings += lint_grafana(doc, text, name, version, known)
+    elif kind_ == "promql":
+        findings += lint_promql_text(text, name, version, known)
+    for la in launches:
+        findings += lint_launch(la, version, text)
+        flags = parsed_flags(la, version)
+        findings += lint_shm(la, flags)
+        findings += _capacity(la, flags, version, model_config, gpu_memory)
+    seen, uniq = set(), []
+    for f in sorted(findings, key=lambda f: (f.line, f.rule_id)):
+        key = (f.rule_id, f.line, f.message)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(f)
+    return CheckResult(name, kind_, version, source, uniq, len([la for la in launches if la.argv or la.env]))
+
+
+# ---------------------------------------------------------------- output
+
+def to_text(results: list[CheckResult]) -> str:
+    out = []
+    for r in results:
+        out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s)")
+        for f in r.findings:
+            fix = ""
+            if f.fix and f.fix.get("setting"):
+                fix = f" -> {f.fix['setting']}" + (f" {f.fix['value']}" if f.fix.get("value") not in (None, "") else "")
+            out.append(f"  {f.file}:{f.line}: {f.level} {f.rule_id} {f.name}: {f.message}{fix}")
+    return "\n".join(out) + "\n"
+
+
+def to_json(results: list[CheckResult]) -> str:
+    return json.dumps([r.to_dict() for r in results], indent=2) + "\n"
+
+
+def to_sarif(results: list[CheckResult]) -> str:
+    from .. import __version__
+
+    used = sorted({f.rule_id for r in results for f in r.findings})
+    rules = [{"id": rid, "name": RULES[rid][0], "shortDescription": {"text": RULES[rid][2]},
+              "defaultConfiguration": {"level": RULES[rid][1]}} for rid in used]
+    res = []
+    for r in results:
+        for f in r.findings:
+            msg = f.message + (f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip()
+                               if f.fix and f.fix.get("setting") else "")
+            res.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": f.level,
+                        "message": {"text": msg},
+                        "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.file},
+                                                            "region": {"startLine": max(1, f.line)}}}]})
+    return json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+                       "runs": [{"tool": {"driver": {"name": "vllm-doctor", "version": __version__,
+                                                     "informationUri": "https://github.com/vllm-project/vllm",
+                                                     "rules": rules}},
+                                 "results": res}]}, indent=2) + "\n"
+
+
+def _gh_escape(s: str, prop: bool = False) -> str:
+    s = s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return s.replace(":", "%3A").replace(",", "%2C") if prop else s
+
+
+def to_github(results: list[CheckResult]) -> str:
+    out = []
+    for r in results:
+        for f in r.findings:
+            cmd = {"error": "error", "warning": "warning", "note": "notice"}[f.level]
+            fix = f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip() if f.fix and f.fix.get("setting") else ""
+            out.append(f"::{cmd} file={_gh_escape(f.file, True)},line={max(1, f.line)},"
+                       f"title={_gh_escape(f.rule_id + ' ' + f.name, True)}::{_gh_escape(f.message + fix)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+FORMATS = {"text": to_text, "json": to_json, "sarif": to_sarif, "github": to_github}
+
+
+def worst(results: list[CheckResult]) -> int:
+    """Highest level present: 2 error, 1 warning, 0 note, -1 none."""
+    return max((LEVEL_ORDER[f.level] for r in results for f in r.findings), default=-1)

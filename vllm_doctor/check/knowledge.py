@@ -1,0 +1,78 @@
+"""What ``check`` knows beyond the flag/env tables of ``vllm_doctor/data/vllm_flags.json``: the
+settings the widely copied tuning note invented (with the real one), the V0-only flags, and the
+value choices that versions reject. Source: ../shared/reference/vllm-flags.md (read from the
+``vllm serve`` parser of each released wheel)."""
+
+from __future__ import annotations
+
+# never a flag / variable / module in any examined release -> (the real setting, why)
+INVENTED_FLAGS: dict[str, tuple[str, str]] = {
+    "--kv-cache": ("--kv-cache-dtype", "--kv-cache is not a vLLM flag: argparse reads it as --kv-cache-dtype up to "
+                   "0.10.1 and rejects it as ambiguous from 0.10.2; for the data type use --kv-cache-dtype, for "
+                   "the size --kv-cache-memory-bytes (0.10.2+) or --gpu-memory-utilization"),
+    "--chunked-prefill-size": ("--max-num-batched-tokens", "--chunked-prefill-size is SGLang's flag; vLLM's chunk "
+                               "size is the per-step token budget --max-num-batched-tokens (with --enable-chunked-prefill)"),
+}
+INVENTED_ENV: dict[str, tuple[str | None, str]] = {
+    "VLLM_USE_PREFILL": ("--enable-chunked-prefill", "VLLM_USE_PREFILL is not read by any vLLM release; "
+                         "chunked prefill is the flag --enable-chunked-prefill / --no-enable-chunked-prefill"),
+    "VLLM_LOG_LEVEL": ("VLLM_LOGGING_LEVEL", "VLLM_LOG_LEVEL is not read by any vLLM release; the real variable "
+                       "is VLLM_LOGGING_LEVEL (0.4.3+)"),
+}
+INVENTED_MODULES: dict[str, tuple[str, str]] = {
+    "vllm.bench_serving": ("vllm bench serve", "no module vllm.bench_serving exists in any vLLM wheel; the "
+                           "benchmark is `vllm bench serve` (0.8.0+)"),
+}
+
+# V0-engine-only flags: on V1 (0.8.0-0.10.2) a non-default value falls back to V0 (or raises with
+# VLLM_USE_V1=1); gone from 0.11.0 (V1 only), where VC004 reports them.
+V0_ONLY = {
+    "--preemption-mode": "V1 always preempts by RECOMPUTE",
+    "--scheduler-delay-factor": "not used by the V1 scheduler",
+    "--num-scheduler-steps": "multi-step scheduling is V0 only",
+    "--use-v2-block-manager": "V0 block manager only",
+    "--swap-space": "CPU swap is V0's SWAP preemption; V1 never swaps",
+    "--max-num-partial-prefills": "non-default value falls back to V0 in 0.8.0-0.10.2",
+    "--max-long-partial-prefills": "non-default value falls back to V0 in 0.8.0-0.10.2",
+}
+
+DTYPES = {"auto", "half", "float16", "bfloat16", "float", "float32"}
+KV_DTYPES_OLD = {"auto", "fp8_e5m2"}                       # 0.3.3, 0.4.0
+KV_DTYPES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "int8",
+             "nvfp4", "turboquant"}
+
+
+def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | None:
+    """(message, suggested value) when ``version`` rejects ``value`` for ``flag``; None when fine."""
+    from packaging.version import Version
+
+    from ..versions import parse_version
+
+    pv = parse_version(version) or Version("0.33.0")
+    v = value.strip().strip("'\"")
+    if "$" in v:
+        return None
+    if flag == "--kv-cache-dtype":
+        if pv < Version("0.4.3") and v not in KV_DTYPES_OLD:
+            return (f"--kv-cache-dtype {v}: invalid choice in {version} (choose from 'auto', 'fp8_e5m2')", "fp8_e5m2")
+        if v not in KV_DTYPES and pv < Version("0.33.0"):
+            return (f"--kv-cache-dtype {v}: not a KV cache dtype vLLM knows", "fp8")
+    if flag == "--dtype" and v not in DTYPES:
+        return (f"--dtype {v}: invalid choice (choose from {', '.join(sorted(DTYPES))})", "auto")
+    if flag == "--preemption-mode" and v not in ("recompute", "swap"):
+        return (f"--preemption-mode {v}: vLLM accepts recompute or swap", "recompute")
+    if flag == "--gpu-memory-utilization":
+        try:
+            f = float(v)
+        except ValueError:
+            return (f"--gpu-memory-utilization {v}: not a number", 0.9)
+        if not 0 < f <= 1:
+            return (f"--gpu-memory-utilization {v}: must be in (0, 1] (a fraction, not a percentage)",
+                    round(f / 100, 2) if 1 < f <= 100 else 0.9)
+    if flag == "--port" and not v.isdigit():
+        extra = " (a missing space: the next flag was glued to the value)" if "--" in v else ""
+        return (f"--port {v}: argument --port: invalid int value{extra}", int(v.split("--")[0]) if v.split("--")[0].isdigit() else 8000)
+    if flag in ("--max-num-seqs", "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size"):
+        if not v.isdigit() or int(v) < 1:
+            return (f"{flag} {v}: must be a positive integer", None)
+    return None

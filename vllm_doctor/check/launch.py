@@ -1,0 +1,626 @@
+"""Launch configs -> vLLM invocations -> findings.
+
+Readers (each returns ``Launch`` objects with the argv vLLM would see, the environment, the image,
+shared-memory facts and line numbers):
+- shell scripts and single ``docker run`` / ``vllm serve`` / ``python -m vllm...`` lines: logical
+  lines (backslash-newline joined) lexed with ``shlex``; ``sh -c "..."`` strings are lexed again;
+  ``${VAR:-default}`` is expanded from the script's own assignments;
+- docker-compose (``services``), Kubernetes Deployment/StatefulSet/DaemonSet/Job/Pod (containers'
+  ``command``/``args``/``env``, ``/dev/shm`` volumes), CI YAML (GitLab ``script``, GitHub ``run``),
+  a ``.env`` file, a Dockerfile (``FROM``/``ENV``/``CMD``/``ENTRYPOINT``), and vLLM's ``--config``
+  YAML (keys are flag names).
+Then ``lint_launch`` checks the argv and environment against the target version.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from packaging.version import Version
+
+from .. import versions
+from .findings import CheckFinding
+from .knowledge import INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, value_problem
+
+IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?::([\w.\-]+))?(?:@sha256:\w+)?$")
+VERSION_TAG_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+){0,2})")
+
+
+@dataclass
+class Launch:
+    argv: list[str]                       # after the entrypoint: what vLLM's parser sees
+    entry: str                            # "vllm serve" | "api_server" | "" (image default)
+    line: int
+    file: str
+    env: dict[str, tuple[str, int]] = field(default_factory=dict)
+    image: str | None = None
+    image_line: int = 0
+    gpus: int | None = None               # GPUs given to the container, when known
+    shm_ok: bool | None = None            # None: not a container, cannot tell
+    shm_hint: str = ""
+
+
+# ---------------------------------------------------------------- helpers
+
+def locate(text: str, token: str, start: int = 1) -> int:
+    """1-based line of the first ``token`` at or after line ``start`` (``start`` when absent)."""
+    lines = text.splitlines()
+    for i in range(max(0, start - 1), len(lines)):
+        if token in lines[i]:
+            return i + 1
+    return start
+
+
+def _expand(s: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1) or m.group(3), m.group(2)
+        return env.get(name, default if default is not None else m.group(0))
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)", sub, s)
+
+
+def image_version(image: str | None) -> tuple[str | None, bool]:
+    """(version from a ``vllm/vllm-openai:vX.Y.Z`` tag, whether the tag is unpinned)."""
+    if not image:
+        return None, False
+    m = IMAGE_RE.search(image.split()[0])
+    if not m:
+        return None, False
+    tag = m.group(1)
+    if not tag or tag == "latest" or tag == "nightly":
+        return None, True
+    mv = VERSION_TAG_RE.match(tag)
+    return (mv.group(1) if mv else None), False
+
+
+def _split_vllm(argv: list[str]) -> tuple[str, list[str]] | None:
+    """Find the vLLM invocation inside a command: returns (entry, argv after it)."""
+    for i, tok in enumerate(argv):
+        base = tok.rsplit("/", 1)[-1]
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return "vllm serve", argv[i + 2:]
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "bench":
+            return "vllm bench", argv[i + 2:]
+        if base.startswith("python") and i + 2 < len(argv) and argv[i + 1] == "-m" and argv[i + 2].startswith("vllm"):
+            mod = argv[i + 2]
+            return ("api_server" if mod == "vllm.entrypoints.openai.api_server" else "module:" + mod), argv[i + 3:]
+    return None
+
+
+def _shell_c(argv: list[str]) -> str | None:
+    for i, tok in enumerate(argv[:-1]):
+        if tok.rsplit("/", 1)[-1] in ("sh", "bash") and argv[i + 1] == "-c" and i + 2 < len(argv):
+            return argv[i + 2]
+        if tok == "-c" and i > 0 and argv[i - 1].rsplit("/", 1)[-1] in ("sh", "bash") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+DOCKER_VALUE_OPTS = {"-e", "--env", "-p", "--publish", "-v", "--volume", "--name", "--gpus", "--shm-size", "--ipc",
+                     "--env-file", "-w", "--workdir", "--entrypoint", "--network", "--runtime", "-u", "--user",
+                     "--mount", "--device", "--cpus", "-m", "--memory", "--restart", "--label", "-l", "--ulimit",
+                     "--platform", "--hostname", "-h", "--add-host", "--security-opt", "--cap-add", "--log-opt",
+                     "--log-driver", "--health-cmd", "--pull"}
+
+
+def _docker_run(argv: list[str]) -> dict | None:
+    """Parse ``docker run [opts] IMAGE [cmd...]`` into its parts, or None."""
+    try:
+        i = argv.index("run")
+    except ValueError:
+        return None
+    if i == 0 or argv[i - 1].rsplit("/", 1)[-1] not in ("docker", "podman", "nerdctl"):
+        return None
+    env: dict[str, str] = {}
+    out = {"env": env, "gpus": None, "shm": None, "ipc_host": False, "entrypoint": None}
+    j = i + 1
+    while j < len(argv):
+        tok = argv[j]
+        if not tok.startswith("-"):
+            break
+        name, eq, val = tok.partition("=")
+        if not eq and name in DOCKER_VALUE_OPTS:
+            j += 1
+            val = argv[j] if j < len(argv) else ""
+        if name in ("-e", "--env"):
+            k, _, v = val.partition("=")
+            env[k] = v
+        elif name == "--gpus":
+            val = val.strip("'\"")
+            out["gpus"] = 8 if val == "all" else int(re.sub(r"\D", "", val) or 0) or (val.count(",") + 1 if "device=" in val else None)
+        elif name == "--shm-size":
+            out["shm"] = val
+        elif name == "--ipc":
+            out["ipc_host"] = val == "host"
+        elif name == "--entrypoint":
+            out["entrypoint"] = val
+        j += 1
+    if j >= len(argv):
+        return None
+    out["image"] = argv[j]
+    out["cmd"] = argv[j + 1:]
+    return out
+
+
+def _shm_bytes(s: str) -> int:
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", str(s).lower())
+    if not m:
+        return 0
+    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2)])
+
+
+SHM_MIN = 1 << 30   # below 1 GiB NCCL's shared-memory transport fails with large TP buffers
+
+
+def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, image: str | None = None,
+                  image_line: int = 0, gpus: int | None = None, shm_ok: bool | None = None, shm_hint: str = "",
+                  entrypoint_default: bool = False) -> list[Launch]:
+    """vLLM launches inside one command (recursing into ``sh -c``)."""
+    inner = _shell_c(argv)
+    if inner is not None:
+        try:
+            toks = shlex.split(_expand(inner, env), comments=False)
+        except ValueError:
+            return []
+        return _from_command(toks, env, line, file, image, image_line, gpus, shm_ok, shm_hint)
+    hit = _split_vllm(argv)
+    envs = {k: (v, line) for k, v in env.items()}
+    if hit:
+        entry, rest = hit
+        return [Launch(rest, entry, line, file, envs, image, image_line, gpus, shm_ok, shm_hint)]
+    if entrypoint_default and image and IMAGE_RE.search(image):
+        # the vllm-openai image's ENTRYPOINT runs the server; args are its flags (a leading "serve" too)
+        rest = argv[1:] if argv[:1] == ["serve"] else argv
+        return [Launch(rest, "", line, file, envs, image, image_line, gpus, shm_ok, shm_hint)]
+    return []
+
+
+# ---------------------------------------------------------------- readers
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    out, buf, start = [], "", 0
+    for i, raw in enumerate(text.splitlines(), 1):
+        if not buf:
+            start = i
+        if raw.rstrip().endswith("\\"):
+            buf += raw.rstrip()[:-1] + " "
+            continue
+        buf += raw
+        out.append((start, buf))
+        buf = ""
+    if buf:
+        out.append((start, buf))
+    return out
+
+
+def _env_line(text: str, key: str, start: int) -> int:
+    return locate(text, key + "=", start)
+
+
+def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launch]:
+    env: dict[str, str] = {}
+    exported: dict[str, tuple[str, int]] = {}
+    launches: list[Launch] = []
+    for line, src in _logical_lines(text):
+        s = src.strip()
+        if not s or s.startswith("#"):
+            continue
+        m = re.match(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$", s)
+        if m and " " not in m.group(2).strip().strip("'\"").strip():
+            try:
+                val = " ".join(shlex.split(_expand(m.group(2), env))) if m.group(2).strip() else ""
+            except ValueError:
+                val = m.group(2)
+            env[m.group(1)] = val
+            if s.startswith("export") or m.group(1).startswith("VLLM_"):
+                exported[m.group(1)] = (val, line)
+            continue
+        try:
+            argv = shlex.split(s, comments=True)
+        except ValueError as e:
+            findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({e})", file, line))
+            continue
+        # leading VAR=value assignments of one command
+        pre: dict[str, str] = {}
+        while argv and re.match(r"^[A-Za-z_]\w*=", argv[0]):
+            k, _, v = argv.pop(0).partition("=")
+            pre[k] = v
+        argv = [_expand(a, env) for a in argv]
+        if argv and argv[0].startswith("--"):          # a fragment of flags (a snippet, a continuation)
+            launches.append(Launch(argv, "fragment", line, file))
+            continue
+        d = _docker_run(argv)
+        if d:
+            shm_ok, hint = _docker_shm(d)
+            il = locate(text, d["image"], line)
+            ls = _from_command(d["cmd"], {**env, **d["env"]}, line, file, d["image"], il, d["gpus"], shm_ok, hint,
+                               entrypoint_default=d["entrypoint"] is None)
+            denv = {k: (v, _env_line(text, k, line)) for k, v in d["env"].items()}
+            for la in ls:
+                la.env = dict(denv)
+            if not ls and IMAGE_RE.search(d["image"]):
+                ls = [Launch([], "", line, file, dict(denv), d["image"], il, d["gpus"], shm_ok, hint)]
+            launches += ls
+            continue
+        ls = _from_command(argv, env, line, file)
+        for la in ls:
+            la.env = {**exported, **{k: (v, line) for k, v in pre.items()}}
+        launches += ls
+    return launches
+
+
+def _docker_shm(d: dict) -> tuple[bool, str]:
+    if d["ipc_host"]:
+        return True, "--ipc=host"
+    if d["shm"] is not None:
+        return _shm_bytes(d["shm"]) >= SHM_MIN, f"--shm-size {d['shm']}"
+    return False, "docker's default /dev/shm is 64 MB"
+
+
+def _cmd_list(v) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, list):
+        return [str(x) for x in v]
+    try:
+        return shlex.split(str(v))
+    except ValueError:
+        return str(v).split()
+
+
+def _env_map(v) -> dict[str, str]:
+    if isinstance(v, dict):
+        return {str(k): "" if x is None else str(x) for k, x in v.items()}
+    out = {}
+    for item in v or []:
+        if isinstance(item, dict) and "name" in item:
+            out[str(item["name"])] = str(item.get("value", ""))
+        elif isinstance(item, str):
+            k, _, x = item.partition("=")
+            out[k] = x
+    return out
+
+
+def read_compose(doc: dict, text: str, file: str) -> list[Launch]:
+    out = []
+    for name, svc in (doc.get("services") or {}).items():
+        if not isinstance(svc, dict):
+            continue
+        line = locate(text, f"{name}:")
+        image = svc.get("image")
+        env = _env_map(svc.get("environment"))
+        gpus = None
+        for dev in (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []:
+            c = dev.get("count")
+            gpus = 8 if c == "all" else int(c) if str(c).isdigit() else gpus
+            gpus = len(dev["device_ids"]) if dev.get("device_ids") else gpus
+        if svc.get("ipc") == "host":
+            shm_ok, hint = True, "ipc: host"
+        elif svc.get("shm_size") is not None:
+            shm_ok, hint = _shm_bytes(svc["shm_size"]) >= SHM_MIN, f"shm_size {svc['shm_size']}"
+        else:
+            shm_ok, hint = False, "no shm_size / ipc: host (docker's default /dev/shm is 64 MB)"
+        cmd = _cmd_list(svc.get("entrypoint")) + _cmd_list(svc.get("command"))
+        cmd_line = locate(text, "command:", line) if svc.get("command") is not None else line
+        ls = _from_command(cmd, env, cmd_line, file, image, locate(text, "image:", line), gpus, shm_ok, hint,
+                           entrypoint_default=svc.get("entrypoint") is None)
+        if not ls and image and IMAGE_RE.search(str(image)):
+            ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm_ok, hint)]
+        for la in ls:
+            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+        out += ls
+    return out
+
+
+K8S_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
+
+
+def _pod_spec(doc: dict) -> dict | None:
+    kind = doc.get("kind")
+    spec = doc.get("spec") or {}
+    if kind == "Pod":
+        return spec
+    if kind == "CronJob":
+        spec = ((spec.get("jobTemplate") or {}).get("spec") or {})
+    return ((spec.get("template") or {}).get("spec")) if isinstance(spec, dict) else None
+
+
+def read_k8s(doc: dict, text: str, file: str, start: int) -> list[Launch]:
+    ps = _pod_spec(doc)
+    if not isinstance(ps, dict):
+        return []
+    mem_vols = {v.get("name") for v in ps.get("volumes") or []
+                if isinstance(v, dict) and (v.get("emptyDir") or {}).get("medium") == "Memory"}
+    out = []
+    for c in ps.get("containers") or []:
+        if not isinstance(c, dict):
+            continue
+        line = locate(text, str(c.get("name", "containers")), start)
+        image = c.get("image")
+        env = _env_map(c.get("env"))
+        lim = ((c.get("resources") or {}).get("limits") or {})
+        g = lim.get("nvidia.com/gpu") or lim.get("amd.com/gpu")
+        gpus = int(g) if str(g).isdigit() else None
+        shm = any(m.get("mountPath") == "/dev/shm" and m.get("name") in mem_vols for m in c.get("volumeMounts") or [])
+        hint = "an emptyDir (medium: Memory) mounted at /dev/shm" if shm else "no /dev/shm emptyDir (medium: Memory): the container runtime's default /dev/shm is 64 MB"
+        cmd = _cmd_list(c.get("command")) + _cmd_list(c.get("args"))
+        cl = locate(text, "args:" if c.get("args") else "command:", line)
+        ls = _from_command(cmd, env, cl, file, image, locate(text, "image:", line), gpus, shm, hint,
+                           entrypoint_default=c.get("command") is None)
+        if not ls and image and IMAGE_RE.search(str(image)):
+            ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm, hint)]
+        for la in ls:
+            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+        out += ls
+    return out
+
+
+def read_ci(doc: dict, text: str, file: str, findings: list[CheckFinding]) -> list[Launch]:
+    """GitLab CI ``script`` lists and GitHub Actions ``run`` steps: each is shell."""
+    out = []
+    for job in doc.values() if isinstance(doc, dict) else []:
+        if not isinstance(job, dict):
+            continue
+        scripts = []
+        for key in ("before_script", "script", "after_script"):
+            v = job.get(key)
+            scripts += v if isinstance(v, list) else [v] if isinstance(v, str) else []
+        for step in job.get("steps") or []:
+            if isinstance(step, dict) and isinstance(step.get("run"), str):
+                scripts.append(step["run"])
+        for sc in scripts:
+            first = str(sc).strip().splitlines()[0] if str(sc).strip() else ""
+            line = locate(text, first[:40]) if first else 1
+            for la in read_shell(str(sc), file, findings):
+                la.line += line - 1
+                la.image_line = la.image_line + line - 1 if la.image_line else 0
+                out.append(la)
+            _scan_modules(str(sc), file, line, findings)
+    return out
+
+
+def read_dotenv(text: str, file: str) -> list[Launch]:
+    env = {}
+    for i, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        k, _, v = s.removeprefix("export ").partition("=")
+        env[k.strip()] = (v.strip().strip("'\""), i)
+    la = Launch([], "env-file", 1, file, env)
+    la.extra_lines = {}  # type: ignore[attr-defined]
+    for k, (v, i) in env.items():                 # KEY named after a flag: MAX_NUM_SEQS, CHUNKED_PREFILL_SIZE
+        flag = "--" + k.lower().replace("_", "-")
+        if not k.startswith("VLLM_") and (versions.known_flag(flag) or flag in INVENTED_FLAGS):
+            la.argv += [flag, v.split()[0] if v.split() else v]
+            la.extra_lines[flag] = i  # type: ignore[attr-defined]
+    return [la]
+
+
+def read_dockerfile(text: str, file: str) -> list[Launch]:
+    image, image_line, env, cmd, line = None, 0, {}, [], 1
+    for ln, src in _logical_lines(text):
+        s = src.strip()
+        m = re.match(r"^(\w+)\s+(.*)$", s)
+        if not m or s.startswith("#"):
+            continue
+        ins, rest = m.group(1).upper(), m.group(2)
+        if ins == "FROM":
+            image, image_line = rest.split()[0], ln
+        elif ins == "ENV":
+            toks = shlex.split(rest)
+            if len(toks) == 2 and "=" not in toks[0]:
+                env[toks[0]] = (toks[1], ln)
+            for t in toks:
+                if "=" in t:
+                    k, _, v = t.partition("=")
+                    env[k] = (v, locate(text, k + "=", ln))
+        elif ins in ("CMD", "ENTRYPOINT"):
+            import json
+
+            try:
+                cmd = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+            except ValueError:
+                cmd = rest.split()
+            line = ln
+    ls = _from_command(cmd, {}, line, file, image, image_line, entrypoint_default=True) if cmd else []
+    if not ls:
+        ls = [Launch([], "", image_line or 1, file, {}, image, image_line)]
+    for la in ls:
+        la.env = env
+    return ls
+
+
+def read_vllm_config(doc: dict, text: str, file: str) -> list[Launch]:
+    """vLLM's ``--config`` YAML: each key is a flag name (``max_num_seqs`` or ``max-num-seqs``)."""
+    argv: list[str] = []
+    for k, v in doc.items():
+        flag = "--" + str(k).replace("_", "-")
+        if isinstance(v, bool):
+            if v:
+                argv.append(flag)
+            continue
+        argv += [flag, str(v) if not isinstance(v, (list, dict)) else __import__("json").dumps(v)]
+    la = Launch(argv, "config-yaml", 1, file)
+    la.extra_lines = {("--" + str(k).replace("_", "-")): locate(text, f"{k}:") for k in doc}  # type: ignore[attr-defined]
+    return [la]
+
+
+def _scan_modules(text: str, file: str, base_line: int, findings: list[CheckFinding]) -> None:
+    for m in re.finditer(r"python[\d.]*\s+-m\s+(vllm[\w.]*)", text):
+        mod = m.group(1)
+        if mod in INVENTED_MODULES:
+            real, why = INVENTED_MODULES[mod]
+            line = base_line + text[: m.start()].count("\n")
+            findings.append(CheckFinding("VC011", f"`python -m {mod}`: {why}", file, line,
+                                         fix={"setting": real, "value": None}, snippet=m.group(0)))
+
+
+# ---------------------------------------------------------------- linting
+
+def _flags_in(version: str) -> list[str]:
+    d = versions._data()
+    ex = versions.nearest_examined(version)
+    return [f for f, r in d["flags"].items() if f.startswith("--") and versions._in_ranges(r, ex)]
+
+
+def _ranges_text(flag: str) -> str:
+    d = versions._data()
+    r = (d["env"] if flag.startswith("VLLM_") else d["flags"]).get(flag) or []
+    return ", ".join(a if a == b else f"{a}–{b}" for a, b in r)
+
+
+def _line_of(la: Launch, text: str, token: str) -> int:
+    extra = getattr(la, "extra_lines", None)
+    if extra and token in extra:
+        return extra[token]
+    return locate(text, token, la.line)
+
+
+def parsed_flags(la: Launch, version: str) -> dict[str, str | None]:
+    """argv -> {canonical flag: value or None}, resolving unique abbreviations (for capacity checks)."""
+    allf = set(_flags_in(version))
+    out: dict[str, str | None] = {}
+    argv = la.argv
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok.startswith("--"):
+            name, eq, val = tok.partition("=")
+            name = name.replace("_", "-")
+            if name not in allf:
+                cands = [f for f in allf if f.startswith(name)]
+                name = cands[0] if len(cands) == 1 else name
+            if not eq:
+                val = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
+                i += 1 if val is not None else 0
+            out[name] = val
+        elif tok.startswith("-") and len(tok) > 1:
+            alias = SHORT.get(tok)
+            if alias and i + 1 < len(argv):
+                out[alias] = argv[i + 1]
+                i += 1
+        i += 1
+    return out
+
+
+SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
+         "-dp": "--data-parallel-size", "-O": "--compilation-config", "-cc": "--compilation-config"}
+
+
+def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
+    out: list[CheckFinding] = []
+    f = la.file
+    pv = versions.parse_version(version) or Version("0.33.0")
+    allf = _flags_in(version)
+    allset = set(allf)
+    if la.entry.startswith("module:"):
+        mod = la.entry[7:]
+        if mod in INVENTED_MODULES:
+            real, why = INVENTED_MODULES[mod]
+            out.append(CheckFinding("VC011", f"`python -m {mod}`: {why}", f, locate(text, mod, la.line),
+                                    fix={"setting": real, "value": None}))
+        return out
+    if la.entry == "vllm bench":
+        return out
+    if la.entry == "vllm serve" and pv < Version("0.5.4"):
+        out.append(CheckFinding("VC011", f"`vllm serve` does not exist in {version} (console script from 0.5.4)", f,
+                                la.line, fix={"setting": "python -m vllm.entrypoints.openai.api_server", "value": None}))
+    argv = la.argv
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or tok == "--":
+            i += 1
+            continue
+        name, eq, val = tok.partition("=")
+        has_value = bool(eq) or (i + 1 < len(argv) and not argv[i + 1].startswith("-"))
+        if not eq and has_value:
+            val = argv[i + 1]
+        raw = name
+        if pv >= Version("0.5.4"):
+            name = name.replace("_", "-")
+        line = _line_of(la, text, raw)
+        if raw == "--config" or name.startswith(("--compilation-config.", "--json-arg")) or "." in name:
+            i += 2 if (has_value and not eq) else 1
+            continue
+        invented = name in INVENTED_FLAGS
+        if name not in allset:
+            cands = sorted(x for x in allf if x.startswith(name))
+            real, why = INVENTED_FLAGS.get(name, (None, None))
+            if name == "--kv-cache" and has_value and val.isdigit() and "--num-gpu-blocks-override" in allset:
+                real, val = "--num-gpu-blocks-override", -(-int(val) // 16)   # tokens -> 16-token blocks
+            if len(cands) > 1:
+                msg = (f"{raw}: ambiguous option in vLLM {version} (could match {', '.join(cands[:6])}"
+                       f"{', ...' if len(cands) > 6 else ''}): vLLM exits at start-up")
+                out.append(CheckFinding("VC002", msg + (f". {why}" if why else ""), f, line,
+                                        fix={"setting": real or cands[0], "value": val if has_value else None}, snippet=tok))
+            elif len(cands) == 1:
+                msg = f"{raw} is not a flag; vLLM {version}'s argparse reads it as the abbreviation of {cands[0]}"
+                lvl = "error" if why else "warning"
+                out.append(CheckFinding("VC003", msg + (f". {why}" if why else ""), f, line, level=lvl,
+                                        fix={"setting": real or cands[0], "value": val if has_value else None}, snippet=tok))
+                name = cands[0]
+            elif versions.known_flag(name):
+                out.append(CheckFinding("VC004", f"{raw} exists only in vLLM {_ranges_text(name)}, not in {version}: "
+                                        "unrecognized arguments at start-up"
+                                        + (f" ({V0_ONLY[name]})" if name in V0_ONLY else ""), f, line,
+                                        fix=None, snippet=tok))
+            else:
+                msg = f"{raw} is not a vLLM flag in any version (argparse: unrecognized arguments)"
+                out.append(CheckFinding("VC001", msg + (f". {why}" if why else ""), f, line,
+                                        fix={"setting": real, "value": val if has_value else None} if real else None,
+                                        snippet=tok))
+        if name in V0_ONLY and name in allset and pv >= Version("0.8.0"):
+            out.append(CheckFinding("VC005", f"{raw} is a V0-engine flag ({V0_ONLY[name]}); on {version} "
+                                    "a non-default value makes vLLM fall back to the V0 engine, or fail with VLLM_USE_V1=1",
+                                    f, line, snippet=tok))
+        if has_value and name in allset and not invented:
+            prob = value_problem(name, val, version)
+            if prob:
+                out.append(CheckFinding("VC006", prob[0], f, line, fix={"setting": name, "value": prob[1]}, snippet=tok))
+        i += 2 if (has_value and not eq and _takes_value(name, argv, i)) else 1
+    out += lint_env(la, version, text)
+    return out
+
+
+def _takes_value(name: str, argv: list[str], i: int) -> bool:
+    """Whether the token after ``name`` is its value (flags named like switches take none)."""
+    nxt = argv[i + 1] if i + 1 < len(argv) else ""
+    if name.startswith(("--enable-", "--disable-", "--no-")) or name in ("--enforce-eager", "--trust-remote-code"):
+        return nxt.lower() in ("true", "false", "1", "0")
+    return True
+
+
+def lint_env(la: Launch, version: str, text: str) -> list[CheckFinding]:
+    out = []
+    for k, (v, line) in la.env.items():
+        if not k.startswith("VLLM_") or k.startswith("VLLM_DOCTOR_"):
+            continue
+        if k in INVENTED_ENV:
+            real, why = INVENTED_ENV[k]
+            val: object = v.split()[0] if v.split() else None
+            if real and real.startswith("--enable-") and str(val).lower() in ("false", "0", "no", "off"):
+                real, val = "--no-" + real[2:], None
+            elif real and real.startswith("--"):
+                val = None
+            out.append(CheckFinding("VC007", why, la.file, line, fix={"setting": real, "value": val}, snippet=f"{k}={v}"))
+        elif not versions.flag_exists(k, version):
+            where = _ranges_text(k)
+            out.append(CheckFinding("VC007", f"{k} is not read by vLLM {version}"
+                                    + (f" (it exists in {where})" if where else " (not in any vLLM release's envs.py)"),
+                                    la.file, line, snippet=f"{k}={v}"))
+    return out
+
+
+def lint_shm(la: Launch, flags: dict[str, str | None]) -> list[CheckFinding]:
+    tp = int(flags.get("--tensor-parallel-size") or 1) if str(flags.get("--tensor-parallel-size") or 1).isdigit() else 1
+    pp = int(flags.get("--pipeline-parallel-size") or 1) if str(flags.get("--pipeline-parallel-size") or 1).isdigit() else 1
+    world = max(tp * pp, la.gpus if (la.gpus and la.gpus < 8 and not la.argv) else 1)
+    if world <= 1 or la.shm_ok is None or la.shm_ok:
+        return []
+    return [CheckFinding("VC009", f"{world} GPU workers (tensor/pipeline parallel) need shared memory for NCCL and "
+                         f"vLLM's worker message queue, but {la.shm_hint}", la.file, la.line,
+                         fix={"setting": "--shm-size" if la.entry != "k8s" else "/dev/shm emptyDir", "value": "16g",
+                              "alternatives": ["--ipc=host", "emptyDir {medium: Memory} at /dev/shm"]})]

@@ -1,0 +1,437 @@
+"""``vllm-doctor plan``: capacity before launch, with the arithmetic shown.
+
+Reads a model's ``config.json`` (a file, a model directory or a Hugging Face cache directory;
+never downloads), takes the launch settings, and reports per GPU: weight bytes, KV bytes per
+token per attention kind, the KV cache pool in blocks and tokens by the vLLM version's own
+accounting (``vllm_doctor.capacity``), max concurrency at ``max_model_len`` and at a mean
+request length, whether start-up fails (in vLLM's own words) and the flags for a target.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.version import Version
+
+from . import capacity as cap
+from .errors import InputError
+from .versions import defaults as version_defaults, flag_exists, parse_version
+
+_NEWEST = "0.33.0"
+
+
+@dataclass
+class PlanInputs:
+    """Launch settings; None = vLLM's default for the version (where the arithmetic needs one)."""
+    config: dict
+    model: str = "?"
+    gpu_memory_bytes: int | None = None
+    vllm_version: str = _NEWEST
+    device: str = "cuda"                      # cuda | cpu
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    overhead_bytes: int | None = None         # activation peak + non-torch memory; None: estimated
+    target_concurrency: int | None = None
+    mean_request_tokens: int | None = None
+
+
+@dataclass
+class Plan:
+    model: str
+    vllm_version: str
+    engine: str
+    settings: dict
+    weights: dict
+    kv_per_token: dict
+    pool: dict
+    concurrency: dict
+    startup: dict
+    fixes: list[dict] = field(default_factory=list)
+    not_sized: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- inputs
+
+def load_config(path: str) -> tuple[dict, str]:
+    """config.json from a file, a model directory, or a Hugging Face cache directory
+    (``models--org--name`` or the hub folder with it: the newest snapshot). Never downloads."""
+    p = Path(path).expanduser()
+    cands: list[Path] = []
+    if p.is_file():
+        cands = [p]
+    elif p.is_dir():
+        if (p / "config.json").is_file():
+            cands = [p / "config.json"]
+        else:
+            snaps = sorted(p.glob("snapshots/*/config.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+            if not snaps:
+                models = sorted({f.parts[-4] for f in p.glob("models--*/snapshots/*/config.json")})
+                if len(models) > 1:
+                    raise InputError(f"{path}: a Hugging Face cache with {len(models)} models; name one: "
+                                     + ", ".join(str(p / m) for m in models[:5]))
+                snaps = sorted(p.glob("models--*/snapshots/*/config.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+            cands = snaps[:1]
+    if not cands:
+        raise InputError(f"{path}: no config.json (a file, a model directory or a Hugging Face cache directory)")
+    try:
+        cfg = json.loads(cands[0].read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{cands[0]}: not a readable JSON config: {e}") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cands[0]}: not a JSON object")
+    name = p.name
+    if name.startswith("models--"):
+        name = name[len("models--"):].replace("--", "/")
+    elif name == "config.json":
+        name = p.parent.name
+    return cfg, name
+
+
+def nvml_total_memory(index: int = 0) -> int:
+    """Total memory of GPU ``index`` through NVML (the project's NVML source's loader)."""
+    from .sources.nvml import _load_pynvml
+
+    try:
+        nv = _load_pynvml()
+        nv.nvmlInit()
+        try:
+            return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).total)
+        finally:
+            nv.nvmlShutdown()
+    except Exception as e:  # noqa: BLE001 - no driver, no library, no GPU: one line for the user
+        raise InputError(f"cannot read GPU memory through NVML ({type(e).__name__}: {e}); give --gpu-memory") from None
+
+
+def parse_size(text: str) -> int:
+    """``80GiB``, ``24G``, ``81559MiB``, ``4194304`` -> bytes (G/GB read as GiB, as nvidia-smi's MiB)."""
+    t = text.strip().lower().replace(" ", "")
+    units = {"kib": 1 << 10, "kb": 1 << 10, "k": 1 << 10, "mib": cap.MiB, "mb": cap.MiB, "m": cap.MiB,
+             "gib": cap.GiB, "gb": cap.GiB, "g": cap.GiB, "tib": 1 << 40, "tb": 1 << 40, "b": 1, "": 1}
+    for u in sorted(units, key=len, reverse=True):
+        if u and t.endswith(u):
+            num, mult = t[: -len(u)], units[u]
+            break
+    else:
+        num, mult = t, 1
+    try:
+        v = float(num)
+    except ValueError:
+        raise InputError(f"not a size: {text!r} (e.g. 80GiB, 24G, 81559MiB, 4194304)") from None
+    if v <= 0:
+        raise InputError(f"size must be positive: {text!r}")
+    return int(v * mult)
+
+
+# ---------------------------------------------------------------- the plan
+
+def _engine(version: str) -> str:
+    pv = parse_version(version)
+    return "v0" if pv is not None and pv < Version("0.8.0") else "v1"
+
+
+def _token_formula(version: str) -> str:
+    pv = parse_version(version)
+    return "concurrency" if pv is None or pv >= Version("0.11.0") else "blocks"
+
+
+def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool) -> int:
+    """vLLM's default max_num_batched_tokens (vllm-flags.md, defaults table): V0 max(max_model_len,
+    2048), or 2048 when chunked prefill is on (auto-enabled from 0.5.4 when max_model_len > 32768);
+    V1 8192 on GPUs of >= 70 GiB, else 2048 (the CPU backend: 4096)."""
+    if engine == "v0":
+        pv = parse_version(version)
+        if pv is not None and pv >= Version("0.5.4") and mml > 32768:
+            return 2048
+        return max(mml, 2048)
+    if cpu:
+        return 4096
+    return 8192 if gpu_bytes and gpu_bytes >= 70 * cap.GiB else 2048
+
+
+def _gib(n: float) -> str:
+    return f"{n / cap.GiB:.2f} GiB"
+
+
+def make_plan(inp: PlanInputs) -> Plan:
+    """The whole plan from the inputs. Raises InputError on a config it cannot read."""
+    try:
+        shape = cap.model_shape(inp.config)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    version, engine = inp.vllm_version, _engine(inp.vllm_version)
+    tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
+    cpu = inp.device == "cpu"
+    dflt = version_defaults(version, engine, inp.gpu_memory_bytes, device="CPU" if cpu else None, world_size=tp * pp)
+    notes: list[str] = []
+
+    model_dtype = shape.dtype if inp.dtype == "auto" else inp.dtype
+    if model_dtype in ("float32", "float") and inp.dtype == "auto" and not cpu:
+        model_dtype = "bfloat16"
+        notes.append("config dtype float32: vLLM's dtype auto serves it in bfloat16 on GPU")
+    try:
+        wbytes = cap.dtype_bytes(model_dtype)
+        kv_dtype = model_dtype if inp.kv_cache_dtype == "auto" else inp.kv_cache_dtype
+        kvbytes = cap.dtype_bytes(kv_dtype)
+    except KeyError as e:
+        raise InputError(f"unknown dtype {e.args[0]!r}") from None
+    if inp.quantization and not shape.quant_method:
+        shape.quant_method = inp.quantization
+        shape.quant_bits = {"fp8": 8, "awq": 4, "gptq": 4, "bitsandbytes": 4, "mxfp4": 4, "nvfp4": 4}.get(inp.quantization)
+        shape.quant_group_size = {"awq": 128, "gptq": 128, "mxfp4": 32, "nvfp4": 16}.get(inp.quantization)
+        if shape.quant_bits is None:
+            notes.append(f"quantization {inp.quantization!r}: weight width unknown, weights sized as {model_dtype}")
+
+    block_size = inp.block_size or (128 if cpu else int(dflt.get("block_size") or 16))
+    mml = inp.max_model_len or shape.max_position_embeddings or 2048
+    util = inp.gpu_memory_utilization if inp.gpu_memory_utilization is not None else float(dflt.get("gpu_memory_utilization") or 0.9)
+    max_num_seqs = inp.max_num_seqs or int(dflt.get("max_num_seqs") or 256)
+    mnbt = inp.max_num_batched_tokens or _default_batched_tokens(version, engine, mml, inp.gpu_memory_bytes, cpu)
+    settings = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "dtype": model_dtype,
+                "kv_cache_dtype": kv_dtype, "quantization": shape.quant_method, "block_size": block_size,
+                "max_model_len": mml, "gpu_memory_utilization": util, "max_num_seqs": max_num_seqs,
+                "max_num_batched_tokens": mnbt, "kv_cache_memory_bytes": inp.kv_cache_memory_bytes,
+                "gpu_memory_bytes": inp.gpu_memory_bytes, "device": inp.device}
+
+    # weights
+    params = cap.weight_params(shape)
+    w = cap.weight_bytes_per_gpu(shape, wbytes, tp, pp)
+    qdesc = (f"linear layers at {shape.quant_bits:g} bits" + (f" + a scale per {shape.quant_group_size}" if shape.quant_group_size else "")
+             if shape.quant_bits else f"{wbytes} B/param ({model_dtype})")
+    weights = {"params_total": sum(params.values()), "params_by_part": params, "bytes_per_gpu": w,
+               "arithmetic": f"{sum(params.values()):,} params; {qdesc}; linear+vocab / TP {tp}, layers / PP {pp} "
+                             f"= {w:,} B = {_gib(w)} per GPU"}
+
+    # KV per token
+    groups = cap.kv_layer_groups(shape, kvbytes, tp, pp)
+    per_tok = cap.kv_bytes_per_token(groups)
+    kv = {"bytes_per_token": per_tok, "kv_cache_dtype": kv_dtype,
+          "by_kind": [{"kind": g.kind, "layers_per_gpu": g.layers, "bytes_per_token_per_layer": g.bytes_per_token_per_layer,
+                       "arithmetic": f"{g.layers} layers x {g.formula}"
+                       + (f" = {g.layers * g.bytes_per_token_per_layer:,} B/token" if g.bytes_per_token_per_layer else "")}
+                      for g in groups],
+          "arithmetic": " + ".join(f"{g.layers} x {g.bytes_per_token_per_layer:,}" for g in groups if g.bytes_per_token_per_layer)
+                        + f" = {per_tok:,} B per token per GPU ({per_tok / 1024:.1f} KiB)"}
+    if shape.sliding_window:
+        kv["sliding_window"] = shape.sliding_window
+
+    # memory accounting
+    if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes is None:
+        raise InputError("give --gpu-memory (or let NVML read it), or --kv-cache-memory-bytes")
+    if inp.kv_cache_memory_bytes is not None:
+        overhead, overhead_src = 0, "not used: the KV cache size is given"
+    elif inp.overhead_bytes is not None:
+        overhead, overhead_src = inp.overhead_bytes, "given"
+    else:
+        act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp, engine)
+        non_torch = cap.non_torch_estimate(tp * pp)
+        overhead, overhead_src = act + non_torch, (f"ESTIMATE: activation peak {_gib(act)} + non-torch {_gib(non_torch)}; "
+                                                   "vLLM measures this in its profiling run; pass --overhead to use a measured value")
+    avail = cap.available_kv_memory(inp.gpu_memory_bytes or 0, util, w, overhead, 0, inp.kv_cache_memory_bytes)
+    if inp.kv_cache_memory_bytes is not None:
+        avail_arith = f"--kv-cache-memory-bytes {inp.kv_cache_memory_bytes:,} B (the profiling formula is skipped)"
+    else:
+        avail_arith = (f"{inp.gpu_memory_bytes / cap.GiB:.2f} GiB x {util} gpu_memory_utilization - {_gib(w)} weights - "
+                       f"{_gib(overhead)} activation/non-torch = {_gib(avail)}")
+    block_bytes = cap.bytes_per_block(groups, block_size)
+    gsize, per_kind = cap.group_layout(groups)
+    blocks = cap.num_blocks(avail, block_bytes)
+    req_blocks = cap.request_blocks(groups, mml, block_size, shape.sliding_window, mnbt)
+    conc = cap.max_concurrency(blocks, req_blocks)
+    n_groups = sum(per_kind.values()) or 1
+    tokens = cap.printed_kv_cache_tokens(blocks, block_size, mml, conc, n_groups,
+                                         _token_formula(version) if engine == "v1" else "blocks")
+    pool = {"available_kv_cache_bytes": avail, "available_arithmetic": avail_arith, "overhead_bytes": overhead,
+            "overhead_source": overhead_src, "bytes_per_block": block_bytes,
+            "block_arithmetic": f"{block_size} tokens x {gsize} layers/group x "
+                                f"{max((g.bytes_per_token_per_layer or 0) for g in groups):,} B = {block_bytes:,} B",
+            "num_gpu_blocks": blocks, "kv_cache_tokens": tokens, "groups": per_kind,
+            "blocks_arithmetic": f"{avail:,} B // {block_bytes:,} B = {blocks:,} blocks",
+            "tokens_arithmetic": (f"int({conc:.4f} x {mml:,}) = {tokens:,} tokens" if engine == "v1" and _token_formula(version) == "concurrency"
+                                  else f"{blocks:,} blocks // {n_groups} groups x {block_size} = {tokens:,} tokens")}
+    device_word = "CPU" if cpu else "GPU"
+    pool["vllm_prints"] = (f"{device_word} KV cache size: {tokens:,} tokens, Maximum concurrency for {mml:,} tokens per request: {conc:.2f}x"
+                           if engine == "v1" else f"# GPU blocks: {blocks}")
+    concurrency = {"at_max_model_len": round(conc, 2), "blocks_per_request": req_blocks,
+                   "arithmetic": f"{blocks:,} blocks / {req_blocks:,} blocks per {mml:,}-token request = {conc:.2f}x",
+                   "max_num_seqs": max_num_seqs}
+    if inp.mean_request_tokens:
+        at_mean = cap.concurrency_at_length(blocks, inp.mean_request_tokens, block_size) if n_groups == 1 else None
+        concurrency["mean_request_tokens"] = inp.mean_request_tokens
+        concurrency["at_mean_request_length"] = at_mean
+        if at_mean is not None:
+            concurrency["mean_arithmetic"] = (f"{blocks:,} blocks // ceil({inp.mean_request_tokens:,} / {block_size}) "
+                                              f"= {at_mean:,} requests at once")
+
+    # start-up
+    startup = _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks)
+    fixes = _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
+                   startup, version, util)
+    if shape.quant_method and not shape.quant_bits:
+        notes.append(f"quantization {shape.quant_method}: bit width not in the config, weights sized unquantized")
+    return Plan(model=inp.model, vllm_version=version, engine=engine, settings=settings, weights=weights,
+                kv_per_token=kv, pool=pool, concurrency=concurrency, startup=startup, fixes=fixes,
+                not_sized=list(shape.unsized), notes=notes)
+
+
+def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks) -> dict:
+    reasons = []
+    mpe = shape.max_position_embeddings
+    if inp.max_model_len and mpe and inp.max_model_len > mpe:
+        reasons.append(f"User-specified max_model_len ({inp.max_model_len}) is greater than the derived max_model_len "
+                       f"(max_position_embeddings={mpe} or model_max_length=None in model's config.json).")
+    if shape.unsized and not any(g.bytes_per_token_per_layer for g in groups):
+        return {"fails": bool(reasons), "messages": reasons, "checked": False}
+    if engine == "v0":
+        if blocks <= 0:
+            reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                           "initializing the engine.")
+        elif blocks * block_size < mml:
+            reasons.append(f"The model's max seq len ({mml}) is larger than the maximum number of tokens that can be "
+                           f"stored in KV cache ({blocks * block_size}). Try increasing `gpu_memory_utilization` or "
+                           f"decreasing `max_model_len` when initializing the engine.")
+    else:
+        pv = parse_version(version)
+        check = avail - block_bytes if pv is None or pv >= Version("0.30.0") else avail  # 0.32 holds the null block back
+        if avail <= 0:
+            reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                           "initializing the engine.")
+        else:
+            need = cap.needed_bytes_one_request(groups, mml, block_size, shape.sliding_window, mnbt)
+            if need > check:
+                est = cap.estimate_max_model_len(groups, check, mml, block_size, shape.sliding_window, mnbt)
+                reasons.append(f"To serve at least one request with the model's max seq len ({mml}), "
+                               f"({cap.format_gib(need)} GiB KV cache is needed, which is larger than the available KV "
+                               f"cache memory ({cap.format_gib(check)} GiB). "
+                               + (f"Based on the available memory, the estimated maximum model length is {est}. " if est else "")
+                               + "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    return {"fails": bool(reasons), "messages": reasons, "checked": True}
+
+
+def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
+           startup, version, util) -> list[dict]:
+    """Flags for the target (or for a start-up failure), values computed, only flags of that version."""
+    out: list[dict] = []
+
+    def add(flag: str, value: object, why: str, alt: str | None = None) -> None:
+        if flag_exists(flag, version):
+            out.append({"flag": flag, "value": value, "why": why, **({"alternative_to": alt} if alt else {})})
+
+    target = inp.target_concurrency
+    per_req = max(1, req_blocks)
+    if target:
+        need_blocks = target * per_req
+        if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes:
+            u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, need_blocks, block_bytes)
+            if u <= 0.99:
+                add("--gpu-memory-utilization", u, f"{target} requests x {per_req} blocks = {need_blocks:,} blocks x "
+                    f"{block_bytes:,} B + weights + overhead = {u} of {inp.gpu_memory_bytes / cap.GiB:.1f} GiB")
+            else:
+                add("--tensor-parallel-size", inp.tensor_parallel_size * 2,
+                    f"{target} requests at {mml} tokens need {u:.2f} of one GPU's memory")
+        elif inp.kv_cache_memory_bytes is not None:
+            add("--kv-cache-memory-bytes", need_blocks * block_bytes, f"{need_blocks:,} blocks x {block_bytes:,} B")
+        if blocks and blocks < need_blocks:
+            fit_len = (blocks // target) * block_size
+            if fit_len >= block_size:
+                add("--max-model-len", fit_len, f"{blocks:,} blocks / {target} requests x {block_size} tokens",
+                    alt="--gpu-memory-utilization")
+        add("--max-num-seqs", target, "admit no more sequences than the target")
+    cap_seqs = int(blocks // per_req) if per_req else 0
+    if not target and blocks and max_num_seqs > cap_seqs and cap_seqs >= 1 and inp.mean_request_tokens is None:
+        out.append({"flag": "--max-num-seqs", "value": max_num_seqs, "why":
+                    f"informational: {max_num_seqs} sequences admitted but only {cap_seqs} fit at {mml} tokens each; "
+                    "longer ones are preempted (RECOMPUTE) when the cache fills", "informational": True})
+    if startup.get("fails") and startup.get("checked"):
+        size_flag = "--kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "--gpu-memory-utilization"
+        if blocks * block_size >= block_size:
+            fit = (blocks - 1) * block_size if blocks > 1 else block_size
+            add("--max-model-len", min(fit, mml), "the longest request the KV cache holds", alt=size_flag)
+        if inp.kv_cache_memory_bytes is not None:
+            need = (per_req + 1) * block_bytes   # one request at max_model_len plus the null block
+            add("--kv-cache-memory-bytes", need, f"({per_req} blocks per {mml}-token request + 1 null block) x "
+                f"{block_bytes:,} B", alt="--max-model-len")
+        if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes:
+            u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, per_req + 1, block_bytes)
+            if u <= 0.99 and u > util:
+                add("--gpu-memory-utilization", u, f"one {mml}-token request: {per_req} blocks x {block_bytes:,} B", alt="--max-model-len")
+        if shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
+            add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
+    return out
+
+
+# ---------------------------------------------------------------- rendering
+
+def to_json(p: Plan) -> str:
+    return json.dumps(p.to_dict(), indent=2) + "\n"
+
+
+def _lines(p: Plan, md: bool) -> list[str]:
+    h = (lambda s: f"## {s}") if md else (lambda s: f"{s}")
+    b = "- " if md else "  "
+    code = (lambda s: f"`{s}`") if md else (lambda s: s)
+    s = p.settings
+    out = [f"# vllm-doctor plan: {p.model}" if md else f"vllm-doctor plan: {p.model}",
+           "",
+           f"{b}vLLM {p.vllm_version} ({p.engine.upper()} engine), {s['device']}, TP {s['tensor_parallel_size']} x PP {s['pipeline_parallel_size']}, "
+           f"dtype {s['dtype']}, kv_cache_dtype {s['kv_cache_dtype']}, block_size {s['block_size']}, max_model_len {s['max_model_len']:,}, "
+           f"gpu_memory_utilization {s['gpu_memory_utilization']}, max_num_seqs {s['max_num_seqs']}", ""]
+    out += [h("Weights (per GPU)"), f"{b}{p.weights['arithmetic']}", ""]
+    out += [h("KV cache bytes per token (per GPU)")]
+    for g in p.kv_per_token["by_kind"]:
+        out.append(f"{b}{g['kind']}: {g['arithmetic']}")
+    out.append(f"{b}total: {p.kv_per_token['arithmetic']}")
+    for u in p.not_sized:
+        out.append(f"{b}NOT SIZED: {u}")
+    out += ["", h("KV cache pool (per GPU)"),
+            f"{b}available: {p.pool['available_arithmetic']}",
+            f"{b}overhead: {p.pool['overhead_bytes'] / cap.GiB:.2f} GiB ({p.pool['overhead_source']})",
+            f"{b}block: {p.pool['block_arithmetic']}",
+            f"{b}blocks: {p.pool['blocks_arithmetic']}",
+            f"{b}tokens: {p.pool['tokens_arithmetic']}",
+            f"{b}vLLM prints: {code(p.pool['vllm_prints'])}", ""]
+    c = p.concurrency
+    out += [h("Concurrency"), f"{b}at max_model_len: {c['arithmetic']}"]
+    if c.get("mean_arithmetic"):
+        out.append(f"{b}at a mean request of {c['mean_request_tokens']:,} tokens: {c['mean_arithmetic']}")
+    out.append("")
+    out.append(h("Start-up"))
+    if p.startup["fails"]:
+        for m in p.startup["messages"]:
+            out.append(f"{b}FAILS: {m}")
+    else:
+        out.append(f"{b}starts" + ("" if p.startup.get("checked", True) else " (KV check skipped: nothing sized)"))
+    if p.fixes:
+        out += ["", h("Flags")]
+        for f in p.fixes:
+            alt = f" (alternative to {f['alternative_to']})" if f.get("alternative_to") else ""
+            out.append(f"{b}{code(str(f['flag']) + ' ' + str(f['value']))}{alt}: {f['why']}")
+    if p.notes:
+        out += ["", h("Notes")] + [f"{b}{n}" for n in p.notes]
+    return out + [""]
+
+
+def to_text(p: Plan) -> str:
+    return "\n".join(_lines(p, md=False))
+
+
+def to_markdown(p: Plan) -> str:
+    return "\n".join(_lines(p, md=True))
+
+
+FORMATS = {"text": to_text, "json": to_json, "markdown": to_markdown}

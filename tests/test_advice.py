@@ -173,6 +173,7 @@ def test_engine_stalled_on_a_real_stall():
     assert all("Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s" in e.text
                and "Waiting: 1 reqs" in e.text for e in f.evidence)
     assert "engine 0 had 1 request waiting and 0 running for" in f.message
+    assert f.checks == ["Before restarting, `py-spy dump --pid PID` the EngineCore and worker processes to see where they wait."]
 
 
 def test_engine_stalled_since_until_and_its_duration():

@@ -8,14 +8,17 @@ while more than ``preempt_above`` are in flight counts one preemption on
 that while more requests are in flight than there are slots (what recomputing preempted sequences
 costs a real server); streaming uses vLLM's chunk
 shapes (a role-only first chunk for chat, ``choices[0].text`` for completions, a final usage chunk,
-``data: [DONE]``). Served by uvicorn (FastAPI) on 127.0.0.1 in a thread.
+``data: [DONE]``). Served by uvicorn (FastAPI) on 127.0.0.1 in a child process of its own, so that
+the client's timings are not distorted by sharing the interpreter lock with the server; its counters
+are read over HTTP (``/metrics``), as the ladder reads them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import multiprocessing
+import socket
 import time
 
 import uvicorn
@@ -33,10 +36,11 @@ class FakeVllm:
         self.waiting = 0
         self.preemptions = 0
         self.requests = 0
+        self.arrivals = 0
         self.max_in_flight = 0
         self.app = self._app()
-        self.server = None
-        self.thread = None
+        self.proc = None
+        self.port = 0
 
     def _app(self) -> FastAPI:
         app = FastAPI()
@@ -98,8 +102,8 @@ class FakeVllm:
 
         async def handle(request: Request, chat: bool):
             body = await request.json()
-            if self.fail_every and (self.requests + 1) % self.fail_every == 0:
-                self.requests += 1
+            self.arrivals += 1  # every fail_every-th arrival fails, whatever is in flight
+            if self.fail_every and self.arrivals % self.fail_every == 0:
                 return JSONResponse({"object": "error", "message": "simulated failure", "code": 500}, status_code=500)
             if not body.get("stream"):
                 return JSONResponse({"error": "this stand-in only streams"}, status_code=400)
@@ -115,23 +119,43 @@ class FakeVllm:
 
         return app
 
+    def _serve(self, sock: socket.socket) -> None:
+        uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off")).run(sockets=[sock])
+
     def __enter__(self) -> "FakeVllm":
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        self.port = sock.getsockname()[1]
+        self.proc = multiprocessing.get_context("fork").Process(target=self._serve, args=(sock,), daemon=True)
+        self.proc.start()
+        sock.close()
+        import httpx
+
         deadline = time.monotonic() + 20
-        while not self.server.started:
+        while True:
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
             if time.monotonic() > deadline:
                 raise TimeoutError("fake vLLM did not start")
-            time.sleep(0.02)
-        return self
+            time.sleep(0.05)
 
     @property
     def url(self) -> str:
-        sock = self.server.servers[0].sockets[0]
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def preemptions_total(self) -> float:
+        """vllm:num_preemptions_total as the server exports it."""
+        import httpx
+
+        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if line.startswith("vllm:num_preemptions_total"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError("no vllm:num_preemptions_total")
 
     def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.proc.terminate()
+        self.proc.join(10)

@@ -70,6 +70,9 @@ PROMETHEUS_METRICS = {"up"}
 VLLM_OLDER_METRICS = {
     "vllm:gpu_cache_usage_perc",  # V0 and V1 < 0.9.2 (then vllm:kv_cache_usage_perc)
     "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped",  # V0 only
+    # ITL's name before vLLM renamed it vllm:inter_token_latency_seconds (histogram)
+    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
+    "vllm:time_per_output_token_seconds_sum",
 }
 
 VLLM_CAPTURE = "vllm-0.32-cpu-preemption.txt"
@@ -122,7 +125,7 @@ def metric_names(expr: str) -> set[str]:
 
 GRAFANA_VARS = {
     "$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
-    '"$namespace"': '".*"', '"$pod"': '".*"', '"$gpu"': '".*"',
+    '"$namespace"': '".*"', '"$pod"': '".*"', '"$gpu"': '".*"', '"$model_name"': '".*"', '"$engine"': '".*"',
 }
 
 

@@ -21,18 +21,29 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitoring_support import ROOT, amtool, known_metrics, metric_names, promtool, run
+from monitoring_support import ROOT, amtool, known_metrics, metric_names, promtool, run, vllm_metrics_capture
 from vllm_doctor import bundle
 
 RULES = ROOT / "alerts" / "vllm-doctor.rules.yaml"
 UNIT_TESTS = ROOT / "alerts" / "tests" / "vllm-doctor.test.yaml"
+UNIT_TEST_FILES = sorted((ROOT / "alerts" / "tests").glob("*.test.yaml"))
 ALERTMANAGER = ROOT / "alerts" / "alertmanager.yml"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 RUNBOOK_SECTIONS = ("## What it means", "## How to confirm", "## What to change")
 
 
-def rules() -> list[dict]:
+def all_rules() -> list[dict]:
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def rules() -> list[dict]:
+    """The alerting rules."""
+    return [r for r in all_rules() if "alert" in r]
+
+
+def records() -> list[dict]:
+    """The recording rules."""
+    return [r for r in all_rules() if "record" in r]
 
 
 def alert_names() -> list[str]:
@@ -48,9 +59,9 @@ def test_committed_rule_file_is_what_the_bundle_generates():
 def test_thresholds_come_from_thresholds_yaml():
     t = bundle.load_thresholds(ROOT / "rules" / "thresholds.yaml")
     by_name = {r["alert"]: r["expr"] for r in rules()}
-    assert by_name["VllmPreemptionStorm"] == (
+    assert by_name["VllmPreemptionStorm"].startswith(
         f"increase(vllm_preemptions_total[{bundle.duration(t['preemption_window_seconds'])}])"
-        f" >= {t['preemption_storm_min']}"
+        f" >= {t['preemption_storm_min']}\n"
     )
     assert f">= {t['kv_cache_full_ratio']}" in by_name["VllmKvCacheSaturated"]
     assert f"> {t['memory_leak_min_growth_bytes_per_hour']}" in by_name["VllmGpuMemoryGrowth"]
@@ -59,7 +70,8 @@ def test_thresholds_come_from_thresholds_yaml():
     # A changed threshold changes the alert: nothing is written twice.
     changed = dict(t, preemption_storm_min=7, preemption_window_seconds=600)
     exprs = {a.name: a.expr for group in bundle.alert_definitions(changed).values() for a in group}
-    assert exprs["VllmPreemptionStorm"] == "increase(vllm_preemptions_total[10m]) >= 7"
+    assert exprs["VllmPreemptionStorm"].startswith("increase(vllm_preemptions_total[10m]) >= 7\n")
+    assert "increase(vllm:num_preemptions_total[10m])) >= 7" in exprs["VllmPreemptionStorm"]
 
 
 def test_duration_formatting():
@@ -71,7 +83,7 @@ def test_duration_formatting():
 def test_promtool_check_rules():
     result = run([promtool(), "check", "rules", str(RULES)])
     assert result.returncode == 0, result.stdout
-    assert f"SUCCESS: {len(alert_names())} rules found" in result.stdout
+    assert f"SUCCESS: {len(all_rules())} rules found" in result.stdout
 
 
 def test_promtool_check_rules_on_the_prometheus_rule_object(tmp_path):
@@ -84,8 +96,9 @@ def test_promtool_check_rules_on_the_prometheus_rule_object(tmp_path):
     assert obj["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
 
 
-def test_promtool_unit_tests_pass():
-    result = run([promtool(), "test", "rules", UNIT_TESTS.name], cwd=UNIT_TESTS.parent, timeout=120)
+@pytest.mark.parametrize("tests", UNIT_TEST_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(tests):
+    result = run([promtool(), "test", "rules", tests.name], cwd=tests.parent, timeout=120)
     assert result.returncode == 0, result.stdout
     assert "SUCCESS" in result.stdout
 
@@ -93,22 +106,30 @@ def test_promtool_unit_tests_pass():
 def test_every_alert_fires_and_stays_silent_in_the_unit_tests():
     """For each alert: a case where it fires, and a series of the same test (an instance) on
     which it does not fire, or an evaluation that expects no alert."""
-    doc = yaml.safe_load(UNIT_TESTS.read_text())
     fires, silent = set(), set()
-    for group in doc["tests"]:
-        instances = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in group["input_series"]}
-        expected: dict[str, set[str]] = {}
+    groups = [g for path in UNIT_TEST_FILES for g in yaml.safe_load(path.read_text())["tests"]]
+    for group in groups:
+        # a scope: the instance of per-pod alerts, the model of the fleet-level ones
+        scopes = {key: {m.group(1) for s in group["input_series"] if (m := re.search(key + r'="([^"]+)"', s["series"]))}
+                  for key in ("instance", "model_name")}
+        expected: dict[str, set[tuple[str, str]]] = {}
         for case in group.get("alert_rule_test", []):
             name = case["alertname"]
             exp = case.get("exp_alerts") or []
-            expected.setdefault(name, set()).update(a["exp_labels"]["instance"] for a in exp)
+            for a in exp:
+                key = "instance" if "instance" in a["exp_labels"] else "model_name"
+                expected.setdefault(name, set()).add((key, a["exp_labels"][key]))
+            expected.setdefault(name, set())
             if exp:
                 fires.add(name)
                 for a in exp:
                     assert "exp_annotations" in a, f"{name}: the test must check the annotations (the value)"
             else:
                 silent.add(name)
-        silent.update(name for name, inst in expected.items() if instances - inst)
+        for name, got in expected.items():
+            keys = {k for k, _ in got} or {"instance"}
+            if any(scopes[k] - {v for kk, v in got if kk == k} for k in keys):
+                silent.add(name)  # a pod (or model) of the same test on which it does not fire
     assert set(alert_names()) <= fires, f"never fires in a unit test: {set(alert_names()) - fires}"
     assert set(alert_names()) <= silent, f"never shown silent: {set(alert_names()) - silent}"
 
@@ -180,9 +201,10 @@ def test_every_metric_an_alert_uses_is_exported():
     known = known_metrics()
     assert "vllm:num_preemptions_total" in known
     assert "vllm:num_preemptions" not in known  # the name vLLM's and llm-d's examples query
-    used = set().union(*(metric_names(r["expr"]) for r in rules()))
+    recorded = {r["record"] for r in records()}
+    used = set().union(*(metric_names(r["expr"]) for r in all_rules()))
     assert used, "no metric name found"
-    assert used <= known, f"not exported by vllm-doctor or vLLM: {used - known}"
+    assert used <= known | recorded, f"not exported by vllm-doctor or vLLM, nor recorded: {used - known - recorded}"
     assert metric_names('increase(vllm:num_preemptions_total{a="b"}[5m]) > on(pod) group_left x') == {
         "vllm:num_preemptions_total", "x"}
 
@@ -284,3 +306,66 @@ def test_an_installed_wheel_exports_the_same_bundle(tmp_path):
         module, thresholds, text = result.stdout.split("\n", 2)
         assert module.startswith(str(target)) and thresholds.startswith(str(target))  # not the checkout
         assert text == (ROOT / committed).read_text()
+
+
+# ------------------------------------------------------------------------------ the catalogue and the latency layer
+
+def _rule_names(rule: dict) -> set[str]:
+    """The vllm-doctor rule(s) an alert names: its ``rule`` label, or where that label is taken
+    from the series, the values its expression gives that label (``label_replace``)."""
+    label = rule["labels"]["rule"]
+    if label == "{{ $labels.rule }}":
+        return set(re.findall(r'label_replace\(.*?"rule", "([^"]+)"', rule["expr"], re.S))
+    return {label}
+
+
+def test_every_alert_names_a_rule_of_the_catalogue():
+    from vllm_doctor.diagnosis import load_rules
+    from vllm_doctor.fleet.rules import load_fleet_rules
+
+    rs = load_rules([])
+    catalogue = {r.name for r in rs.rules} | {r.name for r in load_fleet_rules(rs.thresholds).rules}
+    assert {"replica-imbalance", "engine-imbalance", "fleet-preemptions", "fleet-kv-saturation",
+            "latency-objective-missed"} <= catalogue
+    for r in rules():
+        names = _rule_names(r)
+        if r["labels"]["rule"] in ("vllm-doctor", "{{ $labels.name }}"):
+            continue  # the sidecar's own health, or the finding the sidecar names itself
+        assert names and names <= catalogue, f"{r['alert']}: rule {names - catalogue} is not in the catalogue"
+    assert _rule_names(next(r for r in rules() if r["alert"] == "VllmOutOfMemory")) == {"runtime-oom", "startup-oom"}
+
+
+def test_vllm_example_preemption_name_never_fires_ours_does(tmp_path):
+    """vLLM's and llm-d's example alerts query vllm:num_preemptions; vLLM exports
+    vllm:num_preemptions_total (the real 0.32 counter values, a minute apart)."""
+    real = "0 3 9 19 32 47 59 59 59"
+    out = _promtool_test(tmp_path, "increase(vllm:num_preemptions[5m]) >= 5", "vllm:num_preemptions_total", real, "5m", fires=False)
+    assert "SUCCESS" in out, out
+    out = _promtool_test(tmp_path, "increase(vllm:num_preemptions_total[5m]) >= 5", "vllm:num_preemptions_total", real, "5m", fires=True)
+    assert "SUCCESS" in out, out
+    assert "vllm:num_preemptions[" not in RULES.read_text() and "vllm:num_preemptions_total" in RULES.read_text()
+
+
+def test_latency_comes_from_histogram_buckets_not_a_per_pod_quantile():
+    text = RULES.read_text()
+    assert 'quantile="0.99"' not in text  # the per-pod quantile gauge cannot be aggregated
+    recs = {r["record"]: r for r in records()}
+    for sig, names in (("ttft", "vllm:time_to_first_token_seconds_bucket"), ("itl", "vllm:inter_token_latency_seconds_bucket"),
+                       ("e2e", "vllm:e2e_request_latency_seconds_bucket"), ("queue", "vllm:request_queue_time_seconds_bucket")):
+        expr = recs[f"namespace_model_name:vllm_{sig}_seconds:p99_rate5m"]["expr"]
+        assert expr.startswith("histogram_quantile(0.99, sum by (namespace, model_name, le) (rate(" + names)
+    assert "vllm:time_per_output_token_seconds_bucket" in recs["namespace_model_name:vllm_itl_seconds:p99_rate5m"]["expr"]
+    # every SLO window of the workbook's four alerts is recorded, for each SLO
+    slo = [r for r in records() if r["record"].startswith("namespace_model_name:vllm_latency_slo_errors:ratio_rate")]
+    assert {(r["labels"]["slo"], r["record"].rsplit("rate", 1)[1]) for r in slo} == {
+        (s, w) for s in ("ttft", "itl", "e2e", "queue") for w in ("5m", "30m", "1h", "2h", "6h", "1d", "3d")}
+    fast = next(r for r in rules() if r["alert"] == "VllmLatencySloBurnFast")["expr"]
+    assert "ratio_rate1h > 0.144" in fast and "ratio_rate5m > 0.144" in fast and "ratio_rate6h > 0.06" in fast
+    slow = next(r for r in rules() if r["alert"] == "VllmLatencySloBurnSlow")["expr"]
+    assert "ratio_rate1d > 0.03" in slow and "ratio_rate3d > 0.01" in slow
+    # the SLO bounds are bucket bounds of the real vLLM 0.32 histograms
+    t = bundle.load_thresholds(ROOT / "rules" / "thresholds.yaml")
+    capture = vllm_metrics_capture().read_text()
+    for sig, hist in (("ttft", "time_to_first_token_seconds"), ("itl", "inter_token_latency_seconds"),
+                      ("e2e", "e2e_request_latency_seconds"), ("queue", "request_queue_time_seconds")):
+        assert f'vllm:{hist}_bucket{{engine="0",le="{float(t[f"slo_{sig}_seconds"])!r}"' in capture, sig

@@ -31,17 +31,17 @@ def doctor(*args, timeout=120):
 @pytest.fixture(scope="module")
 def saturating():
     """4 slots; requests beyond 4 in flight queue and are counted as preemptions."""
-    with FakeVllm(slots=4, preempt_above=4, token_seconds=0.02) as fake:
+    with FakeVllm(slots=4, preempt_above=4, token_seconds=0.03) as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
 def ladder_result(saturating):
-    before = saturating.preemptions
+    before = saturating.preemptions_total()
     cfg = LadderConfig(url=saturating.url, levels=[1, 2, 4, 8], requests_per_level=16, input_len=20,
                        output_len=10, metrics_interval_seconds=0.05)
     res = asyncio.run(run_ladder(cfg))
-    return res, saturating.preemptions - before
+    return res, saturating.preemptions_total() - before
 
 
 def test_ladder_measures_every_level(ladder_result):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import os
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def test_fail_on_critical_with_critical():
 def test_healthy_exit_zero_and_text_report():
     rc, out, _ = run("diagnose", log("039"))
     assert rc == 0
-    assert "No incident found." in out and "kv_cache_tokens" in out and "922,496" in out
+    assert out.splitlines()[0] == "No incident found in 9 lines."  # the verdict opens the report
+    assert "kv_cache_tokens" in out and "922,496" in out
 
 
 @pytest.mark.parametrize("fmt,needle", [("markdown", "## Findings"), ("html", "<h2>Findings")])
@@ -237,6 +239,14 @@ def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "json", str(log("014"))],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and json.loads(r.stdout)["facts"]["preemptions_total"] == 151
+    # the package data of issue 11: the Alertmanager routing, the report's JSON Schema, the charts
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "export", "alertmanager"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == (ROOT / "alerts" / "alertmanager.yml").read_text()
+    assert (target / "vllm_doctor" / "data" / "report.schema.json").read_text() == (ROOT / "docs" / "report.schema.json").read_text()
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "html", str(log("014"))],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout.count('<polyline class="series"') == 6  # with preemptions (V0)
 
 
 def test_fifo_and_process_substitution(tmp_path):
@@ -308,3 +318,88 @@ def test_parallel_reader_gives_the_same_report(tmp_path, monkeypatch):
     assert [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in par["findings"]] == \
            [(f["name"], [e["lineno"] for e in f["evidence"]]) for f in one["findings"]]
     assert "kv-capacity-bound" in {f["name"] for f in par["findings"]}
+
+
+# ---- issue 11: CLI rough edges --------------------------------------------------------------------
+
+def test_version_option():
+    from vllm_doctor import __version__
+
+    rc, out, err = run("--version")
+    assert (rc, out, err) == (0, f"vllm-doctor {__version__}\n", "")
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--fail-on", "bogus"], "vllm-doctor: --fail-on 'bogus': expected one of info, warning, critical, never"),
+    (["--format", "xml"], "vllm-doctor: --format 'xml': expected one of text, json, markdown, html"),
+])
+def test_bad_choice_is_one_clean_line(args, line):
+    rc, out, err = run("diagnose", *args, log("014"))
+    assert (rc, out, err.splitlines()) == (2, "", [line])
+
+
+def all_commands() -> list[list[str]]:
+    """Every command and subcommand of the CLI (those added by any section of cli.py)."""
+    import typer.main
+
+    from vllm_doctor.cli import app
+
+    out = [[]]
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            out.append(path + [name])
+            walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+@pytest.mark.parametrize("cmd", all_commands(), ids=lambda c: " ".join(c) or "top")
+def test_help_shows_no_python_types(cmd):
+    rc, out, _ = run(*cmd, "--help")
+    assert rc == 0 and "Usage: vllm-doctor" in out
+    for leak in ("<list", "<bool>", "<str>", "<int>", "<float>", "<path>", "Path]", "Optional["):
+        assert leak not in out, (cmd, leak)
+
+
+def test_export_alertmanager_is_the_shipped_routing():
+    rc, out, err = run("export", "alertmanager")
+    assert rc == 0, err
+    assert out == (ROOT / "alerts" / "alertmanager.yml").read_text()
+    import yaml
+
+    cfg = yaml.safe_load(out)
+    assert cfg["route"]["receiver"] and cfg["receivers"]
+    rc, _, err = run("export", "grafana")
+    assert rc == 2 and err.count("\n") == 1 and "grafana" in err
+
+
+def test_explain_renders_expressions_for_people():
+    rc, out, _ = run("explain", "preemption-storm")
+    assert rc == 0
+    import yaml
+
+    th = yaml.safe_load((ROOT / "rules" / "thresholds.yaml").read_text())
+    n = th["preemption_storm_min"]["value"]
+    assert f"preempted is at least {n} (preemption_storm_min)" in out
+    assert "t.preemption_storm_min" not in out and ">=" not in out and " is not None" not in out
+    assert "      when " in out  # a fix's condition, in words
+    for rid in ("VD002", "VD004", "VD006"):  # conditions and fix values: no raw comparison
+        _, out = run("explain", rid)[:2]
+        cond = out[out.index("When it fires"):out.index("Example log line:")]
+        fixes = [ln for ln in out.splitlines() if ln.startswith(("  --", "      when "))]
+        for text in [cond, *fixes]:
+            assert not re.search(r"\bt\.[a-z_]+|>=|<=|!=|==| is not None| is None", text), (rid, text)
+
+
+def test_human_expressions():
+    from vllm_doctor.docs import human
+
+    th = {"x_min": 2.0, "big": 536870912}
+    assert human("a >= t.x_min and b is not None", th) == "a is at least 2 (x_min) and b is known"
+    assert human("coalesce(c, 0) > t.big", th) == "c (or 0 when unknown) is more than 536,870,912 (big)"
+    assert human("kv_cache_dtype in (None, 'auto')") == "kv_cache_dtype is one of (unknown, auto)"
+    assert human("exists('OutOfMemory:startup')") == "the log shows 'out of memory' (startup)"
+    assert human("not (a or b)") == "not (a or b)"
+    assert human("[x.n for x in stats]") == "[x.n for x in stats]"  # no wording: kept as is

@@ -29,6 +29,7 @@ def exprs(dash: dict) -> list[str]:
     """Every PromQL expression: panel targets, and the selectors of the query variables
     (``label_values(SELECTOR, label)``)."""
     found = [t["expr"] for p in panels(dash) for t in p.get("targets", []) if t.get("expr")]
+    found += [a["expr"] for a in dash.get("annotations", {}).get("list", []) if a.get("expr")]
     for var in dash["templating"]["list"]:
         if var.get("type") == "query":
             query = var["query"]
@@ -54,10 +55,8 @@ def test_grafanalib_entry_point_builds_the_same_dashboard():
 
 
 def test_every_promql_expression_parses_with_promtool(tmp_path):
-    rules = []
-    for dash in dashboards().values():
-        for i, expr in enumerate(exprs(dash)):
-            rules.append({"record": f"dashboard:expr_{i}", "expr": grafana_to_promql(expr)})
+    unique = sorted({grafana_to_promql(e) for dash in dashboards().values() for e in exprs(dash)})
+    rules = [{"record": f"dashboard:expr_{i}", "expr": expr} for i, expr in enumerate(unique)]
     assert len(rules) >= 20
     path = tmp_path / "dashboard-exprs.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
@@ -66,8 +65,15 @@ def test_every_promql_expression_parses_with_promtool(tmp_path):
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
+def recorded() -> set[str]:
+    """The fleet-level series the shipped recording rules write (alerts/vllm-doctor.rules.yaml)."""
+    doc = yaml.safe_load((ROOT / "alerts" / "vllm-doctor.rules.yaml").read_text())
+    return {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+
+
 def test_every_metric_name_is_exported_by_vllm_doctor_or_vllm():
-    known = known_metrics()
+    # vLLM 0.32's and the sidecar's names, the shipped recording rules, Prometheus's ALERTS
+    known = known_metrics() | recorded() | {"ALERTS"}
     for dash in dashboards().values():
         used = set().union(*(metric_names(e) for e in exprs(dash)))
         assert used <= known, f"unknown metrics: {used - known}"
@@ -117,3 +123,27 @@ def test_templated_by_namespace_pod_and_gpu():
 ])
 def test_metric_name_extraction(expr, names):
     assert metric_names(expr) == names
+
+
+def test_the_fleet_overview_and_the_drill_down():
+    fleet = dashboards()["vllm-doctor-fleet.json"]
+    titles = {p["title"]: p for p in panels(fleet)}
+    stats = [p for p in panels(fleet) if p["type"] == "stat"]
+    assert len(stats) == 8  # p99 and SLO tiles of TTFT, ITL, e2e, queue time
+    assert all("namespace_model_name:" in p["targets"][0]["expr"] for p in stats)
+    assert "vllm_replicas_saturated:count" in json.dumps(titles["Replicas saturated / idle"])
+    pre = " ".join(t["expr"] for t in titles["Preemptions per 5m"]["targets"])
+    assert "increase(vllm:num_preemptions_total" in pre and "vllm:num_preemptions{" not in pre
+    anns = {a["name"]: a for a in fleet["annotations"]["list"]}
+    assert anns["vllm-doctor findings"]["expr"].startswith("vllm_doctor_finding_active")
+    assert anns["vLLM alerts"]["expr"].startswith('ALERTS{alertname=~"Vllm.*"')
+    drill = dashboards()["vllm-doctor-replicas.json"]
+    assert [v["name"] for v in drill["templating"]["list"]] == ["datasource", "namespace", "model_name", "pod", "engine"]
+    for p in panels(drill):
+        for t in p.get("targets", []):
+            assert 'pod=~"$pod", engine=~"$engine"' in t["expr"], (p["title"], t["expr"])
+    ttft = panels(drill)[[p["title"] for p in panels(drill)].index("TTFT p99")]["targets"][0]["expr"]
+    assert ttft.startswith("histogram_quantile(0.99, sum by (namespace, pod, le) (rate(vllm:time_to_first_token_seconds_bucket")
+    # every recorded series a fleet panel reads is written by the shipped recording rules
+    used = set().union(*(metric_names(e) for e in exprs(fleet)))
+    assert {n for n in used if n.startswith("namespace_model_name:")} <= recorded()

@@ -86,6 +86,17 @@ def test_finding_clears_when_condition_ends(tmp_path):
         append(log, restamp(V0_STORM, now=then))
         wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 3.0)
         s.sidecar.evaluate()
+        # lines an hour old when read: an old log, judged on its own clock (issue 11)
+        assert s.get("/api/state").json()["clock"]["mode"] == "replay"
+        assert s.metric("vllm_doctor_finding_active", rule_id="VD001", name="preemption-storm",
+                        severity="warning") == 1.0
+        # a fresh, healthy stats line: the log is live again, the storm an hour behind the window
+        append(log, restamp(b"INFO 06-16 21:24:25 metrics.py:341] Avg prompt throughput: 0.0 tokens/s, "
+                            b"Avg generation throughput: 12.0 tokens/s, Running: 1 reqs, Swapped: 0 reqs, "
+                            b"Pending: 0 reqs, GPU KV cache usage: 1.0%, CPU KV cache usage: 0.0%.\n"))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 4.0)
+        s.sidecar.evaluate()
+        assert s.get("/api/state").json()["clock"]["mode"] == "live"
         assert s.metric("vllm_doctor_finding_active", rule_id="VD001", name="preemption-storm",
                         severity="warning") == 0.0
         assert s.metric("vllm_preemptions_total") == 151.0  # the counter still counts them

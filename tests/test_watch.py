@@ -43,3 +43,60 @@ def test_cli_watch_once_and_usage_error(tmp_path):
     assert "vLLM 0.32.0 (v1)" in r.output and "1048576" in r.output  # kv_cache_tokens
     r = CliRunner().invoke(app, ["watch"])
     assert r.exit_code == 2
+
+
+def test_old_log_is_judged_on_its_clock_and_unknowns_say_unknown(tmp_path):
+    """Issue 11: a log that is not live (here, as handed out: written on 11-30) gives what
+    diagnose gives, says it is an old log, and a count no source reports is "unknown", not 0."""
+    from vllm_doctor.oneshot import diagnose
+
+    src = LOGS / "cpu-preemption-tiny-kv-cache.log"
+    log = tmp_path / "vllm.log"
+    shutil.copy(src, log)
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    out = console.export_text()
+    assert "replay/old log, evaluated on the log's clock" in out
+    expected = {f.rule_id for f in diagnose([str(src)]).findings}
+    assert expected and all(f"{rid} " in out for rid in expected)  # not "no active finding"
+    pre = next(x for x in out.splitlines() if "preemptions" in x)
+    assert "unknown" in pre and " 0" not in pre  # V1 log, no /metrics: not reported
+    swapped = next(x for x in out.splitlines() if "swapped" in x)
+    assert "n/a on V1" in swapped
+
+
+def test_live_log_is_not_called_old(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_bytes(restamp((LOGS / "cpu-preemption-tiny-kv-cache.log").read_bytes()))
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    assert "replay/old log" not in console.export_text()
+
+
+def test_long_old_log_shows_its_early_incident(tmp_path):
+    """An old log whose storm came an hour before its end: watch (and serve) judge it while it is
+    read, every few seconds of log time, and show the storm as diagnose does (over by the end)."""
+    import time as _time
+
+    from vllm_doctor.oneshot import diagnose
+
+    t0 = _time.time() - 10 * 3600
+    storm = restamp((LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes(), now=t0)
+    healthy = (b"INFO 06-16 21:24:25 metrics.py:341] Avg prompt throughput: 0.0 tokens/s, Avg generation "
+               b"throughput: 12.0 tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache "
+               b"usage: 1.0%, CPU KV cache usage: 0.0%.\n")
+    log = tmp_path / "vllm.log"
+    log.write_bytes(storm + b"".join(restamp(healthy, now=t0 + 10 * i) for i in range(1, 361)))
+    expected = {f.name for f in diagnose([str(log)]).findings}
+    assert "preemption-storm" in expected
+    console = Console(record=True, width=120, color_system=None)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    out = console.export_text()
+    assert "replay/old log" in out
+    assert "VD001 preemption-storm (warning, over before the log's end)" in out

@@ -53,7 +53,7 @@ OOM_LOOKBACK = "10m"  # an OOM stays an alert this long (the pod restarts in bet
 
 THRESHOLDS_FILENAME = "thresholds.yaml"
 
-KINDS = ("alerts", "dashboards", "prometheus-rule")
+KINDS = ("alerts", "dashboards", "prometheus-rule", "fleet-dashboard", "replicas-dashboard")
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,7 +159,13 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             rule="preemption-storm",
             severity="warning",
             # increase() over the window: a count per window, robust to counter resets.
-            expr=f"increase(vllm_preemptions_total[{pre_w}]) >= {storm}",
+            # vllm-doctor's counter, else vLLM's own (vllm:num_preemptions_total: the examples of vLLM
+            # and llm-d query vllm:num_preemptions, which does not exist, so they never fire).
+            expr=(
+                f"increase(vllm_preemptions_total[{pre_w}]) >= {storm}\n"
+                f"or (sum by (job, instance, namespace, pod) (increase(vllm:num_preemptions_total[{pre_w}])) >= {storm}\n"
+                f"    unless on(namespace, pod) vllm_preemptions_total)"
+            ),
             summary=f"vLLM on {WHERE} preempted {{{{ $value | printf \"%.0f\" }}}} requests in {pre_w}",
             description=(
                 f"{{{{ $value | printf \"%.0f\" }}}} preemptions in the last {pre_w} on {WHERE} "
@@ -172,7 +178,7 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
         Alert(
             name="VllmKvCacheSaturated",
             runbook="vllm-kv-cache-saturated",
-            rule="kv-cache-saturated",
+            rule="kv-capacity-bound",  # VD004 fires on the same samples (KV cache full, requests waiting)
             severity="warning",
             expr=(
                 f"vllm_kv_cache_usage_ratio >= {full}\n"
@@ -205,21 +211,6 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
                 "KV cache was full. Concurrency is limited by KV cache blocks, not by "
                 "--max-num-seqs: raise --gpu-memory-utilization, lower --max-model-len, use "
                 "--kv-cache-dtype fp8 or add tensor parallelism."
-            ),
-        ),
-        Alert(
-            name="VllmTtftP99High",
-            runbook="vllm-ttft-p99-high",
-            rule="prefill-blocking",
-            severity="warning",
-            expr=f'vllm_time_to_first_token_seconds{{quantile="0.99"}} > {target}',
-            for_=duration(t["prefill_window_seconds"]),
-            summary=f"vLLM TTFT p99 on {WHERE} is {{{{ $value | humanizeDuration }}}}",
-            description=(
-                f"Time to first token p99 is {{{{ $value | humanizeDuration }}}} on {WHERE}, above "
-                f"the {target} s target for {duration(t['prefill_window_seconds'])}. Long prompts "
-                "block the scheduler or requests queue for KV cache: see "
-                "--enable-chunked-prefill, --max-num-batched-tokens and the KV cache alerts."
             ),
         ),
         Alert(
@@ -266,13 +257,15 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
         Alert(
             name="VllmOutOfMemory",
             runbook="vllm-out-of-memory",
-            rule="out-of-memory",
+            # The rule of the catalogue, set per branch by the expression: an increase is a runtime
+            # OOM (runtime-oom, VD007); a counter first seen already above zero is an OOM at
+            # start-up, before the first scrape (startup-oom, VD002), which increase() cannot see.
+            rule="{{ $labels.rule }}",
             severity="critical",
-            # The second branch catches a counter first seen already above zero (an OOM at
-            # start-up, before the first scrape), which increase() cannot see.
             expr=(
-                f"increase(vllm_oom_events_total[{OOM_LOOKBACK}]) > 0\n"
-                f"or (vllm_oom_events_total > 0 unless vllm_oom_events_total offset {OOM_LOOKBACK})"
+                f'label_replace(increase(vllm_oom_events_total[{OOM_LOOKBACK}]) > 0, "rule", "runtime-oom", "", "")\n'
+                f'or label_replace(vllm_oom_events_total > 0 unless vllm_oom_events_total offset {OOM_LOOKBACK}\n'
+                f'  unless increase(vllm_oom_events_total[{OOM_LOOKBACK}]) > 0, "rule", "startup-oom", "", "")'
             ),
             summary=f"vLLM on {WHERE} ran out of GPU memory",
             description=(
@@ -360,11 +353,231 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             ),
         ),
     ]
-    return {"vllm-doctor.vllm": vllm, "vllm-doctor.sidecar": sidecar}
+    return {"vllm-doctor.vllm": vllm, **fleet_alerts(t), "vllm-doctor.sidecar": sidecar}
+
+
+
+# --------------------------------------------------------------------------------------------
+# the latency layer and the fleet (issue 13): recording rules, SLO burn-rate and fleet alerts
+# --------------------------------------------------------------------------------------------
+
+FLEET_BY = "namespace, model_name"
+"""The fleet level: vLLM's series summed over replicas (pods) and engines of one model."""
+REPLICA_BY = "namespace, model_name, pod, instance"
+RECORD_PREFIX = "namespace_model_name:"
+FOR_LATENCY = "5m"  # a p99 over the target for 5 minutes: not one slow burst
+FOR_FLEET = "10m"  # an imbalance or a fleet-wide saturation must last (t.fleet_imbalance_min_seconds)
+
+#: signal -> (vLLM histogram names, newest first, joined with ``or``; the SLO bound key or None;
+#: the p99 target key or None). Names: the recorded vLLM 0.32 /metrics capture;
+#: vllm:time_per_output_token_seconds is the name of ITL before it was renamed.
+LATENCY_SIGNALS = {
+    "ttft": (("vllm:time_to_first_token_seconds",), "slo_ttft_seconds", "ttft_p99_target_seconds"),
+    "itl": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "slo_itl_seconds",
+            "itl_p99_target_seconds"),
+    "tpot": (("vllm:request_time_per_output_token_seconds",), None, None),
+    "e2e": (("vllm:e2e_request_latency_seconds",), "slo_e2e_seconds", "e2e_p99_target_seconds"),
+    "queue": (("vllm:request_queue_time_seconds",), "slo_queue_seconds", "queue_time_p99_target_seconds"),
+}
+LATENCY_TITLES = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end latency", "queue": "queue time"}
+#: The SRE workbook's multiwindow, multi-burn-rate alerts for a 30-day budget:
+#: (long window, short window, burn rate) per alert; the fast one pages, the slow one tickets.
+SLO_BURN = {
+    "fast": ("critical", (("1h", "5m", 14.4), ("6h", "30m", 6.0))),
+    "slow": ("warning", (("1d", "2h", 3.0), ("3d", "6h", 1.0))),
+}
+SLO_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+KV = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"  # the name before vLLM 0.9.2 after or
+
+
+def le_matcher(bound: float) -> str:
+    """A ``le`` regex for a bucket bound whatever the exposition wrote (``1``, ``1.0``, ``2.5``)."""
+    text = repr(float(bound))
+    return f"{text[:-2]}|{text}" if text.endswith(".0") else text
+
+
+def _hist(names: tuple[str, ...], suffix: str, by: str, window: str, matcher: str = "") -> str:
+    return " or ".join(f"sum by ({by}) (rate({n}_{suffix}{{{matcher}}}[{window}]))" if matcher
+                       else f"sum by ({by}) (rate({n}_{suffix}[{window}]))" for n in names)
+
+
+def record(name: str) -> str:
+    return RECORD_PREFIX + name
+
+
+def _saturated(t: dict[str, float]) -> str:
+    """An engine with a full KV cache and requests waiting (the fleet rules' "saturated")."""
+    return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and vllm:num_requests_waiting >= {_num(t['waiting_min'])}"
+
+
+def _idle(t: dict[str, float]) -> str:
+    """An engine with no request waiting and an almost empty KV cache (the fleet rules' "idle")."""
+    return f"vllm:num_requests_waiting < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}"
+
+
+def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
+    """Fleet-level signals, recorded so that dashboards, the alerts and ``diagnose --prometheus``
+    stay cheap: latency p99 per model from the summed buckets, SLO error ratios per window, load
+    and KV cache per model, saturated and idle replicas."""
+    rules: list[dict[str, Any]] = []
+    for sig, (names, slo_key, _) in LATENCY_SIGNALS.items():
+        rules.append({"record": record(f"vllm_{sig}_seconds:p99_rate5m"),
+                      "expr": f"histogram_quantile(0.99, {_hist(names, 'bucket', FLEET_BY + ', le', '5m')})"})
+    for sig, (names, slo_key, _) in LATENCY_SIGNALS.items():
+        if slo_key is None:
+            continue
+        good = f'le=~"{le_matcher(t[slo_key])}"'
+        for w in SLO_WINDOWS:
+            rules.append({
+                "record": record(f"vllm_latency_slo_errors:ratio_rate{w}"),
+                "expr": f"1 - (({_hist(names, 'bucket', FLEET_BY, w, good)}) / ({_hist(names, 'count', FLEET_BY, w)}))",
+                "labels": {"slo": sig},
+            })
+    sat = _saturated(t)
+    rules += [
+        {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_running)"},
+        {"record": record("vllm_num_requests_waiting:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_waiting)"},
+        {"record": record("vllm_kv_cache_usage:avg"), "expr": f"avg by ({FLEET_BY}) {KV}"},
+        {"record": record("vllm_kv_cache_usage:max"), "expr": f"max by ({FLEET_BY}) {KV}"},
+        {"record": record("vllm_num_preemptions:increase5m"),
+         "expr": f"sum by ({FLEET_BY}) (increase(vllm:num_preemptions_total[5m]))"},
+        {"record": record("vllm_generation_tokens:rate5m"),
+         "expr": f"sum by ({FLEET_BY}) (rate(vllm:generation_tokens_total[5m]))"},
+        {"record": record("vllm_replicas:count"),
+         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_running))"},
+        {"record": record("vllm_replicas_saturated:count"),
+         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({sat}))"},
+        {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
+         "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_waiting) < {_num(t['waiting_min'])}\n"
+                  f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},
+    ]
+    return rules
+
+
+FLEET_WHERE = "{{ $labels.model_name }}{{ with $labels.namespace }} in {{ . }}{{ end }}"
+
+
+def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
+    """The latency (p99 and SLO burn rate) and fleet alerts; every threshold from ``t``."""
+    budget = round(1 - t["slo_objective_ratio"], 6)
+    latency: list[Alert] = []
+    camel = {"ttft": "Ttft", "itl": "Itl", "e2e": "E2eLatency", "queue": "QueueTime"}
+    for sig, (names, _, target_key) in LATENCY_SIGNALS.items():
+        if target_key is None:
+            continue
+        target = _num(t[target_key])
+        title = LATENCY_TITLES[sig]
+        latency.append(Alert(
+            name=f"Vllm{camel[sig]}P99High",
+            runbook=f"vllm-{sig.replace('e2e', 'e2e-latency').replace('queue', 'queue-time')}-p99-high",
+            rule="latency-objective-missed",
+            severity="warning",
+            expr=f"{record(f'vllm_{sig}_seconds:p99_rate5m')} > {target}",
+            for_=FOR_LATENCY,
+            summary=f"vLLM {title} p99 of {FLEET_WHERE} is {{{{ $value | humanizeDuration }}}}",
+            description=(
+                f"{title} p99 over all replicas of {FLEET_WHERE} is {{{{ $value | humanizeDuration }}}} "
+                f"(vLLM's {names[0]} buckets summed over the replicas, rate over 5m), above the {target} s "
+                f"target for {FOR_LATENCY}. `vllm-doctor diagnose --prometheus` names the replicas and the cause."
+            ),
+        ))
+    for speed, (severity, pairs) in SLO_BURN.items():
+        cond = "\nor ".join(
+            f"({record(f'vllm_latency_slo_errors:ratio_rate{lw}')} > {_num(round(rate * budget, 6))}\n"
+            f" and {record(f'vllm_latency_slo_errors:ratio_rate{sw}')} > {_num(round(rate * budget, 6))})"
+            for lw, sw, rate in pairs)
+        windows = " or ".join(f"{lw} and {sw} at {rate:g}x" for lw, sw, rate in pairs)
+        latency.append(Alert(
+            name=f"VllmLatencySloBurn{speed.capitalize()}",
+            runbook=f"vllm-latency-slo-burn-{speed}",
+            rule="latency-objective-missed",
+            severity=severity,
+            expr=cond,
+            summary=f"vLLM {{{{ $labels.slo }}}} SLO of {FLEET_WHERE} burns its error budget {speed}",
+            description=(
+                f"{{{{ $value | humanizePercentage }}}} of the {{{{ $labels.slo }}}} requests of {FLEET_WHERE} missed "
+                f"their bound (objective {t['slo_objective_ratio']:.2%} within the slo_*_seconds bound of "
+                f"rules/thresholds.yaml, 30-day budget): burn rate over {windows}. "
+                + ("Page: the month's budget goes in days." if speed == "fast" else
+                   "Ticket: the budget runs out before the month ends.")
+            ),
+        ))
+    sat = _saturated(t)
+    idle = _idle(t)
+    storm = _num(t["preemption_storm_min"])
+    pre_w = duration(t["preemption_window_seconds"])
+    wide = _num(t["fleet_wide_min_ratio"])
+    storming = (f"sum by ({REPLICA_BY}) (increase(vllm:num_preemptions_total[{pre_w}])) >= {storm}")
+    fleet = [
+        Alert(
+            name="VllmReplicaImbalance",
+            runbook="vllm-replica-imbalance",
+            rule="replica-imbalance",
+            severity="warning",
+            expr=(f"{record('vllm_replicas_saturated:count')}\n"
+                  f"and on({FLEET_BY}) {record('vllm_replicas_idle:count')} >= 1"),
+            for_=duration(t["fleet_imbalance_min_seconds"]),
+            summary=f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} are saturated while others idle",
+            description=(
+                f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} have a full KV cache with requests waiting while "
+                f"at least one replica idles (no request waiting, KV cache under "
+                f"{t['fleet_idle_kv_ratio']:.0%}), for {duration(t['fleet_imbalance_min_seconds'])}. The router "
+                "does not balance on load."
+            ),
+        ),
+        Alert(
+            name="VllmEngineImbalance",
+            runbook="vllm-engine-imbalance",
+            rule="engine-imbalance",
+            severity="warning",
+            expr=(f"count by ({REPLICA_BY}) ({sat})\n"
+                  f"and on({REPLICA_BY}) count by ({REPLICA_BY}) ({idle})"),
+            for_=duration(t["fleet_imbalance_min_seconds"]),
+            summary=f"{{{{ $value }}}} data-parallel engine(s) of {WHERE} are saturated while another idles",
+            description=(
+                f"On {WHERE}, {{{{ $value }}}} engine(s) have a full KV cache with requests waiting while another "
+                f"engine of the same replica idles, for {duration(t['fleet_imbalance_min_seconds'])}."
+            ),
+        ),
+        Alert(
+            name="VllmFleetPreemptions",
+            runbook="vllm-fleet-preemptions",
+            rule="fleet-preemptions",
+            severity="warning",
+            expr=(f"count by ({FLEET_BY}) ({storming})\n"
+                  f"  / on({FLEET_BY}) {record('vllm_replicas:count')} >= {wide}\n"
+                  f"and on({FLEET_BY}) count by ({FLEET_BY}) ({storming}) >= 2"),
+            for_=FOR_FLEET,
+            summary=f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} are in a preemption storm",
+            description=(
+                f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} preempted {storm} or more "
+                f"requests per {pre_w} (vllm:num_preemptions_total), for {FOR_FLEET}: the fleet's KV cache is too "
+                "small for the load, not one configuration. Lower --max-num-seqs everywhere or add replicas."
+            ),
+        ),
+        Alert(
+            name="VllmFleetKvSaturation",
+            runbook="vllm-fleet-kv-saturation",
+            rule="fleet-kv-saturation",
+            severity="warning",
+            expr=(f"{record('vllm_replicas_saturated:count')} / on({FLEET_BY}) {record('vllm_replicas:count')} >= {wide}\n"
+                  f"and on({FLEET_BY}) {record('vllm_replicas_saturated:count')} >= 2"),
+            for_=FOR_FLEET,
+            summary=f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} have a full KV cache with a queue",
+            description=(
+                f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} have a full KV cache "
+                f"({_num(t['kv_cache_full_ratio'])} or more) with requests waiting, for {FOR_FLEET}: the fleet runs at "
+                "its KV capacity. Add replicas or KV cache memory (--gpu-memory-utilization, --kv-cache-dtype fp8)."
+            ),
+        ),
+    ]
+    return {"vllm-doctor.latency": latency, "vllm-doctor.fleet": fleet}
 
 
 def alert_groups(runbook_base: str = RUNBOOK_BASE_URL, t: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    return [
+    """The recording rules' group, then the alert groups."""
+    t = t or load_thresholds()
+    return [{"name": "vllm-doctor.records", "rules": recording_rules(t)}] + [
         {"name": group, "rules": [a.to_rule(runbook_base) for a in alerts]}
         for group, alerts in alert_definitions(t).items()
     ]
@@ -426,6 +639,36 @@ SEL = 'namespace=~"$namespace", pod=~"$pod"'
 GPU_SEL = SEL + ', gpu=~"$gpu"'
 
 
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series"):
+    from grafanalib.core import Target
+
+    return Target(expr=expr, legendFormat=legend, refId=ref, datasource=DS, instant=instant, format=fmt)
+
+
+def _series(title, targets, pos, unit="", description="", thresholds=None, min_=None, max_=None):
+    """A time series panel: a table legend (last, max), the thresholds drawn as lines."""
+    from grafanalib.core import GridPos, Threshold, TimeSeries
+
+    kw: dict[str, Any] = {}
+    if thresholds:
+        kw["thresholds"] = [Threshold("green", 0, 0.0)] + [
+            Threshold("red", i + 1, float(v)) for i, v in enumerate(thresholds)
+        ]
+        kw["thresholdsStyleMode"] = "line"
+    if min_ is not None:
+        kw["valueMin"] = min_
+    if max_ is not None:
+        kw["valueMax"] = max_
+    return TimeSeries(
+        title=title, dataSource=DS, targets=targets, gridPos=GridPos(*pos), unit=unit,
+        description=description, legendDisplayMode="table", legendCalcs=["lastNotNull", "max"],
+        tooltipMode="multi", **kw,
+    )
+
+
 def dashboard(t: dict[str, float] | None = None):
     """The vLLM dashboard (grafanalib ``Dashboard``); templated by namespace, pod and GPU."""
     from grafanalib.core import (
@@ -442,29 +685,10 @@ def dashboard(t: dict[str, float] | None = None):
     )
 
     t = t or load_thresholds()
-    ds = {"type": "prometheus", "uid": "${datasource}"}
+    ds = DS
     pre_w = duration(t["preemption_window_seconds"])
     leak_w = duration(t["memory_leak_window_seconds"])
-
-    def target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series") -> Target:
-        return Target(expr=expr, legendFormat=legend, refId=ref, datasource=ds, instant=instant, format=fmt)
-
-    def series(title, targets, pos, unit="", description="", thresholds=None, min_=None, max_=None):
-        kw: dict[str, Any] = {}
-        if thresholds:
-            kw["thresholds"] = [Threshold("green", 0, 0.0)] + [
-                Threshold("red", i + 1, float(v)) for i, v in enumerate(thresholds)
-            ]
-            kw["thresholdsStyleMode"] = "line"
-        if min_ is not None:
-            kw["valueMin"] = min_
-        if max_ is not None:
-            kw["valueMax"] = max_
-        return TimeSeries(
-            title=title, dataSource=ds, targets=targets, gridPos=GridPos(*pos), unit=unit,
-            description=description, legendDisplayMode="table", legendCalcs=["lastNotNull", "max"],
-            tooltipMode="multi", **kw,
-        )
+    target, series = _target, _series
 
     panels = [
         RowPanel(title="KV cache and scheduling", gridPos=GridPos(1, 24, 0, 0)),
@@ -642,13 +866,184 @@ def dashboard(t: dict[str, float] | None = None):
     ).auto_panel_ids()
 
 
+FLEET_UID = "vllm-doctor-fleet"
+REPLICAS_UID = "vllm-doctor-replicas"
+FSEL = 'namespace=~"$namespace", model_name=~"$model_name"'
+RSEL = FSEL + ', pod=~"$pod", engine=~"$engine"'
+
+
+def _fleet_templating(drill_down: bool):
+    from grafanalib.core import Template, Templating
+
+    def variable(name: str, query: str, label: str) -> Template:
+        return Template(name=name, label=label, query=query, dataSource="${datasource}", includeAll=True,
+                        multi=True, allValue=".*", default="$__all", refresh=2, sort=1)
+
+    vs = [
+        Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
+        variable("namespace", "label_values(vllm:num_requests_running, namespace)", "Namespace"),
+        variable("model_name", 'label_values(vllm:num_requests_running{namespace=~"$namespace"}, model_name)', "Model"),
+    ]
+    if drill_down:
+        vs += [
+            variable("pod", f"label_values(vllm:num_requests_running{{{FSEL}}}, pod)", "Replica (pod)"),
+            variable("engine", f'label_values(vllm:num_requests_running{{{FSEL}, pod=~"$pod"}}, engine)', "Engine"),
+        ]
+    return Templating(list=vs)
+
+
+def _finding_annotations():
+    """The findings of the sidecars and the firing fleet alerts, drawn on every time panel."""
+    from grafanalib.core import Annotations
+
+    def ann(name: str, expr: str, title: str, text: str, color: str) -> dict:
+        return {"name": name, "datasource": DS, "enable": True, "iconColor": color, "expr": expr,
+                "step": "60s", "titleFormat": title, "textFormat": text, "tagKeys": "severity,rule",
+                "useValueForTime": False}
+
+    return Annotations(list=[
+        ann("vllm-doctor findings", 'vllm_doctor_finding_active{namespace=~"$namespace"} == 1',
+            "{{rule_id}} {{name}}", "{{pod}}: vllm-doctor finding ({{severity}})", "orange"),
+        ann("vLLM alerts", 'ALERTS{alertname=~"Vllm.*", alertstate="firing", namespace=~"$namespace"}',
+            "{{alertname}}", "{{model_name}}{{pod}} {{slo}}", "red"),
+    ])
+
+
+def fleet_dashboard(t: dict[str, float] | None = None):
+    """Fleet overview: SLO tiles, saturation, preemptions, findings of every replica of a model."""
+    from grafanalib.core import Dashboard, GridPos, RowPanel, Stat, Table, Threshold
+
+    t = t or load_thresholds()
+    pre_w = duration(t["preemption_window_seconds"])
+
+    def tile(title, expr, pos, unit, red_at, description, reverse=False):
+        steps = ([Threshold("red", 0, 0.0), Threshold("green", 1, float(red_at))] if reverse
+                 else [Threshold("green", 0, 0.0), Threshold("red", 1, float(red_at))])
+        return Stat(title=title, dataSource=DS, targets=[_target(expr, "{{model_name}}", "A")], gridPos=GridPos(*pos),
+                    format=unit, reduceCalc="lastNotNull", graphMode="area", colorMode="background",
+                    thresholdType="absolute", thresholds=steps, description=description)
+
+    panels = [RowPanel(title="Service level (every replica of the model)", gridPos=GridPos(1, 24, 0, 0))]
+    x = 0
+    for sig, key in (("ttft", "ttft_p99_target_seconds"), ("itl", "itl_p99_target_seconds"),
+                     ("e2e", "e2e_p99_target_seconds"), ("queue", "queue_time_p99_target_seconds")):
+        panels.append(tile(f"{LATENCY_TITLES[sig]} p99", f"{record(f'vllm_{sig}_seconds:p99_rate5m')}{{{FSEL}}}",
+                           (4, 6, x, 1), "s", t[key],
+                           f"p99 from vLLM's histogram buckets summed over the replicas (5m rate); red above "
+                           f"the {_num(t[key])} s target of rules/thresholds.yaml."))
+        x += 6
+    x = 0
+    for sig in ("ttft", "itl", "e2e", "queue"):
+        bound = _num(t[f"slo_{sig}_seconds"])
+        panels.append(tile(
+            f"{LATENCY_TITLES[sig]} within {bound} s (1d)",
+            f"1 - {record('vllm_latency_slo_errors:ratio_rate1d')}{{{FSEL}, slo=\"{sig}\"}}", (4, 6, x, 5),
+            "percentunit", t["slo_objective_ratio"],
+            f"Share of requests within the SLO bound over the last day; green at the "
+            f"{t['slo_objective_ratio']:.2%} objective. The burn-rate alerts page on its rate of change.", reverse=True))
+        x += 6
+    panels += [
+        RowPanel(title="Saturation", gridPos=GridPos(1, 24, 0, 9)),
+        _series("Replicas saturated / idle", [
+            _target(f"{record('vllm_replicas:count')}{{{FSEL}}}", "{{model_name}} replicas", "A"),
+            _target(f"{record('vllm_replicas_saturated:count')}{{{FSEL}}}", "{{model_name}} saturated (KV full, queue)", "B"),
+            _target(f"{record('vllm_replicas_idle:count')}{{{FSEL}}}", "{{model_name}} idle", "C"),
+        ], (8, 8, 0, 10), unit="short", min_=0,
+            description="Saturated and idle replicas at the same time: the load is not balanced (VllmReplicaImbalance)."),
+        _series("KV cache usage", [
+            _target(f"{record('vllm_kv_cache_usage:avg')}{{{FSEL}}}", "{{model_name}} mean", "A"),
+            _target(f"{record('vllm_kv_cache_usage:max')}{{{FSEL}}}", "{{model_name}} max", "B"),
+        ], (8, 8, 8, 10), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
+        _series("Running and waiting", [
+            _target(f"{record('vllm_num_requests_running:sum')}{{{FSEL}}}", "{{model_name}} running", "A"),
+            _target(f"{record('vllm_num_requests_waiting:sum')}{{{FSEL}}}", "{{model_name}} waiting", "B"),
+        ], (8, 8, 16, 10), unit="short", min_=0),
+        _series(f"Preemptions per {pre_w}", [
+            _target(f"{record('vllm_num_preemptions:increase5m')}{{{FSEL}}}", "{{model_name}} (fleet)", "A"),
+            _target(f"sum by (namespace, pod) (increase(vllm:num_preemptions_total{{{FSEL}}}[{pre_w}]))", "{{pod}}", "B"),
+        ], (8, 12, 0, 18), unit="short", min_=0, thresholds=[t["preemption_storm_min"]],
+            description=f"vllm:num_preemptions_total (vllm:num_preemptions does not exist); {_num(t['preemption_storm_min'])} "
+                        f"or more per {pre_w} on a replica is a storm."),
+        _series("Generation throughput", [
+            _target(f"{record('vllm_generation_tokens:rate5m')}{{{FSEL}}}", "{{model_name}}", "A"),
+        ], (8, 12, 12, 18), unit="short", min_=0, description="Tokens per second over the fleet."),
+        RowPanel(title="Findings", gridPos=GridPos(1, 24, 0, 26)),
+        Table(title="Active findings (sidecars)", dataSource=DS, gridPos=GridPos(8, 12, 0, 27),
+              targets=[_target('vllm_doctor_finding_active{namespace=~"$namespace"} == 1', "", "A", instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True,
+                                "job": True, "endpoint": True, "container": True, "service": True}}}],
+              description="Rules of the sidecars active now; `vllm-doctor diagnose --prometheus URL` judges every replica's history."),
+        Table(title="Firing vLLM alerts", dataSource=DS, gridPos=GridPos(8, 12, 12, 27),
+              targets=[_target('ALERTS{alertname=~"Vllm.*", alertstate="firing", namespace=~"$namespace"}', "", "A",
+                               instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True,
+                                "__name__": True, "alertstate": True}}}]),
+    ]
+    return Dashboard(
+        title="vLLM fleet (vllm-doctor)", uid=FLEET_UID, tags=["vllm", "vllm-doctor", "fleet"], timezone="browser",
+        description="Every replica of a vLLM model: latency objectives from the summed histograms, "
+        "saturation, preemptions and findings (recording rules of alerts/vllm-doctor.rules.yaml).",
+        refresh="1m", panels=panels, templating=_fleet_templating(False), annotations=_finding_annotations(),
+        editable=True,
+        links=[{"title": "Replicas", "type": "link", "url": f"/d/{REPLICAS_UID}?${{__url_time_range}}&${{namespace:queryparam}}&${{model_name:queryparam}}"}],
+    ).auto_panel_ids()
+
+
+def replicas_dashboard(t: dict[str, float] | None = None):
+    """Drill-down: each replica (pod) and data-parallel engine of a model."""
+    from grafanalib.core import Dashboard, GridPos, RowPanel
+
+    t = t or load_thresholds()
+    pre_w = duration(t["preemption_window_seconds"])
+
+    def quantile(sig: str) -> str:
+        names = LATENCY_SIGNALS[sig][0]
+        return f"histogram_quantile(0.99, {_hist(names, 'bucket', 'namespace, pod, le', '$__rate_interval', RSEL)})"
+
+    panels = [
+        RowPanel(title="Per replica and engine", gridPos=GridPos(1, 24, 0, 0)),
+        _series("KV cache usage", [
+            _target(f"vllm:kv_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}}", "A"),
+            _target(f"vllm:gpu_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}} (vLLM < 0.9.2)", "B"),
+        ], (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
+        _series("Waiting", [_target(f"vllm:num_requests_waiting{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+                (8, 12, 12, 1), unit="short", min_=0),
+        _series("Running", [_target(f"vllm:num_requests_running{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+                (8, 12, 0, 9), unit="short", min_=0),
+        _series(f"Preemptions per {pre_w}", [
+            _target(f"increase(vllm:num_preemptions_total{{{RSEL}}}[{pre_w}])", "{{pod}} engine {{engine}}", "A"),
+        ], (8, 12, 12, 9), unit="short", min_=0, thresholds=[t["preemption_storm_min"]]),
+        RowPanel(title="Latency per replica", gridPos=GridPos(1, 24, 0, 17)),
+        _series("TTFT p99", [_target(quantile("ttft"), "{{pod}}", "A")], (8, 8, 0, 18), unit="s", min_=0,
+                thresholds=[t["ttft_p99_target_seconds"]]),
+        _series("ITL p99", [_target(quantile("itl"), "{{pod}}", "A")], (8, 8, 8, 18), unit="s", min_=0,
+                thresholds=[t["itl_p99_target_seconds"]]),
+        _series("Queue time p99", [_target(quantile("queue"), "{{pod}}", "A")], (8, 8, 16, 18), unit="s", min_=0,
+                thresholds=[t["queue_time_p99_target_seconds"]]),
+        _series("Generation throughput", [
+            _target(f"sum by (namespace, pod, engine) (rate(vllm:generation_tokens_total{{{RSEL}}}[$__rate_interval]))",
+                    "{{pod}} engine {{engine}}", "A"),
+        ], (8, 24, 0, 26), unit="short", min_=0, description="Tokens per second."),
+    ]
+    return Dashboard(
+        title="vLLM replicas (vllm-doctor)", uid=REPLICAS_UID, tags=["vllm", "vllm-doctor", "fleet"],
+        timezone="browser", description="Each replica and data-parallel engine of a vLLM model, from vLLM's /metrics.",
+        refresh="1m", panels=panels, templating=_fleet_templating(True), annotations=_finding_annotations(),
+        editable=True,
+    ).auto_panel_ids()
+
+
 def dashboards_json() -> dict[str, str]:
     """File name -> dashboard JSON text (grafanalib's own encoder and layout)."""
     from grafanalib._gen import write_dashboard
 
-    buf = io.StringIO()
-    write_dashboard(dashboard(), buf)
-    return {"vllm-doctor.json": buf.getvalue()}
+    out = {}
+    for name, build in (("vllm-doctor.json", dashboard), ("vllm-doctor-fleet.json", fleet_dashboard),
+                        ("vllm-doctor-replicas.json", replicas_dashboard)):
+        buf = io.StringIO()
+        write_dashboard(build(), buf)
+        out[name] = buf.getvalue()
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,11 +1052,14 @@ def dashboards_json() -> dict[str, str]:
 
 def export(kind: str) -> str:
     """The text of one generated artefact: ``alerts`` (a Prometheus rule file), ``dashboards``
-    (the Grafana dashboard JSON) or ``prometheus-rule`` (a prometheus-operator object)."""
+    (the per-pod Grafana dashboard JSON), ``fleet-dashboard`` / ``replicas-dashboard`` (the fleet
+    overview and its per-replica drill-down) or ``prometheus-rule`` (a prometheus-operator object)."""
     if kind == "alerts":
         return alerts_yaml()
     if kind == "dashboards":
-        return "".join(dashboards_json().values())
+        return dashboards_json()["vllm-doctor.json"]
+    if kind in ("fleet-dashboard", "replicas-dashboard"):
+        return dashboards_json()[f"vllm-doctor-{kind.split('-')[0]}.json"]
     if kind == "prometheus-rule":
         return prometheus_rule_yaml()
     raise ValueError(f"unknown export kind {kind!r}; one of {', '.join(KINDS)}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 
 from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
@@ -22,7 +23,34 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+# Help shows what to type, never a Python type: typer would print "<list[Path]>", "<str>",
+# "<int range>". An option's metavar when it has one; else click's word for its type (TEXT,
+# INTEGER, PATH) or its choices; nothing for a flag or an argument (its name says it). Applies to
+# every command, including those added below.
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "Path": "PATH", "bool": "",
+               "int range": "INTEGER", "float range": "FLOAT", "datetime": "DATETIME", "UUID": "UUID"}
+_typer_type = typer.core.TyperOption.display_type
+
+
+def _help_type(self, ctx) -> str | None:  # noqa: ANN001 - typer's signature
+    if self.metavar is not None:
+        return self.metavar or None
+    if isinstance(self, typer.core.TyperArgument):
+        return None
+    word = (_typer_type(self, ctx) or "").strip("<>")
+    if word.startswith("list[") and word.endswith("]"):
+        word = word[5:-1]
+    if "|" in word:  # choices
+        return word
+    return _TYPE_WORDS.get(word, word.upper()) or None
+
+
+typer.core.TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign]
+typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
 
 
 class Format(str, Enum):
@@ -44,40 +72,67 @@ def _fail(msg: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _when(text: str | None, option: str) -> float | None:
-    """``--since`` / ``--until``: an ISO time (no zone: UTC, as vLLM's log clock is read) or a
-    duration before now (``90s``, ``30m``, ``2h``, ``1d``, ``1w``) -> epoch seconds."""
-    import re
-    import time
-    from datetime import datetime, timezone
+def _version(value: bool) -> None:
+    if value:
+        print(f"vllm-doctor {__version__}")
+        raise typer.Exit(EXIT_OK)
 
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
-    if m:
-        return time.time() - float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m[2]]
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                                    help="Print vllm-doctor's version and exit.")] = None,
+) -> None:
+    """Diagnose vLLM incidents from its logs, /metrics and GPU, and name the flag fix."""
+
+
+def _choice(option: str, enum: type[Enum]):
+    """A typer callback: an unknown value of ``option`` is one line on stderr and exit 2 (not a
+    usage box with a validation library's wording)."""
+    names = [m.value for m in enum]
+
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in names:
+            _fail(f"{option} {value!r}: expected one of {', '.join(names)}")
+        return value
+
+    return check
+
+
+def _when(text: str | None, option: str) -> float | None:
+    """``diagnose --since`` / ``--until`` on logs: the same forms as for ``--prometheus``
+    (:func:`vllm_doctor.fleet.parse_time`): a duration before now (``30m``, ``2h``), epoch seconds or
+    ISO 8601 (no zone: UTC, as vLLM's log clock is read) -> epoch seconds."""
+    import time
+
+    from .fleet import parse_time
+
     try:
-        t = datetime.fromisoformat(text.strip())
-    except ValueError:
-        _fail(f"{option} {text!r}: not a time (2026-03-22T16:50, 2026-03-22 16:50:00) nor a duration (30m, 2h, 1d)")
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.timestamp()
+        return parse_time(text, time.time())
+    except VllmDoctorError as e:
+        _fail(f"{option} {text!r}: {e}")
 
 
 @app.command()
 def diagnose(
-    paths: Annotated[list[str], typer.Argument(help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")],
-    format: Annotated[Format, typer.Option("--format", "-f", help="Report format.")] = Format.text,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="Exit 1 when a finding at or above this severity exists.")] = FailOn.warning,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of stdout.")] = None,
-    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: ISO (2026-03-22T16:50, read as the log's clock, which vLLM prints without a zone) or a time before now (30m, 2h, 1d).")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time (same forms as --since).")] = None,
+    paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")] = "warning",
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
     bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
+    # --- fleet (issue 13) ---
+    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
+    selector: Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")] = None,
+    step: Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")] = None,
+    # --- end fleet ---
 ) -> None:
-    """Read vLLM logs to the end; report the facts, the incidents and the flag fixes."""
+    """Read vLLM logs to the end (or every replica's series from Prometheus): what happened, what to do
+    first, the incidents, the facts."""
+    format, fail_on = Format(format), FailOn(fail_on)
     from .oneshot import diagnose as run
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
@@ -86,7 +141,19 @@ def diagnose(
     if lo is not None and hi is not None and lo > hi:
         _fail(f"--since {since} is after --until {until}")
     try:
-        rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [], since=lo, until=hi)
+        if prometheus:
+            if paths:
+                _fail("give log files or --prometheus, not both")
+            from .fleet import diagnose_from_env
+
+            rep = diagnose_from_env(prometheus, selector=selector, since=since, until=until, step=step,
+                                    rules_dirs=rules or []).report
+        elif selector or step:
+            _fail("--selector and --step need --prometheus")
+        elif not paths:
+            _fail("give a vLLM log file (- for stdin) or --prometheus URL")
+        else:
+            rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [], since=lo, until=hi)
     except VllmDoctorError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -124,8 +191,8 @@ def diagnose(
 
 @app.command("rules")
 def rules_cmd(
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
-    format: Annotated[str, typer.Option("--format", help="text, markdown or json")] = "text",
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
+    format: Annotated[str, typer.Option("--format", metavar="text|markdown|json", help="Output format.")] = "text",
 ) -> None:
     """List the rule catalogue."""
     if format not in ("text", "markdown", "json"):
@@ -156,8 +223,8 @@ def rules_cmd(
 
 @app.command()
 def explain(
-    rule: Annotated[str, typer.Argument(help="A rule id (VD001) or name (preemption-storm).")],
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files.")] = None,
+    rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id (VD001) or name (preemption-storm).")],
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
     from .diagnosis import load_rules
@@ -181,9 +248,14 @@ def version() -> None:
 
 @app.command()
 def export(
-    kind: Annotated[str, typer.Argument(help="alerts | dashboards | prometheus-rule | alertmanager")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="alerts | dashboards | prometheus-rule | alertmanager")],
 ) -> None:
-    """Print a generated monitoring artefact (Prometheus alert rules, Grafana dashboards, ...)."""
+    """Print a monitoring artefact: alert rules, dashboards, PrometheusRule, Alertmanager routing."""
+    if kind == "alertmanager":  # hand-written (alerts/alertmanager.yml), shipped as package data
+        from importlib import resources
+
+        sys.stdout.write(resources.files("vllm_doctor").joinpath("data/alertmanager.yml").read_text())
+        return
     try:
         from .bundle import export as bundle_export
     except ImportError as e:  # pragma: no cover - packaging error
@@ -203,17 +275,17 @@ def _serve_flags(**kw: object) -> dict:
 
 @app.command()
 def serve(
-    log: Annotated[Optional[list[str]], typer.Option("--log", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
-    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", help="Poll the GPUs through NVML. (default: on)")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="Address to serve on. (default: 0.0.0.0)")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="Port to serve on. (default: 9401)")] = None,
-    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", help="Read files present at start from their beginning (default: from their end).")] = None,
-    state_file: Annotated[Optional[str], typer.Option("--state-file", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", help="Seconds between rule evaluations. (default: 5)")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error. (default: info)")] = None,
+    log: Annotated[Optional[list[str]], typer.Option("--log", metavar="FILE", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
+    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", metavar="", help="Poll the GPUs through NVML. (default: on)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", metavar="ADDR", help="Address to serve on. (default: 0.0.0.0)")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", help="Port to serve on. (default: 9401)")] = None,
+    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", metavar="", help="Read files present at start from their beginning (default: from their end).")] = None,
+    state_file: Annotated[Optional[str], typer.Option("--state-file", metavar="FILE", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error. (default: info)")] = None,
     bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
@@ -233,13 +305,13 @@ def serve(
 
 @app.command()
 def watch(
-    log: Annotated[Optional[list[str]], typer.Argument(help="vLLM log file(s) to follow (- reads stdin).")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", help="vLLM's /metrics URL (default: none).")] = None,
-    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Show the GPUs through NVML.")] = True,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
-    from_start: Annotated[bool, typer.Option("--from-start/--from-end", help="Read the log from its beginning first (default), or only what comes next.")] = True,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="A directory of extra rule files (repeatable).")] = None,
-    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    log: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log file(s) to follow (- reads stdin).")] = None,
+    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL (default: none).")] = None,
+    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", metavar="", help="Show the GPUs through NVML.")] = True,
+    interval: Annotated[float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")] = 2.0,
+    from_start: Annotated[bool, typer.Option("--from-start/--from-end", metavar="", help="Read the log from its beginning first (default), or only what comes next.")] = True,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    once: Annotated[bool, typer.Option("--once", metavar="", help="Print one frame and exit.")] = False,
 ) -> None:
     """A live terminal view of running / waiting, KV cache usage, preemptions, GPU memory and the
     active findings."""
@@ -368,7 +440,7 @@ def main() -> None:
     import os
 
     try:
-        app()
+        app(prog_name="vllm-doctor")
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback

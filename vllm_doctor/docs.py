@@ -3,6 +3,8 @@ markdown`` -> docs/rules.md)."""
 
 from __future__ import annotations
 
+import ast
+
 from .diagnosis.loader import Rule, RuleSet
 
 
@@ -16,16 +18,23 @@ def explain_text(r: Rule, rs: RuleSet) -> str:
         *("  " + ln for ln in r.docs.why.strip().splitlines()),
         "",
         "When it fires" + (f" (window {int(win)} s)" if win else " (whole log)") + ":",
-        *(f"  all: {c}" for c in r.when.all),
-        *(f"  any: {c}" for c in r.when.any),
     ]
+    th = rs.thresholds
+    if r.when.all:
+        out.append("  all of:" if len(r.when.all) > 1 else "  when:")
+        out += [f"    - {human(c, th)}" for c in r.when.all]
+    if r.when.any:
+        out.append("  any of:")
+        out += [f"    - {human(c, th)}" for c in r.when.any]
     if r.unless:
         out.append(f"  unless these fire: {', '.join(r.unless)}")
     out += ["", "Example log line:", *("  " + ln for ln in r.docs.example_log.strip().splitlines())]
     if r.fixes:
         out += ["", "Fixes (only flags of the detected vLLM version are recommended):"]
         for f in r.fixes:
-            out.append(f"  {f.flag} = {f.value}" + (f"   if {f.if_}" if f.if_ else ""))
+            out.append(f"  {f.flag} {human(f.value, th)}")
+            if f.if_:
+                out.append(f"      when {human(f.if_, th)}")
     if r.checks:
         out += ["", "Checks (diagnostic steps to confirm the cause, not fixes):"]
         out += [f"  {' '.join(c.text.split())}" for c in r.checks]
@@ -43,3 +52,110 @@ def rules_markdown(rs: RuleSet) -> str:
     for r in rs.rules:
         out += ["", f"## {r.name}", "", "```", explain_text(r, rs).rstrip(), "```"]
     return "\n".join(out) + "\n"
+
+
+# ---- rule expressions for people (explain, docs/rules.md) -----------------------------------------
+
+_CMP = {ast.GtE: "is at least", ast.Gt: "is more than", ast.LtE: "is at most", ast.Lt: "is less than",
+        ast.Eq: "is", ast.NotEq: "is not", ast.In: "is one of", ast.NotIn: "is not one of"}
+_BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "x", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "^"}
+_CALLS = {
+    "coalesce": lambda a: f"{a[0]} (or {', then '.join(a[1:])} when unknown)" if len(a) > 1 else a[0],
+    "clamp": lambda a: f"{a[0]} kept within {a[1]}..{a[2]}" if len(a) == 3 else None,
+    "max": lambda a: f"the largest of {_and(a)}" if len(a) > 1 else f"the largest {a[0]}",
+    "min": lambda a: f"the smallest of {_and(a)}" if len(a) > 1 else f"the smallest {a[0]}",
+    "len": lambda a: f"the number of {a[0]}",
+    "count": lambda a: f"the number of {a[0]}",
+    "exists": lambda a: f"the log shows {_event_words(a[0])}",
+    "version_at_least": lambda a: f"vLLM is {a[0]} or later",
+    "flag_exists": lambda a: f"this vLLM has {a[0]}",
+    "fired": lambda a: f"{a[0]} fired",
+    "gib": lambda a: f"{a[0]} in GiB",
+    "mean": lambda a: f"the mean of {a[0]}",
+    "sum": lambda a: f"the sum of {a[0]}",
+    "last": lambda a: f"the last {a[0]}",
+    "first": lambda a: f"the first {a[0]}",
+    "floor_to": lambda a: f"{a[0]} rounded down to a multiple of {a[1]}" if len(a) == 2 else None,
+    "preemptions": lambda a: "the preemptions in the window",
+}
+
+
+def _event_words(kind: str) -> str:
+    """An event kind in words: ``KvCacheTooSmall`` -> ``KV cache too small``,
+    ``OutOfMemory:startup`` -> ``out of memory (startup)``."""
+    import re
+
+    base, _, phase = kind.partition(":")
+    if not re.fullmatch(r"[A-Z][A-Za-z0-9]+", base):
+        return kind
+    words = re.findall(r"[A-Z][a-z0-9]*", base)
+    text = " ".join(w if w in ("NCCL",) else w.lower() for w in words)
+    text = text.replace("kv cache", "KV cache").replace("nccl", "NCCL")
+    text = text[0].upper() + text[1:] if text.startswith("KV") else text
+    return f"'{text}'" + (f" ({phase})" if phase else "")
+
+
+def _and(parts: list[str]) -> str:
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def human(expr: str, thresholds: dict | None = None) -> str:
+    """A rule expression in words: ``preempted >= t.preemption_storm_min`` becomes ``preempted is
+    at least 2 (preemption_storm_min)``; None checks read "is known" / "is unknown". Whatever has
+    no wording (a comprehension, an unknown function) keeps its expression form."""
+    th = thresholds or {}
+    try:
+        tree = ast.parse(expr.strip(), mode="eval").body
+    except SyntaxError:
+        return expr
+
+    def num(v: object) -> str:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10000 else str(v)
+
+    def h(n: ast.AST, top: bool = False) -> str:
+        if isinstance(n, ast.BoolOp):
+            word = " and " if isinstance(n.op, ast.And) else " or "
+            s = word.join(h(v) for v in n.values)
+            return s if top else f"({s})"
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return f"not {h(n.operand)}"
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return f"-{h(n.operand)}"
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.comparators[0], ast.Constant)
+                and isinstance(n.comparators[0].value, bool)):  # x is True, x != False, ...
+            positive = isinstance(n.ops[0], (ast.Eq, ast.Is)) == n.comparators[0].value
+            exact = isinstance(n.ops[0], (ast.Eq, ast.Is))
+            s = h(n.left) if positive else f"not {h(n.left)}"
+            return s if exact else f"{s} (or unknown)"
+        if isinstance(n, ast.Compare):
+            out, left = [], n.left
+            for op, right in zip(n.ops, n.comparators):
+                if isinstance(right, ast.Constant) and right.value is None and isinstance(op, (ast.Is, ast.IsNot)):
+                    out.append(f"{h(left)} is {'known' if isinstance(op, ast.IsNot) else 'unknown'}")
+                elif isinstance(op, (ast.Is, ast.IsNot)):
+                    out.append(f"{h(left)} {'is' if isinstance(op, ast.Is) else 'is not'} {h(right)}")
+                else:
+                    out.append(f"{h(left)} {_CMP.get(type(op), '?')} {h(right)}")
+                left = right
+            return " and ".join(out)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "t":
+            return f"{num(th[n.attr])} ({n.attr})" if n.attr in th else n.attr
+        if isinstance(n, ast.Constant):
+            if isinstance(n.value, str):
+                return n.value
+            return "unknown" if n.value is None else num(n.value)
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)) and all(isinstance(e, ast.Constant) for e in n.elts):
+            return ", ".join(h(e) for e in n.elts) if top else "(" + ", ".join(h(e) for e in n.elts) + ")"
+        if isinstance(n, ast.BinOp) and type(n.op) in _BIN:
+            return f"{h(n.left)} {_BIN[type(n.op)]} {h(n.right)}"
+        if isinstance(n, ast.IfExp):
+            return f"{h(n.body)} if {h(n.test, True)}, else {h(n.orelse)}"
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS and not n.keywords:
+            got = _CALLS[n.func.id]([h(a, True) for a in n.args]) if n.args or n.func.id == "preemptions" else None
+            if got:
+                return got
+        return ast.unparse(n)
+
+    return h(tree, top=True)

@@ -215,6 +215,11 @@ class Pipeline:
         """A typed event from a collector (VllmMetricsSample, GpuSample)."""
         self.state.apply(event)
 
+    def tick(self, ts: float) -> None:
+        """diagnose of events fed with :meth:`observe` (``diagnose --prometheus``: series read
+        back from Prometheus): run the rules due at time ``ts``, as for log lines."""
+        self._tick(ts)
+
     def evaluate(self, now: float | None = None) -> list[Finding]:
         """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
         if now is not None and (self.state.now is None or now > self.state.now):
@@ -286,6 +291,7 @@ class Pipeline:
             unknown_flags=dict(st.unknown_flags),
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
+            timeline=st.timeline.snapshot(),
         )
 
 
@@ -306,6 +312,8 @@ class Report:
     unknown_flags: dict[str, str | None] = field(default_factory=dict)
     rule_errors: dict[str, list[str]] = field(default_factory=dict)
     generated_at: float = 0.0
+    timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
+    replicas: list[dict] = field(default_factory=list)  # diagnose --prometheus: the per-replica table
 
     @property
     def nothing_to_diagnose(self) -> bool:
@@ -326,6 +334,8 @@ class Report:
             "unknown_flags": [{"flag": k, "real_flag": v} for k, v in self.unknown_flags.items()],
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
+            "timeline": self.timeline,
+            **({"replicas": self.replicas} if self.replicas else {}),
         }
 
 

@@ -41,46 +41,149 @@ def fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%m-%d %H:%M:%S")
 
 
+REPLICA_COLUMNS = (
+    ("replica", "replica"), ("engine", "engine"), ("running_peak", "running peak"),
+    ("waiting_peak", "waiting peak"), ("kv_cache_usage_peak_ratio", "KV peak"),
+    ("kv_cache_usage_mean_ratio", "KV mean"), ("preemptions", "preemptions"),
+    ("saturated_ratio", "saturated"), ("idle_ratio", "idle"), ("ttft_p99_seconds", "TTFT p99 s"),
+    ("itl_p99_seconds", "ITL p99 s"), ("findings", "findings"),
+)
+
+
+def replica_cells(row: dict) -> list[str]:
+    """One row of the per-replica table (``diagnose --prometheus``) as text cells."""
+    out = []
+    for key, _ in REPLICA_COLUMNS:
+        v = row.get(key)
+        if key == "findings":
+            out.append(", ".join(v) if v else "-")
+        elif v is None:
+            out.append("-")
+        elif key.endswith("_ratio"):
+            out.append(f"{v:.0%}")
+        elif isinstance(v, float) and key.endswith("_seconds"):
+            out.append(f"{v:.3g}")
+        elif isinstance(v, float):
+            out.append(f"{v:,.0f}")
+        else:
+            out.append(str(v))
+    return out
+
+
 def to_json(rep: Report) -> str:
     return json.dumps(rep.to_dict(), indent=2, default=str)
 
 
-def to_text(rep: Report, color: bool = False) -> str:
-    """Plain text; with ``color`` (a terminal) severities are coloured with ANSI codes."""
-    def c(code: str, s: str) -> str:
-        return f"\x1b[{code}m{s}\x1b[0m" if color else s
+def fmt_span(a: float | None, b: float | None) -> str:
+    """``11-30 09:11:19 .. 09:11:49`` (the date once when both ends share it)."""
+    if a is None:
+        return ""
+    sa, sb = fmt_time(a), fmt_time(b if b is not None else a)
+    if sa == sb:
+        return sa
+    return f"{sa} .. {sb[6:] if sa[:5] == sb[:5] else sb}"
 
-    sev_col = {"critical": "1;31", "warning": "1;33", "info": "1;36"}
-    lines = []
-    src = ", ".join(f"{s['name']} ({s['lines_total']:,} line{'' if s['lines_total'] == 1 else 's'})" for s in rep.sources)
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def verdict(rep: Report) -> dict:
+    """What the report opens with: ``status`` (nothing | ok | critical | warning | info),
+    ``headline`` (one line: what happened), ``first`` (the first fix of the most severe finding,
+    as typed, or the step to take when it has none), ``why`` (its reason) and ``more`` (the names
+    of the other findings)."""
+    lines = sum(s["lines_total"] for s in rep.sources)
+    sampled = any((rep.timeline or {}).get("series", {}).values())  # stats or /metrics samples
+    if not rep.findings and rep.nothing_to_diagnose and not sampled:
+        return {"status": "nothing", "headline": "Nothing to diagnose: no vLLM log lines were recognised "
+                f"in the input ({plural(lines, 'line')}).", "first": None, "why": None, "more": []}
+    if not rep.findings:
+        return {"status": "ok", "headline": "No incident found"
+                + (f" in {plural(lines, 'line')}" if lines else "")
+                + (f" of vLLM {rep.vllm_version}" if rep.vllm_version else "") + ".",
+                "first": None, "why": None, "more": []}
+    top = rep.findings[0]  # findings are sorted most severe first
+    when = fmt_span(top.first_seen, top.last_seen)
+    more = [f.name for f in rep.findings[1:]]
+    head = f"{SEV_MARK[top.severity]} {top.name}: {top.title}" + (f" ({when})" if when else "")
+    if more:
+        head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
+    checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
+    if top.fixes:
+        first, why = first_step(top.fixes), top.fixes[0].why
+    elif checks:
+        first, why = checks[0], None
+    else:
+        first = f"read the evidence of {top.name} below (vllm-doctor explain {top.name})"
+        why = top.notes[0] if top.notes else None
+    return {"status": top.severity, "headline": head, "first": first, "why": why, "more": more}
+
+
+def first_step(fixes: list) -> str:
+    """The first option of a finding's fixes as one instruction: the fixes that go together with
+    the first one (same ``option``; an upgrade first, then the environment, then the flags)."""
+    if not hasattr(fixes[0], "option"):  # fixes not yet grouped into options: the first alone
+        group = fixes[:1]
+    else:
+        group = [fx for fx in fixes if fx.option == fixes[0].option]
+    parts = []
+    up = [fx.command() for fx in group if fx.kind == "upgrade"]
+    env = [fx.command() for fx in group if fx.kind == "env"]
+    flags = [fx.command() for fx in group if fx.kind not in ("upgrade", "env")]
+    if up:
+        parts.append("upgrade vLLM: " + "; ".join(up))
+    if env:
+        parts.append("set " + " ".join(env))
+    if flags:
+        parts.append("restart vLLM with " + " ".join(flags))
+    return ", then ".join(parts)
+
+
+def split_facts(rep: Report) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:
+    """(observed, defaulted): the facts the inputs showed, and those filled from the version's
+    defaults (kept out of the way: they are what vLLM would use, not what was seen)."""
+    seen: list[tuple[str, object]] = []
+    dflt: list[tuple[str, object]] = []
+    for k in FACT_ORDER:
+        v = rep.facts.get(k)
+        if v is not None:
+            (dflt if k in rep.facts_defaulted else seen).append((k, v))
+    return seen, dflt
+
+
+def version_line(rep: Report) -> str:
     eng = rep.engine.upper() if rep.engine else "engine unknown"
     ver = rep.vllm_version or "version unknown"
     if rep.vllm_version and rep.vllm_version_source == "fingerprint":
         ver = f"~{rep.vllm_version} (from log line fingerprints)"
-    lines.append(c("1", f"vllm-doctor: {src}"))
-    lines.append(f"vLLM {ver}, {eng}")
+    return f"vLLM {ver}, {eng}"
+
+
+def to_text(rep: Report, color: bool = False) -> str:
+    """Plain text; with ``color`` (a terminal) severities are coloured with ANSI codes. Opens
+    with the verdict and what to do first, then the findings, then the facts."""
+    def c(code: str, s: str) -> str:
+        return f"\x1b[{code}m{s}\x1b[0m" if color else s
+
+    sev_col = {"critical": "1;31", "warning": "1;33", "info": "1;36", "ok": "1;32", "nothing": "1"}
+    v = verdict(rep)
+    lines = [c(sev_col[v["status"]], v["headline"])]
+    if v["first"]:
+        lines.append(c("1", "Do this first: ") + v["first"] + (f"  ({v['why']})" if v["why"] else ""))
+    src = ", ".join(f"{s['name']} ({plural(s['lines_total'], 'line')})" for s in rep.sources)
+    lines.append(f"Read {src}; {version_line(rep)}")
     if rep.nothing_to_diagnose:
-        lines.append("")
-        lines.append("Nothing to diagnose: no vLLM log lines were recognised in the input.")
         return "\n".join(lines) + "\n"
-    shown = [(k, rep.facts.get(k)) for k in FACT_ORDER if rep.facts.get(k) is not None]
-    if shown:
+    if rep.findings:
         lines.append("")
-        lines.append(c("1", "Facts"))
-        for k, v in shown:
-            mark = " (default)" if k in rep.facts_defaulted else ""
-            lines.append(f"  {k:<32} {fmt_fact(k, v)}{mark}")
-    lines.append("")
-    if not rep.findings:
-        lines.append(c("1;32", "No incident found."))
-    else:
         lines.append(c("1", f"Findings ({len(rep.findings)})"))
     for f in rep.findings:
         lines.append("")
         lines.append(c(sev_col[f.severity], f"{SEV_MARK[f.severity]} {f.rule_id} {f.name}") + f": {f.title}")
-        when = f"seen {fmt_time(f.first_seen)} .. {fmt_time(f.last_seen)}" if f.first_seen else ""
+        when = fmt_span(f.first_seen, f.last_seen)
         if when:
-            lines.append(f"  {when}")
+            lines.append(f"  seen {when}")
         for ln in f.message.splitlines():
             lines.append(f"  {ln}")
         if f.fixes:
@@ -99,10 +202,27 @@ def to_text(rep: Report, color: bool = False) -> str:
                 text = e.text if len(e.text) <= 240 else e.text[:239] + "…"
                 lines.append(f"    {e.source}:{rng}: {text}")
         lines.append(f"  More: vllm-doctor explain {f.name}")
+    if rep.replicas:
+        lines.append("")
+        lines.append(c("1", f"Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})"))
+        rows = [[h for _, h in REPLICA_COLUMNS]] + [replica_cells(r) for r in rep.replicas]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(REPLICA_COLUMNS) - 1)]
+        for r in rows:
+            lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
+    seen, dflt = split_facts(rep)
+    if seen:
+        lines.append("")
+        lines.append(c("1", "Facts (from the inputs)"))
+        for k, val in seen:
+            lines.append(f"  {k:<32} {fmt_fact(k, val)}")
+    if dflt:
+        lines.append("")
+        lines.append(c("2", "Version defaults (not in the inputs): "
+                       + ", ".join(f"{k} {fmt_fact(k, val)}" for k, val in dflt)))
     if rep.unknown_flags:
         lines.append("")
-        for k, v in rep.unknown_flags.items():
-            lines.append(f"note: {k} is not a vLLM flag; the real one is {v}")
+        for k, val in rep.unknown_flags.items():
+            lines.append(f"note: {k} is not a vLLM flag; the real one is {val}")
     return "\n".join(lines) + "\n"
 
 
@@ -112,28 +232,30 @@ def _md(text: str) -> str:
 
 
 def to_markdown(rep: Report) -> str:
-    out = [f"# vllm-doctor report", "",
-           f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
-           f"- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
+    v = verdict(rep)
+    out = ["# vllm-doctor report", "", f"**{_md(v['headline'])}**", ""]
+    if v["first"]:
+        out += [f"**Do this first:** `{v['first']}`" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
+    out += [f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
+            "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
     if rep.nothing_to_diagnose:
-        out.append("Nothing to diagnose: no vLLM log lines were recognised in the input.")
         return "\n".join(out) + "\n"
-    out += ["## Facts", "", "| fact | value |", "|---|---|"]
-    for k in FACT_ORDER:
-        v = rep.facts.get(k)
-        if v is not None:
-            out.append(f"| `{k}` | {fmt_fact(k, v)}{' (default)' if k in rep.facts_defaulted else ''} |")
-    out += ["", f"## Findings ({len(rep.findings)})", ""]
-    if not rep.findings:
-        out.append("No incident found.")
+    if rep.findings:
+        out += [f"## Findings ({len(rep.findings)})", ""]
     for f in rep.findings:
-        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", "", _md(f.message).replace("\n", "  \n"), ""]
+        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", ""]
+        when = fmt_span(f.first_seen, f.last_seen)
+        if when:
+            out += [f"_seen {when}_", ""]
+        out += [_md(f.message).replace("\n", "  \n"), ""]
         if f.fixes:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
                 out.append(f"- `{fx.command()}`: {_md(fx.why)}" + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
+        for n in f.notes:
+            out += [f"_Note:_ {_md(n)}", ""]
         if f.evidence:
             out.append("**Evidence**")
             out.append("")
@@ -142,6 +264,21 @@ def to_markdown(rep: Report) -> str:
                 out.append(f"{e.source}:{e.lineno}: {e.text[:200]}".replace("```", "'''"))
             out.append("```")
             out.append("")
+    if rep.replicas:
+        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
+                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
+        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
+        out.append("")
+    seen, dflt = split_facts(rep)
+    if seen:
+        out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]
+        out += [f"| `{k}` | {fmt_fact(k, val)} |" for k, val in seen]
+        out.append("")
+    if dflt:
+        out += ["<details><summary>Version defaults (not in the inputs)</summary>", "",
+                "| fact | default |", "|---|---|"]
+        out += [f"| `{k}` | {fmt_fact(k, val)} |" for k, val in dflt]
+        out += ["", "</details>", ""]
     return "\n".join(out) + "\n"
 
 
@@ -160,7 +297,13 @@ def jinja_env() -> Environment:
 
 
 def to_html(rep: Report) -> str:
-    return jinja_env().get_template("report.html.j2").render(rep=rep, fact_order=FACT_ORDER)
+    from .timeline import charts, finding_spans
+
+    seen, dflt = split_facts(rep)
+    return jinja_env().get_template("report.html.j2").render(
+        rep=rep, verdict=verdict(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
+        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")),
+        replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas])
 
 
 FORMATS = {"text": to_text, "json": to_json, "markdown": to_markdown, "html": to_html}

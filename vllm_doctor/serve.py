@@ -80,6 +80,18 @@ def restore_sticky(state: Any, snap: dict) -> None:
             setattr(state, name, v)
 
 
+def human_duration(seconds: float) -> str:
+    """``42 s``, ``17 min``, ``15 h``, ``3.2 d``."""
+    s = abs(seconds)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.0f} h"
+    return f"{s / 86400:.1f} d"
+
+
 class ConfigError(VllmDoctorError):
     """An invalid serve configuration (bad value, unreadable config file); exit code 2."""
 
@@ -251,6 +263,8 @@ class Sidecar:
         self.clock_sync_gap = 5.0
         self._clock_seen: Any = None
         self._clock_candidate: tuple[float, float] | None = None  # (offset, wall time seen)
+        self._log_ts_seen: float | None = None  # the newest log time read
+        self.log_behind: float | None = None  # how far that time trailed the wall clock when read
         self.follow_thread = (FollowThread(files, self.lock, poll_interval=cfg.poll_interval,
                                            after_poll=self._sync_clock) if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
@@ -263,8 +277,52 @@ class Sidecar:
 
     def now(self) -> float:
         """Wall-clock time on the log's clock (epoch seconds): collector samples and rule
-        evaluation use it, so that windows compare like with like."""
+        evaluation use it, so that windows compare like with like. On an old or replayed log
+        (:meth:`replaying`) it is the newest log time: the rules judge the log as ``diagnose``
+        does, instead of finding nothing in windows that end hours after the data."""
+        if self.replaying():
+            return float(self._log_ts_seen)  # type: ignore[arg-type]
         return time.time() + self.clock_offset
+
+    def replaying(self) -> bool:
+        """True when the newest log line read was already more than ``stale_after`` seconds old
+        (on the log's clock) when it was read: an old log, or one replayed from its start. A
+        live log that has gone quiet is not replaying (its lines were fresh when read)."""
+        return self.log_behind is not None and self.log_behind > self.cfg.stale_after
+
+    def _track_log_time(self) -> None:
+        """Note how far behind the wall clock the newest log time was when it was read."""
+        with self.lock:
+            lts = self.pipeline.state.timeline.log_ts
+        if lts is not None and lts != self._log_ts_seen:
+            self._log_ts_seen = lts
+            self.log_behind = time.time() + self.clock_offset - lts
+
+    def _judge_on_log_clock(self, on: bool) -> None:
+        """While an old log is read (and for the first data, until its age is known), the
+        pipeline judges it as ``diagnose`` does: the rules run every few seconds of log time as
+        the lines go by, so an incident early in a long old log is found, not only what the last
+        window shows. A live log is judged on the evaluation timer."""
+        self.pipeline.follow = not on
+        self.pipeline.engine.log_time = on
+
+    def clock_status(self) -> dict[str, Any]:
+        """Which clock the rules run on: ``mode`` live | replay | no-log-time, ``log_time`` (the
+        newest log time, epoch s), ``behind_seconds`` (how old it was when read) and a one-line
+        ``message`` for the page and ``watch``."""
+        self._track_log_time()
+        if self._log_ts_seen is None:
+            return {"mode": "no-log-time", "log_time": None, "behind_seconds": None,
+                    "message": ("no timestamped log line yet" if self.logs else "no log followed")
+                    + ": evaluated on the wall clock"}
+        behind = round(self.log_behind or 0.0, 3)
+        if self.replaying():
+            return {"mode": "replay", "log_time": self._log_ts_seen, "behind_seconds": behind,
+                    "message": f"log time {human_duration(behind)} behind wall clock: replay/old log, "
+                               "evaluated on the log's clock"}
+        return {"mode": "live", "log_time": self._log_ts_seen, "behind_seconds": behind,
+                "message": "live log: evaluated on the wall clock"
+                           + (f" ({self.clock_offset / 3600:+.2f} h, vLLM's TZ)" if self.clock_offset else "")}
 
     def _sync_clock(self) -> None:
         """Learn the offset of the log's clock from the wall clock.
@@ -275,6 +333,7 @@ class Sidecar:
         rounded to the 15 minutes time zones come in, and it is within a time zone's reach
         (14 h), the offset is adopted. With TZ=UTC it stays 0.
         """
+        self._track_log_time()
         with self.lock:
             ls = self.pipeline.state.last_stats
         if ls is None or ls is self._clock_seen or ls.meta.ts is None:
@@ -314,10 +373,13 @@ class Sidecar:
 
     def _on_data(self, name: str):
         def on_data(data: bytes) -> None:
+            self._judge_on_log_clock(self.log_behind is None or self.replaying())
             try:
                 self.pipeline.feed(name, data)
             except Exception:  # noqa: BLE001 - the sidecar never dies on input
                 self._pipeline_failed(name)
+            self._track_log_time()
+            self._judge_on_log_clock(self.replaying())
         return on_data
 
     def _on_end(self, name: str):
@@ -394,11 +456,16 @@ class Sidecar:
         log.info("vllm-doctor sidecar stopped")
 
     def evaluate(self) -> list:
-        """Run the rules now (wall clock); never raises (a failure is logged and counted)."""
+        """Run the rules now (see :meth:`now` for the clock); never raises (a failure is logged
+        and counted)."""
+        self._track_log_time()
         with self.lock:
             t0 = time.perf_counter()
             try:
-                out = self.pipeline.evaluate(self.now())
+                now = self.now()
+                if self.replaying():  # the log's clock, even after evaluations on the wall clock
+                    self.pipeline.state.now = now
+                out = self.pipeline.evaluate(now)
             except Exception:  # noqa: BLE001
                 self._pipeline_failed("rules")
                 return []

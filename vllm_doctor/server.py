@@ -31,6 +31,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from vllm_doctor import __version__
 from vllm_doctor.collectors import SidecarCollector
+from vllm_doctor.report import fmt_time
+from vllm_doctor.serve import human_duration
 
 _env: Environment | None = None
 
@@ -77,6 +79,7 @@ def state_dict(sidecar: Any) -> dict:
                      for _, g in sorted(st.gpus.items())]
     d["ttft_seconds"] = dict(sidecar.scraper.ttft_quantiles) if sidecar.scraper is not None else {}
     d["live_sources"] = sidecar.source_status()
+    d["clock"] = sidecar.clock_status()
     d["rule_load_error"] = sidecar.rule_load_error
     return d
 
@@ -135,12 +138,24 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
         """The HTML page (autoescaped)."""
+        from vllm_doctor.timeline import charts, finding_spans
+
+        import dataclasses
+
+        from vllm_doctor.report import verdict
+
         d = state_dict(sidecar)
         with sidecar.lock:
             recent = list(sidecar.pipeline.state.stats)[-15:]
             model = sidecar.pipeline.state.config_value("model")
+            rep = sidecar.pipeline.report()
+        # the page opens with what is wrong now (the active findings); on an old log, with what
+        # the log shows (every finding, as diagnose reports it)
+        v = verdict(rep if d["clock"]["mode"] == "replay" else
+                    dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
+        chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"))
         html = _jinja().get_template("serve.html.j2").render(
-            d=d, recent=recent, model=model, version=__version__,
+            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v,
             now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
         return HTMLResponse(html)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
+from .timeline import Timeline
 from .versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
 CONFIG_FACTS = (
@@ -93,6 +94,7 @@ class State:
         self.shutting_down = False
         self.preemptions_trimmed = False
         self.worker_pids: set[tuple[str, int | None]] = set()
+        self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/timeline.py)
 
     # ---- intake --------------------------------------------------------------------------
     def apply(self, e: Any) -> None:
@@ -109,6 +111,7 @@ class State:
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
+        self.timeline.note(e, kind, self)
         if kind not in ("SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"):
             dq = self.events[kind]
             dq.append(e)

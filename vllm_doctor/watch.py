@@ -24,7 +24,7 @@ GiB = float(1 << 30)
 
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
-        return "-"
+        return "unknown"
     if pct:
         return f"{v * 100:.1f}%"
     if isinstance(v, float) and v.is_integer():
@@ -47,16 +47,19 @@ class WatchView:
             facts = st.facts()
             stats = st.last_stats
             m = st.last_metrics if sc.metrics_live() else None
-            preempt = st.preemptions_total
+            preempt = st.preemptions_total if st.preemptions_reported else None
+            inferred = bool(facts.get("preemptions_inferred"))
             gpus = [g for _, g in sorted(st.gpus.items())]
-            active = [f for f in sc.pipeline.engine.findings.values() if f.active]
+            clock = sc.clock_status()
+            # live: what is wrong now; an old log: everything it shows, as diagnose reports it
+            active = [f for f in sc.pipeline.engine.findings.values() if f.active or clock["mode"] == "replay"]
             model = st.config_value("model")
             version, engine = st.vllm_version, st.engine
         now = time.monotonic()
         delta = None
-        if self._prev is not None:
+        if self._prev is not None and preempt is not None:
             delta = (preempt - self._prev[1], now - self._prev[0])
-        self._prev = (now, preempt)
+        self._prev = (now, preempt) if preempt is not None else None
 
         def pick(mf: str, sf: str) -> Any:
             v = getattr(m, mf, None) if m is not None else None
@@ -65,7 +68,10 @@ class WatchView:
         head = Text.assemble(("vllm-doctor watch", "bold"), "  vLLM ", version or "?",
                              f" ({engine})" if engine else "", f"  model {model}" if model else "")
         ttft = sc.scraper.ttft_quantiles if sc.scraper is not None else {}
-        pre = f"{preempt}" + (f"  (+{delta[0]} in the last {delta[1]:.0f} s)" if delta else "")
+        if preempt is None:
+            pre = "unknown" + (", inferred from stats" if inferred else "")
+        else:
+            pre = f"{preempt}" + (f"  (+{delta[0]} in the last {delta[1]:.0f} s)" if delta else "")
         t = Table(show_header=False, box=None, padding=(0, 2))
         t.add_column(style="bold")
         t.add_column(justify="right")
@@ -75,7 +81,7 @@ class WatchView:
                   "max_num_seqs", _fmt(facts.get("max_num_seqs")))
         t.add_row("waiting", _fmt(pick("num_waiting", "num_waiting")),
                   "max concurrency", _fmt(facts.get("max_concurrency")))
-        t.add_row("swapped", _fmt(pick("num_swapped", "num_swapped")),
+        t.add_row("swapped", "n/a on V1" if engine == "v1" else _fmt(pick("num_swapped", "num_swapped")),
                   "KV cache tokens", _fmt(facts.get("kv_cache_tokens")))
         t.add_row("KV cache usage", _fmt(pick("kv_cache_usage_ratio", "kv_cache_usage_ratio"), pct=True),
                   "TTFT p50 / p99",
@@ -101,11 +107,15 @@ class WatchView:
                     body.append(f"\n  {x.flag} {x.value}", style="bold")
                     body.append(f"  {x.why}")
                 style = {"critical": "red", "warning": "yellow"}.get(f.severity, "blue")
-                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity})"),
+                over = "" if f.active else ", over before the log's end"
+                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity}{over})"),
                                    border_style=style, expand=False))
         else:
-            parts.append(Text("no active finding", style="green"))
-        src = ", ".join(f"{s['source']}: {s['status']}" for s in sc.source_status())
+            parts.append(Text("no finding" if clock["mode"] == "replay" else "no active finding", style="green"))
+        if clock["mode"] == "replay":
+            parts.append(Text(clock["message"], style="bold yellow"))
+        src = ", ".join(f"{s['source']}: {s['status']}" + (" (replay/old log)" if s["kind"] == "log" and clock["mode"] == "replay" else "")
+                        for s in sc.source_status())
         parts.append(Text(f"sources: {src}", style="dim"))
         return Group(*parts)
 

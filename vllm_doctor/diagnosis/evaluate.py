@@ -7,6 +7,7 @@ with first/last seen, for the diagnose report) and clears those whose condition 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from types import SimpleNamespace
@@ -57,11 +58,25 @@ def _flag_value(v: Any) -> str | None:
     return str(v)
 
 
+VALUE_LIST_MAX = 50  # a list value (events of a window) is cut to its first 50 items in the JSON
+
+
 def _jsonable(v: Any) -> Any:
+    """A rule value as plain JSON (docs/report.schema.json): scalars as they are, an event as a
+    reference to its line (``{"source", "lineno", "ts"}``), lists item by item; never a repr."""
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
         return None if math.isnan(v) or math.isinf(v) else round(v, 6)
+    meta = getattr(v, "meta", None)
+    if meta is not None and hasattr(meta, "lineno"):
+        return {"source": meta.source, "lineno": meta.lineno, "ts": meta.ts}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a computed record: its fields
+        return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_jsonable(x) for x in list(v)[:VALUE_LIST_MAX]]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
     return str(v)
 
 

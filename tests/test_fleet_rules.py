@@ -1,0 +1,196 @@
+"""The fleet rules (rules/fleet/VD020+) and the series -> events step of ``diagnose --prometheus``,
+without a Prometheus: every fleet rule fires on a fleet that has its problem and stays silent on
+one that does not; counters become per-step increases (restarts included); the CLI's time and
+selector arguments."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vllm_doctor.diagnosis import load_rules
+from vllm_doctor.errors import InputError, RuleLoadError
+from vllm_doctor.events import Meta, SchedulerStats
+from vllm_doctor.fleet import (Replica, parse_duration, parse_time, replica_events, run_replica, selector_body,
+                               summarize)
+from vllm_doctor.fleet.rules import FleetRuleEngine, fleet_namespace, load_fleet_rules
+
+RULESET = load_rules([])
+T = RULESET.thresholds
+FLEET = load_fleet_rules(T)
+STEP = 15.0
+
+
+def replica(pod: str, rows: list[tuple[float, float, float, float]], engine: str = "0", rep: Replica | None = None) -> Replica:
+    """rows: (running, waiting, kv usage, preemptions_total) per step from t=0."""
+    rep = rep or Replica(("llm", pod))
+    v = rep.engines[engine].values
+    for k, (running, waiting, kv, pre) in enumerate(rows):
+        ts = 1_800_000_000 + k * STEP
+        v["num_running"][ts] = running
+        v["num_waiting"][ts] = waiting
+        v["kv_cache_usage_ratio"][ts] = kv
+        v["num_preemptions_total"][ts] = pre
+    return rep
+
+
+def judge(reps: list[Replica], latency: dict | None = None) -> dict[str, object]:
+    start = 1_800_000_000
+    end = start + STEP * (max(len(next(iter(r.engines.values())).values["num_running"]) for r in reps) - 1)
+    sums, engines = [], []
+    by_key = {}
+    for r in reps:
+        pipe = run_replica(r, RULESET, start, STEP)
+        sums.append(summarize(r, None, T, pipe))
+        if len(r.engines) > 1:
+            engines += [summarize(r, e, T, None) for e in sorted(r.engines)]
+        by_key[r.key] = r
+    eng = FleetRuleEngine(FLEET, fleet_namespace(sums, engines, by_key, T, start, end, latency or {}, STEP))
+    return {f.name: f for f in eng.run(end)}
+
+
+N = 80  # 20 minutes of 15 s steps
+BUSY = [(10, 0, 0.5, 0)] * N
+IDLE = [(0, 0, 0.02, 0)] * N
+HOT = [(35, 40, 1.0, 0)] * N
+
+
+def storm() -> list:
+    return [(8, 5, 0.97, 3 * k) for k in range(N)]  # 3 preemptions per step
+
+
+def test_the_fleet_rules_load_with_the_same_schema_and_validation(tmp_path):
+    assert [r.id for r in FLEET.rules] == ["VD020", "VD021", "VD022", "VD023", "VD024"]
+    (tmp_path / "VD099-bad.yaml").write_text(
+        "id: VD099\nname: bad\ntitle: t\nseverity: warning\ncategory: fleet\nwhen: {all: ['no_such_name > 1']}\n"
+        "message: m\ndocs: {why: w, example_log: e}\n")
+    with pytest.raises(RuleLoadError, match="unknown name 'no_such_name'"):
+        load_fleet_rules(T, tmp_path)
+
+
+def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
+    got = judge([replica("hot", HOT), replica("idle", IDLE), replica("busy", BUSY)])
+    assert set(got) == {"replica-imbalance"}
+    f = got["replica-imbalance"]
+    assert [e.source for e in f.evidence] == ["prometheus:llm/hot"]
+    assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas sat idle" in f.message
+    assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
+    # shorter than fleet_imbalance_min_seconds: not yet an imbalance
+    short = int(T["fleet_imbalance_min_seconds"] / STEP) - 2
+    assert "replica-imbalance" not in judge([replica("hot", HOT[:short] + BUSY[short:]), replica("idle", IDLE)])
+
+
+def test_engine_imbalance_within_one_replica():
+    dp = replica("dp", HOT, engine="0")
+    replica("dp", IDLE, engine="1", rep=dp)
+    got = judge([dp, replica("busy", BUSY)])
+    assert "engine-imbalance" in got and "llm/dp engine(s) 0" in got["engine-imbalance"].message
+    both = replica("dp", HOT, engine="0")
+    replica("dp", HOT, engine="1", rep=both)
+    assert "engine-imbalance" not in judge([both, replica("busy", BUSY)])
+
+
+def test_fleet_preemptions_when_most_replicas_storm_not_one():
+    got = judge([replica(f"s{i}", storm()) for i in range(3)] + [replica("busy", BUSY)])
+    assert "fleet-preemptions" in got
+    assert got["fleet-preemptions"].message.startswith("3 of 4 replicas had a preemption storm")
+    assert "fleet-preemptions" not in judge([replica("s0", storm())] + [replica(f"b{i}", BUSY) for i in range(3)])
+
+
+def test_fleet_kv_saturation_when_most_replicas_are_full():
+    got = judge([replica(f"h{i}", HOT) for i in range(3)] + [replica("busy", BUSY)])
+    assert "fleet-kv-saturation" in got and got["fleet-kv-saturation"].message.startswith("3 of 4 replicas")
+    assert "fleet-kv-saturation" not in judge([replica("h0", HOT)] + [replica(f"b{i}", BUSY) for i in range(3)])
+
+
+def test_latency_objective_from_the_summed_histograms():
+    lat = {("ttft", "p99"): 4.0, ("ttft", "good"): 0.9, ("itl", "p99"): 0.05, ("itl", "good"): 0.999}
+    got = judge([replica("busy", BUSY)], lat)
+    assert "TTFT p99 4 s (target 2 s), 90.00% of requests within 2.5 s (objective 99.00%)" in got["latency-objective-missed"].message
+    assert "ITL p99" not in got["latency-objective-missed"].message  # within its target
+    ok = {("ttft", "p99"): 0.5, ("ttft", "good"): 0.999}
+    assert "latency-objective-missed" not in judge([replica("busy", BUSY)], ok)
+
+
+def test_counters_become_per_step_increases_and_a_restart_is_not_negative():
+    rep = replica("r", [(1, 0, 0.1, 10), (1, 0, 0.1, 14), (1, 0, 0.1, 2), (1, 0, 0.1, 5)])
+    stats = [e for e in replica_events(rep, 1_800_000_000, STEP) if isinstance(e, SchedulerStats)]
+    assert [s.preemptions for s in stats] == [0, 4, 2, 3]  # 14 -> 2: vLLM restarted, 2 new
+    assert summarize(rep, None, T, None).preemptions == 9
+    assert all(s.meta.source == "prometheus:llm/r" and "Running: 1 reqs" in s.meta.text for s in stats)
+
+
+def test_the_rules_of_diagnose_run_on_the_series():
+    pipe = run_replica(replica("s", BUSY[:20] + storm()[:40] + BUSY[:20]), RULESET, 1_800_000_000, STEP)
+    assert {f.name for f in pipe.engine.findings.values()} >= {"preemption-storm"}
+    quiet = run_replica(replica("q", BUSY), RULESET, 1_800_000_000, STEP)
+    assert not quiet.engine.findings
+
+
+@pytest.mark.parametrize("text, seconds", [("15s", 15), ("5m", 300), ("4h30m", 16200), ("1d", 86400), ("90", 90)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_times_and_selectors():
+    now = time.time()
+    assert parse_time("6h", now) == now - 21600
+    assert parse_time("1800000000", now) == 1_800_000_000
+    assert parse_time("2027-01-15T10:00:00Z", now) == 1_800_007_200
+    assert parse_time("2027-01-15T10:00:00", now) == 1_800_007_200  # no zone: UTC
+    with pytest.raises(InputError, match="bad time"):
+        parse_time("yesterday", now)
+    assert selector_body('{namespace="prod", model_name=~"llama.*"}') == 'namespace="prod", model_name=~"llama.*"'
+    assert selector_body('namespace="prod"') == 'namespace="prod"'
+    with pytest.raises(InputError, match="label matchers only"):
+        selector_body('vllm:num_requests_running{namespace="prod"}')
+
+
+def test_thanos_mimir_headers_bearer_and_basic_auth_reach_the_query_api(monkeypatch):
+    """The same HTTP API with a tenant header (Mimir), a bearer token or basic auth from the URL;
+    an empty answer is a one-line "no vLLM series" error."""
+    import base64
+    import http.server
+    import json
+    import threading
+
+    from vllm_doctor.fleet import diagnose_from_env
+
+    seen: list[dict] = []
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                         "tenant": self.headers.get("X-Scope-OrgID"), "body": body})
+            kind = "matrix" if self.path.endswith("query_range") else "vector"
+            out = json.dumps({"status": "success", "data": {"resultType": kind, "result": []}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        monkeypatch.setenv("VLLM_DOCTOR_PROMETHEUS_HEADERS", "X-Scope-OrgID: tenant-1")
+        monkeypatch.setenv("VLLM_DOCTOR_PROMETHEUS_TOKEN", "s3cret")
+        with pytest.raises(InputError, match="no vLLM series"):
+            diagnose_from_env(f"http://127.0.0.1:{port}/prometheus", selector='namespace="llm"', since="1h")
+        assert seen and all(s["path"].startswith("/prometheus/api/v1/query") for s in seen)
+        assert all(s["tenant"] == "tenant-1" and s["auth"] == "Bearer s3cret" for s in seen)
+        assert any("namespace%3D%22llm%22" in s["body"] for s in seen)
+        seen.clear()
+        monkeypatch.delenv("VLLM_DOCTOR_PROMETHEUS_TOKEN")
+        with pytest.raises(InputError, match="no vLLM series"):
+            diagnose_from_env(f"http://ops:pw@127.0.0.1:{port}", since="1h")
+        assert seen[0]["auth"] == "Basic " + base64.b64encode(b"ops:pw").decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -1,0 +1,99 @@
+"""The report opens with a verdict (issue 11): one line saying what happened, then what to do
+first, then the findings, then the facts; facts that are only version defaults are set apart."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from conftest import LOGS, ROOT
+
+EXE = [sys.executable, "-m", "vllm_doctor"]
+
+
+def run(*args) -> tuple[int, str]:
+    p = subprocess.run(EXE + [str(a) for a in args], capture_output=True, timeout=120)
+    return p.returncode, p.stdout.decode()
+
+
+def demo_args() -> list[str]:
+    """The inputs of `make demo`, read from the Makefile."""
+    mk = (ROOT / "Makefile").read_text()
+    log = re.search(r"^DEMO_LOG \?= (\S+)", mk, re.M).group(1)
+    metrics = re.search(r"^DEMO_METRICS \?= (\S+)", mk, re.M).group(1)
+    return ["--metrics", str(ROOT / metrics), str(ROOT / log)]
+
+
+def test_demo_opens_with_what_happened_and_what_to_do_first():
+    rc, text = run("diagnose", *demo_args())
+    _, js = run("diagnose", "--format", "json", *demo_args())
+    rep = json.loads(js)
+    top = rep["findings"][0]  # most severe first
+    assert rc == 1 and top["severity"] in ("warning", "critical")
+    lines = text.splitlines()
+    assert lines[0].startswith(f"{top['severity'].upper()} {top['name']}: {top['title']} (")
+    others = [f["name"] for f in rep["findings"][1:]]
+    if others:
+        assert lines[0].endswith(", ".join(others))
+    fx = top["fixes"][0]
+    assert lines[1].startswith(f"Do this first: restart vLLM with {fx['flag']} {fx['value']}")
+    assert fx["why"] in lines[1]
+    assert lines[2].startswith("Read cpu-preemption-tiny-kv-cache.log (235 lines); vLLM 0.32.0, V1")
+    assert text.index("Findings (") < text.index("Facts (from the inputs)")
+
+
+def test_healthy_and_empty_verdicts(tmp_path):
+    rc, text = run("diagnose", LOGS / "025-v0.5.4-idle-healthy-zero-load.log")
+    lines = text.splitlines()
+    assert rc == 0 and lines[0] == "No incident found in 6 lines of vLLM 0.5.4."
+    assert not lines[1].startswith("Do this first")
+    # facts that are only the version's defaults stay out of the facts table
+    facts = text[text.index("Facts (from the inputs)"):text.index("Version defaults")]
+    assert "max_num_seqs" not in facts and "peak_num_running" in facts
+    assert "Version defaults (not in the inputs): " in text and "max_num_seqs 256" in text
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    rc, text = run("diagnose", empty)
+    assert rc == 0 and text.splitlines()[0].startswith("Nothing to diagnose")
+
+
+def test_finding_without_fix_says_where_to_look():
+    rc, text = run("diagnose", LOGS / "043-v0.20.2-v1-enginedeaderror-apiserver.log")
+    _, js = run("diagnose", "--format", "json", LOGS / "043-v0.20.2-v1-enginedeaderror-apiserver.log")
+    top = json.loads(js)["findings"][0]
+    second = text.splitlines()[1]
+    if top["fixes"]:
+        assert second.startswith("Do this first: ") and top["fixes"][0]["flag"] in second
+    elif top.get("checks"):  # a diagnostic step comes first when there is nothing to change yet
+        assert second == f"Do this first: {top['checks'][0]}"
+    else:
+        assert second.startswith(f"Do this first: read the evidence of {top['name']} below")
+
+
+def test_markdown_opens_with_the_verdict():
+    _, md = run("diagnose", "--format", "markdown", *demo_args())
+    lines = [ln for ln in md.splitlines() if ln]
+    assert lines[0] == "# vllm-doctor report"
+    assert lines[1].startswith("**WARNING ") or lines[1].startswith("**CRITICAL ")
+    assert lines[2].startswith("**Do this first:** `restart vLLM with --")
+    assert md.index("## Findings") < md.index("## Facts")
+
+
+def test_first_step_takes_the_first_option_whole():
+    """Fixes grouped into options (issue 11's advice: same ``option`` = a set, different options =
+    alternatives): "do this first" is the whole first option, an upgrade before the flags."""
+    from types import SimpleNamespace as NS
+
+    from vllm_doctor.report import first_step
+
+    def fx(cmd, kind="flag", option=1):
+        return NS(kind=kind, option=option, command=lambda: cmd)
+
+    assert first_step([fx("pip install -U 'vllm>=0.11.0'", "upgrade"), fx("--enable-chunked-prefill"),
+                       fx("--max-num-batched-tokens 2048"), fx("--max-num-seqs 8", option=2)]) == (
+        "upgrade vLLM: pip install -U 'vllm>=0.11.0', then restart vLLM with --enable-chunked-prefill "
+        "--max-num-batched-tokens 2048")
+    assert first_step([fx("NCCL_P2P_DISABLE=1", "env"), fx("--disable-custom-all-reduce", option=2)]) == (
+        "set NCCL_P2P_DISABLE=1")

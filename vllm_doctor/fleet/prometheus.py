@@ -1,0 +1,113 @@
+"""Read series from Prometheus (or Thanos Querier, Mimir, Cortex, VictoriaMetrics: anything that
+serves Prometheus' HTTP API, ``/api/v1/query`` and ``/api/v1/query_range``).
+
+Why plain httpx and not a Prometheus API client: the maintained Python client,
+``prometheus-api-client``, pulls pandas, numpy, matplotlib and dateparser (well over 100 MB) to
+return DataFrames we would convert back; the official ``prometheus-client`` exposes metrics but
+cannot query. The two endpoints we use are small, stable and documented
+(https://prometheus.io/docs/prometheus/latest/querying/api/), and httpx is already a dependency.
+
+Queries are POSTed as form data (long selectors fit; Thanos and Mimir accept POST). Mimir needs
+a tenant header (``X-Scope-OrgID``): pass it with ``headers``. Basic auth (``user:password`` in
+the URL or ``basic_auth``) and a bearer token (``bearer_token``) are supported.
+
+Every failure is an :class:`~vllm_doctor.errors.InputError` with a one-line message (unreachable,
+not a Prometheus API, bad selector or query, a query that timed out).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a query result: its labels and its (epoch seconds, value) points."""
+
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+class PrometheusClient:
+    """A small client of Prometheus' HTTP API.
+
+    url: the base URL (``http://prometheus:9090``, ``https://thanos/`` or a Mimir
+    ``.../prometheus`` prefix); ``/api/v1/...`` is appended.
+    """
+
+    def __init__(self, url: str, *, headers: dict[str, str] | None = None, bearer_token: str | None = None,
+                 basic_auth: tuple[str, str] | None = None, timeout: float = 30.0) -> None:
+        import httpx
+
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InputError(f"--prometheus {url!r}: not an http(s) URL (e.g. http://prometheus:9090)")
+        if parts.username is not None and basic_auth is None:
+            basic_auth = (parts.username, parts.password or "")
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        self.base = urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+        hdrs = {"Accept": "application/json", **(headers or {})}
+        if bearer_token:
+            hdrs["Authorization"] = f"Bearer {bearer_token}"
+        self._client = httpx.Client(timeout=timeout, headers=hdrs, auth=basic_auth, follow_redirects=True)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "PrometheusClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _post(self, path: str, form: dict[str, str]) -> dict:
+        import httpx
+
+        url = f"{self.base}/api/v1/{path}"
+        try:
+            resp = self._client.post(url, data=form)
+        except httpx.TimeoutException:
+            raise InputError(f"Prometheus at {self.base}: timed out") from None
+        except httpx.HTTPError as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"Prometheus at {self.base} unreachable: {reason}") from None
+        try:
+            body = json.loads(resp.content)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise InputError(f"{url}: HTTP {resp.status_code}, not a Prometheus API response "
+                             "(is this the Prometheus / Thanos / Mimir query URL?)")
+        if body["status"] != "success":
+            err = str(body.get("error", "")).splitlines()[0][:300]
+            raise InputError(f"Prometheus rejected the query ({body.get('errorType', resp.status_code)}): {err}")
+        return body["data"]
+
+    def query(self, expr: str, at: float) -> list[Series]:
+        """An instant query (``/api/v1/query``) at epoch seconds ``at``."""
+        data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
+        if data.get("resultType") == "scalar":
+            return [Series({}, [(float(data["result"][0]), float(data["result"][1]))])]
+        return [Series(r["metric"], [(float(r["value"][0]), float(r["value"][1]))]) for r in data["result"]]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+        """A range query (``/api/v1/query_range``)."""
+        data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                          "step": f"{step:g}"})
+        return [Series(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+    def many(self, calls: list[tuple]) -> list[list[Series]]:
+        """Several queries at once (Prometheus evaluates them in parallel): each call is
+        ``("range", expr, start, end, step)`` or ``("instant", expr, at)``."""
+        def one(call):
+            return self.query_range(*call[1:]) if call[0] == "range" else self.query(*call[1:])
+
+        with ThreadPoolExecutor(min(8, len(calls)) or 1) as ex:
+            return list(ex.map(one, calls))

@@ -1,0 +1,180 @@
+"""Fleet rules (``rules/fleet/VD020+``): YAML rules of the same schema as ``rules/VD0xx``
+(:class:`~vllm_doctor.diagnosis.loader.Rule`), run by the same :class:`RuleEngine` (conditions,
+values, evidence, message templates, flag fixes checked against vLLM's flags), over a fleet
+namespace instead of one deployment's state.
+
+The fleet namespace (what a fleet rule's expressions may name):
+
+* ``replicas``: one summary per replica (``replica``, ``steps``, ``running_peak``,
+  ``waiting_peak``, ``kv_peak``, ``kv_mean``, ``preemptions``, ``saturated_ratio``,
+  ``idle_ratio``, ``latency_p99[signal]``, ``findings`` (names of its rules that fired));
+  ``engines``: the same per engine, for replicas running several (data parallel) engines;
+* ``n_replicas``; ``window_seconds`` (the range diagnosed); ``step_seconds``;
+* ``imbalance_seconds``: time with a saturated replica (KV cache full, requests waiting) while
+  another sat idle; ``imbalance_hot`` / ``imbalance_cold``: replicas saturated / idle for at
+  least ``t.fleet_imbalance_min_seconds`` of that time; ``engine_imbalance``: per replica with
+  several engines, ``(replica, seconds, hot engines, cold engines)`` of the same within it;
+* ``preemptions_first_half`` / ``preemptions_second_half``: fleet preemptions in each half of
+  the range (the trend); ``kv_slope_per_hour``: slope of the fleet's mean KV cache usage;
+* ``latency_p99[signal]`` and ``slo_good_ratio[signal]`` over the fleet (signals ``ttft``,
+  ``itl``, ``tpot``, ``e2e``, ``queue``), None when vLLM exported no such histogram;
+* ``t``: rules/thresholds.yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ..diagnosis.evaluate import RuleEngine
+from ..diagnosis.expr import FUNCTIONS, Evaluator, attributes_of, names_in
+from ..diagnosis.loader import TEMPLATE_RE, Rule, RuleSet, builtin_rules_dir, split_placeholder
+from ..errors import RuleLoadError
+from ..findings import Finding
+from ..state import State
+
+FLEET_NAMES = {
+    "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
+    "imbalance_hot", "imbalance_cold", "engine_imbalance", "preemptions_first_half",
+    "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "t",
+    "None", "True", "False",
+}
+
+
+def fleet_rules_dir() -> Path:
+    return builtin_rules_dir() / "fleet"
+
+
+def load_fleet_rules(thresholds: dict[str, float], directory: Path | None = None) -> RuleSet:
+    """The fleet rules, validated like the others: schema, id = file name, names and thresholds."""
+    d = directory or fleet_rules_dir()
+    rules = []
+    for path in sorted(d.glob("VD*.yaml")):
+        try:
+            rule = Rule(**yaml.safe_load(path.read_text()), source=str(path))
+        except (OSError, yaml.YAMLError, ValidationError, TypeError) as e:
+            raise RuleLoadError(f"{path}: {str(e).splitlines()[0]}") from None
+        if not path.name.startswith(rule.id + "-"):
+            raise RuleLoadError(f"{path}: file name must start with the id {rule.id}")
+        defined: set[str] = set()
+
+        def check(expr: str, where: str) -> None:
+            unknown = names_in(expr) - FLEET_NAMES - set(FUNCTIONS) - defined
+            if unknown:
+                raise RuleLoadError(f"{path}: {where}: unknown name {sorted(unknown)[0]!r} in {expr!r}")
+            for a in attributes_of(expr, "t"):
+                if a not in thresholds:
+                    raise RuleLoadError(f"{path}: {where}: unknown threshold t.{a}")
+
+        for k, e in rule.values.items():
+            check(e, f"values.{k}")
+            defined.add(k)
+        for i, e in enumerate(rule.when.all + rule.when.any):
+            check(e, f"when[{i}]")
+        texts = [rule.message] if isinstance(rule.message, str) else [c.text for c in rule.message]
+        for text in texts:
+            for m in TEMPLATE_RE.finditer(text):
+                check(split_placeholder(m.group(1))[0], "message")
+        for kind in rule.evidence:
+            if kind not in rule.values:
+                raise RuleLoadError(f"{path}: evidence: {kind!r} must be a value (a list of replicas)")
+        rules.append(rule)
+    return RuleSet(tuple(rules), thresholds)
+
+
+class FleetRuleEngine(RuleEngine):
+    """The rule engine, reading the fleet namespace instead of a deployment's state."""
+
+    def __init__(self, ruleset: RuleSet, names: dict[str, Any]) -> None:
+        super().__init__(ruleset, log_time=False)
+        self.names = names
+
+    def _namespace(self, rule, state, facts):
+        seconds = self.names["window_seconds"]
+        names = dict(self.names, t=SimpleNamespace(**self.ruleset.thresholds), window_seconds=seconds)
+        return Evaluator(names, {}), state.window(None)
+
+    def run(self, now: float) -> list[Finding]:
+        state = State()
+        state.now = now
+        self.evaluate(state)
+        return list(self.findings.values())
+
+
+def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, until: float,
+                    fleet_latency: dict | None = None, step: float = 15.0) -> dict[str, Any]:
+    """The names a fleet rule reads (see the module doc), from the per-replica summaries."""
+    from ..diagnosis.expr import slope_per_hour
+
+    by_ts: dict[float, dict[str, str]] = {}
+    for s in replicas:
+        for ts, st in s.status.items():
+            by_ts.setdefault(ts, {})[s.replica] = st
+    hot_t: dict[str, int] = {}
+    cold_t: dict[str, int] = {}
+    n_imb = 0
+    for ts, sts in by_ts.items():
+        hot = [r for r, st in sts.items() if st == "saturated"]
+        cold = [r for r, st in sts.items() if st == "idle"]
+        if hot and cold:
+            n_imb += 1
+            for r in hot:
+                hot_t[r] = hot_t.get(r, 0) + 1
+            for r in cold:
+                cold_t[r] = cold_t.get(r, 0) + 1
+    need = t["fleet_imbalance_min_seconds"] / step
+    engine_imb = []
+    per_rep: dict[str, list] = {}
+    for e in engines:
+        per_rep.setdefault(e.replica, []).append(e)
+    for rep, es in per_rep.items():
+        times = set().union(*(e.status.keys() for e in es))
+        n = 0
+        hot_e: set[str] = set()
+        cold_e: set[str] = set()
+        for ts in times:
+            hot = [e.engine for e in es if e.status.get(ts) == "saturated"]
+            cold = [e.engine for e in es if e.status.get(ts) == "idle"]
+            if hot and cold:
+                n += 1
+                hot_e.update(hot)
+                cold_e.update(cold)
+        if n:
+            engine_imb.append(SimpleNamespace(replica=rep, seconds=n * step, hot=sorted(hot_e), cold=sorted(cold_e),
+                                              meta=next(e.meta for e in es if e.engine in hot_e)))
+    # the trend: fleet preemptions per half, fleet mean KV usage over time
+    mid = (since + until) / 2
+    first = second = 0.0
+    kv_by_ts: dict[float, list[float]] = {}
+    for rep in reps.values():
+        for es in rep.engines.values():
+            pre = es.values.get("num_preemptions_total") or {}
+            prev = None
+            for ts in sorted(pre):
+                cur = pre[ts]
+                inc = 0.0 if prev is None else (cur - prev if cur >= prev else cur)
+                prev = cur
+                if ts < mid:
+                    first += inc
+                else:
+                    second += inc
+            for ts, v in (es.values.get("kv_cache_usage_ratio") or {}).items():
+                kv_by_ts.setdefault(ts, []).append(v)
+    times = sorted(kv_by_ts)
+    fl = fleet_latency or {}
+    return {
+        "replicas": list(replicas), "engines": list(engines), "n_replicas": len(replicas),
+        "window_seconds": until - since, "step_seconds": step,
+        "imbalance_seconds": n_imb * step,
+        "imbalance_hot": sorted(r for r, n in hot_t.items() if n >= need),
+        "imbalance_cold": sorted(r for r, n in cold_t.items() if n >= need),
+        "engine_imbalance": engine_imb,
+        "preemptions_first_half": int(first), "preemptions_second_half": int(second),
+        "kv_slope_per_hour": slope_per_hour([sum(kv_by_ts[x]) / len(kv_by_ts[x]) for x in times], times),
+        "latency_p99": {sig: fl.get((sig, "p99")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
+        "slo_good_ratio": {sig: fl.get((sig, "good")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
+    }

@@ -297,3 +297,18 @@ def test_cli_since_until_and_bad_values(tmp_path):
     # a duration counts back from now: this 2026-03 log has nothing in the last hour
     r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True, check=True)
     assert json.loads(r.stdout)["findings"] == []
+
+
+def test_reports_say_which_fixes_are_alternatives_and_show_checks():
+    from vllm_doctor.report import FORMATS, to_text
+
+    rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
+    text = to_text(rep, color=False)
+    assert "--max-num-seqs 4   (option 1 of 2: pick one)" in text
+    assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
+    html = FORMATS["html"](rep)
+    assert "<code>--max-num-seqs 4</code> <em>(option 1 of 2: pick one)</em>" in html
+    assert "`--max-num-seqs 4` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
+    rep = diagnose_file(log("048"))
+    assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
+    assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)

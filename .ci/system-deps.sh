@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use (listed in .ci/apt-packages.txt), once.
+# Installs the Debian packages the tests use (listed in .ci/apt-packages.txt), once. Runs apt-get
+# as root, or through sudo for any other user (`make system-deps`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -7,9 +8,19 @@ while read -r pkg; do
   case "$pkg" in ''|'#'*) continue;; esac
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done < .ci/apt-packages.txt
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing Debian packages: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "== system-deps: Debian packages already installed"
+  exit 0
 fi
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null; then
+    echo "system-deps: not root and no sudo: install these Debian packages as root: ${missing[*]}" >&2
+    exit 1
+  fi
+  # a terminal can answer sudo's password prompt; CI (no terminal) needs password-less sudo
+  if [ -t 0 ]; then as_root=(sudo); else as_root=(sudo -n); fi
+fi
+echo "== system-deps: installing Debian packages (usually 1-2 min): ${missing[*]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

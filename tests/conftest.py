@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,19 @@ def diagnose_file(path: Path | str, **kw):
     from vllm_doctor import diagnose
 
     return diagnose([str(path)], **kw)
+
+
+@pytest.fixture(scope="session")
+def progress(request):
+    """Writes one line to the terminal at once (past pytest's capture): what a long step is doing
+    and how long it usually takes."""
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def say(msg: str) -> None:
+        if tr is None:
+            return
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            tr.ensure_newline()
+            tr.write_line(f"[{time.strftime('%H:%M:%S')}] {msg}")
+    return say

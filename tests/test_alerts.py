@@ -295,7 +295,7 @@ def test_an_installed_wheel_exports_the_same_bundle(tmp_path):
     build = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], timeout=300)
     assert build.returncode == 0, build.stdout[-3000:]
     install = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                   *map(str, wheels.glob("vllm_doctor-*.whl"))], timeout=300)
+                   *map(str, wheels.glob("vllm_incident_doctor-*.whl"))], timeout=300)
     assert install.returncode == 0, install.stdout[-3000:]
     code = ("from vllm_doctor import bundle; import sys; "
             "print(bundle.__file__); print(bundle.thresholds_path()); sys.stdout.write(bundle.export(sys.argv[1]))")

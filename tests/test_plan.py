@@ -120,12 +120,34 @@ KV_CASES = [c for c in CASES if {"avail_gib", "tokens"} <= set(logged(c))]
 W_CASES = [c for c in CASES if "weights_gib" in logged(c)]
 
 
-def predicted(case: dict) -> tuple[int, int]:
+def case_plan(case: dict, **over) -> "Plan":
+    """The plan for a logged run, given the available KV memory the log printed."""
+    lg = logged(case)
+    cfg, _ = load_config(str(MODELS / case["model"]))
+    kw = dict(config=cfg, vllm_version=case["vllm"], max_model_len=lg.get("max_model_len", case.get("max_model_len")),
+              tensor_parallel_size=lg["tp"], pipeline_parallel_size=lg["pp"],
+              kv_cache_dtype=case.get("kv_cache_dtype", "auto"), enable_prefix_caching=case.get("enable_prefix_caching"),
+              kv_cache_memory_bytes=int(lg.get("avail_gib", 1) * cap.GiB))
+    if not kw["max_model_len"]:
+        kw.pop("max_model_len")
+    kw.update(over)
+    return make_plan(PlanInputs(**kw))
+
+
+def predicted(case: dict) -> tuple[float, int]:
+    """(KV bytes per token, weight bytes per GPU). Hybrid models with Mamba / linear-attention state:
+    the bytes per *printed* token, which vLLM's pool arithmetic implies (block bytes x blocks per
+    request / max_model_len): the state is per sequence, so available / tokens is not a per-token cost."""
     cfg, _ = load_config(str(MODELS / case["model"]))
     shape = cap.model_shape(cfg)
     lg = logged(case)
     tp, pp = lg["tp"], lg["pp"]
-    return cap.kv_bytes_per_token(cap.kv_layer_groups(shape, 2, tp, pp)), cap.weight_bytes_per_gpu(shape, 2, tp, pp)
+    kvb = cap.dtype_bytes(case.get("kv_cache_dtype", "bfloat16"))
+    per_tok = (case_plan(case).pool["bytes_per_printed_token"] if case.get("hybrid")
+               else cap.kv_bytes_per_token(cap.kv_layer_groups(shape, kvb, tp, pp)))
+    if case.get("quantization"):     # the checkpoint's quantization, as --quantization gives it to plan
+        return per_tok, case_plan(case, quantization=case["quantization"]).weights["bytes_per_gpu"]
+    return per_tok, cap.weight_bytes_per_gpu(shape, 2, tp, pp)
 
 
 def test_mla_moe_parameter_count_is_the_checkpoints():
@@ -137,8 +159,9 @@ def test_mla_moe_parameter_count_is_the_checkpoints():
 
 
 def test_accuracy_corpus_size():
-    assert len(KV_CASES) >= 6 and len(W_CASES) >= 8
-    assert len({c["model"] for c in CASES}) >= 7
+    assert len(KV_CASES) >= 8 and len(W_CASES) >= 10
+    assert len({c["model"] for c in CASES}) >= 10
+    assert any(c.get("hybrid") for c in KV_CASES)          # attention + linear-attention (Mamba-style) state
 
 
 @pytest.mark.parametrize("case", KV_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
@@ -153,12 +176,27 @@ def test_kv_bytes_per_token_within_1_percent_of_real_gpu_logs(case):
 def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
     """Given the logged available memory, the version's accounting gives the printed tokens and x."""
     lg = logged(case)
-    cfg, _ = load_config(str(MODELS / case["model"]))
-    p = make_plan(PlanInputs(config=cfg, vllm_version=case["vllm"], max_model_len=lg["max_model_len"],
-                             tensor_parallel_size=lg["tp"], pipeline_parallel_size=lg["pp"],
-                             kv_cache_memory_bytes=int(lg["avail_gib"] * cap.GiB)))
+    p = case_plan(case)
     assert _rel(p.pool["kv_cache_tokens"], lg["tokens"]) < 0.01
     assert p.concurrency["at_max_model_len"] == pytest.approx(lg["concurrency"], rel=0.01)
+
+
+@pytest.mark.parametrize("case", [c for c in KV_CASES if c.get("hybrid")], ids=lambda c: f"{c['model']}:{c['log']}")
+def test_hybrid_gdn_model_prints_vllms_own_capacity_line(case):
+    """Qwen3.6-35B-A3B (10 full-attention + 30 gated-delta-net layers, fp8 KV, prefix caching, vLLM
+    0.24): the GDN state (conv 3 x 8,192 x 2 B + SSM 32 x 128 x 128 x 4 B, float32 from the config's
+    mamba_ssm_dtype = 2,146,304 B) raises the attention block size to 2,096 tokens; 4 groups of 10
+    layers share one pool; a request holds 63 attention blocks + 2 state blocks in each of the 3 GDN
+    groups (Mamba cache mode 'align'). vLLM's printed line comes out character for character."""
+    text = (MODELS / case["model"] / case["log"]).read_text()
+    p = case_plan(case)
+    assert p.settings["block_size"] == 2096
+    assert p.pool["groups"] == {"linear_attention": 3, "full": 1}
+    assert p.concurrency["blocks_per_request"] == 63 + 3 * 2
+    tokens, conc = p.pool["vllm_prints"].split(", ")
+    assert tokens in text and conc in text
+    # without prefix caching (mode 'none') a request holds one state block per group: more requests fit
+    assert case_plan(case, enable_prefix_caching=False).concurrency["blocks_per_request"] == 63 + 3
 
 
 @pytest.mark.parametrize("case", W_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
@@ -191,6 +229,10 @@ def accuracy_rows() -> list[dict]:
             row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
         row["predicted_weights_gib"] = round(w / cap.GiB, 3)
         row["logged_weights_gib"] = lg.get("weights_gib")
+        row["kind"] = c.get("kind", "")
+        if c.get("vllm") and {"avail_gib", "tokens", "concurrency"} <= set(lg):
+            p = case_plan(c)
+            row["tokens"] = (p.pool["kv_cache_tokens"], lg["tokens"], p.concurrency["at_max_model_len"], lg["concurrency"])
         rows.append(row)
     return rows
 
@@ -217,7 +259,7 @@ def test_mla_and_sliding_and_hybrid_kinds():
             "hybrid_override_pattern": "M*M-"}
     ns = cap.model_shape(nemo)
     assert ns.layer_kinds == ["mamba", "full", "mamba", "mlp_only"]
-    assert any("Mamba" in u for u in ns.unsized)
+    assert any("Mamba" in u for u in ns.unsized)           # no Mamba fields in this config: named, not guessed
     assert cap.kv_bytes_per_token(cap.kv_layer_groups(ns, 2)) == 1 * 2 * 2 * 16 * 2
 
 
@@ -239,6 +281,56 @@ def test_hybrid_sliding_window_allocator_gpt_oss():
     assert p.pool["num_gpu_blocks"] == blocks
     assert p.pool["kv_cache_tokens"] == blocks // 2 * 16
     assert p.concurrency["at_max_model_len"] == round(blocks / 1161, 2)
+
+
+def test_mamba2_state_and_block_size_nemotron_nano_9b_v2():
+    """NVIDIA-Nemotron-Nano-9B-v2's published config fields (56 layers, hybrid_override_pattern; Mamba2:
+    128 heads x 80, 8 groups, state 128, conv 4; attention 8 KV heads x 128): vLLM raises its attention
+    block size to 672 tokens (vllm-project/vllm#24280 states 672 for this model)."""
+    nano = {"model_type": "nemotron_h", "num_hidden_layers": 4, "hidden_size": 4480, "num_attention_heads": 40,
+            "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128, "mamba_head_dim": 80, "n_groups": 8,
+            "ssm_state_size": 128, "conv_kernel": 4, "hybrid_override_pattern": "M-M*"}
+    s = cap.model_shape(nano)
+    assert not s.unsized and s.mamba.kind == "mamba2"
+    assert cap.mamba_state_shapes(s.mamba) == [(3, 10240 + 2 * 8 * 128), (128, 80, 128)]
+    page = cap.mamba_state_bytes(s.mamba, 2)
+    assert page == (3 * 12288 + 128 * 80 * 128) * 2 == 2695168
+    assert cap.hybrid_attention_block_size(2 * 8 * 128 * 2, page) == 672
+    # TP 4: heads and the conv channels split; 8 groups divide evenly
+    assert cap.mamba_state_shapes(s.mamba, tp=4) == [(3, 3072), (32, 80, 128)]
+    p = make_plan(PlanInputs(config=nano, vllm_version="0.11.0", max_model_len=8192, kv_cache_memory_bytes=cap.GiB))
+    assert p.settings["block_size"] == 672 and not p.not_sized
+    # 2 Mamba layers + 1 attention layer: groups of 1 layer, 2 Mamba groups + 1 attention group;
+    # one request: cdiv(8192, 672) = 13 attention blocks + 1 state block per Mamba group
+    assert p.pool["groups"] == {"mamba": 2, "full": 1} and p.concurrency["blocks_per_request"] == 13 + 2
+    page_bytes = 672 * 4096
+    assert p.pool["num_gpu_blocks"] == cap.GiB // page_bytes
+    assert p.pool["kv_cache_tokens"] == cap.GiB // page_bytes // 3 * 672      # 0.11: blocks // groups x block_size
+
+
+def test_mamba_state_kinds_follow_vllm_state_shape_calculator():
+    # Mamba2 with 1 group on TP 2: vLLM replicates the group (extra_groups_for_head_shards)
+    bamba = {"model_type": "bamba", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1,
+             "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "attn_layer_indices": [2]}
+    s = cap.model_shape(bamba)
+    assert s.layer_kinds == ["mamba", "mamba", "full", "mamba"]
+    assert cap.mamba_state_shapes(s.mamba, tp=2) == [(3, (128 + 2 * 2 * 16) // 2), (4, 16, 16)]
+    # Jamba (Mamba1): conv (kernel-1, inner/TP) and SSM (inner/TP, state)
+    jamba = {"model_type": "jamba", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+             "attn_layer_period": 8, "attn_layer_offset": 4}
+    j = cap.model_shape(jamba)
+    assert j.count("full") == 1 and j.count("mamba") == 7
+    assert cap.mamba_state_shapes(j.mamba) == [(3, 128), (128, 16)]
+    assert cap.mamba_state_bytes(j.mamba, 2, ssm_dtype_bytes=4) == 3 * 128 * 2 + 128 * 16 * 4
+    # before V1 ran hybrids (0.10), the Mamba cache sat outside the KV pool: only attention is pooled
+    old = make_plan(PlanInputs(config=bamba, vllm_version="0.9.2", max_model_len=4096, kv_cache_memory_bytes=cap.GiB))
+    assert old.settings["block_size"] == 16 and old.pool["groups"] == {"full": 1}
+    assert any("outside the KV cache" in n for n in old.notes)
+    # a hybrid whose state fields are missing is named, never guessed
+    bare = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "hybrid_override_pattern": "M*"}
+    assert any("Mamba state" in u for u in cap.model_shape(bare).unsized)
 
 
 def test_target_concurrency_gives_a_utilization_that_holds_it():
@@ -280,14 +372,18 @@ def test_cli_plan_exit_codes(tmp_path):
 
 
 if __name__ == "__main__":
-    print("| model | TP | KV B/token plan | KV B/token log | diff | weights GiB plan | weights GiB log | diff | log |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | kind | TP | KV B/token plan | KV B/token log | diff | tokens / max concurrency plan vs log | "
+          "weights GiB plan | weights GiB log | diff | log |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in accuracy_rows():
         kv = (f"{r['logged_bytes_per_token']:,} | {(r['predicted_bytes_per_token'] / r['logged_bytes_per_token'] - 1) * 100:+.2f}%"
               if "logged_bytes_per_token" in r else "- | -")
         wd = (f"{r['logged_weights_gib']} | {(r['predicted_weights_gib'] / r['logged_weights_gib'] - 1) * 100:+.2f}%"
               if r["logged_weights_gib"] else "- | -")
-        print(f"| {r['model']} | {r['tp']} | {r['predicted_bytes_per_token']:,} | {kv} | {r['predicted_weights_gib']} | {wd} | {r['log']} |")
+        tk = (f"{r['tokens'][0]:,} / {r['tokens'][2]:.2f}x vs {r['tokens'][1]:,} / {r['tokens'][3]:.2f}x"
+              if "tokens" in r else "-")
+        print(f"| {r['model']} | {r['kind']} | {r['tp']} | {round(r['predicted_bytes_per_token']):,} | {kv} | {tk} | "
+              f"{r['predicted_weights_gib']} | {wd} | {r['log']} |")
 
 
 def test_gpu_memory_through_nvml(monkeypatch):

@@ -269,6 +269,41 @@ def test_engine_dead_silent_on_orderly_shutdown():
     assert "engine-dead" not in findings(diagnose_file(log("cpu-basic")))
 
 
+# A worker killed by a signal: the real log of one (vLLM 0.32 on CPU, the worker sent SIGILL) logged
+# "(exit code: None)" (its monitor read the code before the worker was reaped); the same crash
+# raised by the CPU on an AVX-512+AMX Xeon logged "(exit code: -4)". The other wordings with the
+# exit code: multiproc_executor.py 0.30+ and v1/utils.py "Process X (PID: N) died with exit code N".
+@pytest.mark.parametrize("line, code, words", [
+    ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.", -4, "SIGILL"),
+    ("Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor.", -9, "OOM killer"),
+    ("Worker proc VllmWorker-0 died unexpectedly (exit code: -11), shutting down executor.", -11, "signal 11"),
+])
+def test_engine_dead_worker_killed_by_signal(tmp_path, line, code, words):
+    real = log("cpu-worker-killed-sigill").read_bytes()  # bytes: its progress bars end in \r
+    said = b"Worker proc VllmWorker-0 died unexpectedly (exit code: None), shutting down executor."
+    assert real.count(said) == 1
+    p = tmp_path / "worker-killed.log"
+    p.write_bytes(real.replace(said, line.encode()))
+    f = findings(diagnose_file(p))["engine-dead"]
+    assert f.values["killed_code"] == code
+    assert f"exit code {code}, line 105" in f.message and words in f.message, f.message
+
+
+def test_engine_dead_process_died_with_exit_code(tmp_path):
+    # v1/utils.py (0.20+, several API servers): the RuntimeError, logged by logger.exception
+    p = tmp_path / "api-servers.log"
+    p.write_text("ERROR 12-01 01:10:39 [utils.py:598] Exception occurred while running API servers: "
+                 "Process EngineCore_DP0 (PID: 4058) died with exit code -9\n")
+    f = findings(diagnose_file(p))["engine-dead"]
+    assert f.values["killed_code"] == -9 and "OOM killer" in f.message, f.message
+
+
+def test_engine_dead_exit_code_unknown_is_not_a_signal():
+    f = findings(diagnose_file(log("cpu-worker-killed-sigill")))["engine-dead"]
+    assert f.values["killed_code"] is None
+    assert "RuntimeError: Executor failed." in f.message
+
+
 # ---- VD009 / VD010 ----------------------------------------------------------------------------
 def test_max_model_len_exceeds_model():
     f = findings(diagnose_file(log("cpu-startup-error-max-model-len")))["max-model-len-exceeds-model"]

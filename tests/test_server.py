@@ -139,7 +139,9 @@ def test_health_and_readiness(tmp_path):
         wait_for(lambda: not s.get("/readyz").json()["degraded"], what="the log to appear")
         src = s.get("/readyz").json()["sources"][0]
         assert src["status"] == "live" and src["up"]
-        assert s.metric("vllm_doctor_log_lines_total", source=str(missing)) == 1.0
+        # "live" comes when the file opens; the line is counted by the pipeline a moment later
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(missing)) == 1.0,
+                 what="the log's first line counted")
         s.sidecar.stop()
         assert s.get("/readyz").status_code == 503 and s.get("/healthz").status_code == 200
         s.sidecar.stop()  # again (as the app's shutdown will): nothing happens

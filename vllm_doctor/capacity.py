@@ -36,7 +36,7 @@ What each formula mirrors in vLLM's released source (read from the wheels):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -92,6 +92,8 @@ class ModelShape:
     quant_bits: float | None = None   # bits per quantized linear weight
     quant_group_size: int | None = None
     unsized: list[str] = field(default_factory=list)  # what cannot be sized, named
+    mamba: MambaState | None = None   # the per-sequence state of the Mamba / linear-attention layers
+    attn_output_gate: bool = False    # Qwen3.5 / Qwen3-Next gated attention: q_proj is twice as wide
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.layer_kinds if k == kind)
@@ -137,6 +139,13 @@ def _layer_kinds(c: dict, n: int) -> tuple[list[str], list[str]]:
     if c.get("full_attention_interval"):                     # Qwen3-Next style
         k = int(c["full_attention_interval"])
         return ["full" if (i + 1) % k == 0 else "linear_attention" for i in range(n)], unsized
+    if isinstance(c.get("attn_layer_indices"), list):        # Bamba
+        idx = {int(i) for i in c["attn_layer_indices"]}
+        return ["full" if i in idx else "mamba" for i in range(n)], unsized
+    if isinstance(c.get("attn_type_list"), list) and len(c["attn_type_list"]) == n:  # MiniMax-Text-01: 0 linear, 1 softmax
+        return ["full" if int(t) == 1 else "linear_attention" for t in c["attn_type_list"]], unsized
+    if c.get("model_type") == "falcon_h1":                   # every layer runs attention and Mamba2 side by side
+        return ["full"] * n + ["mamba"] * n, unsized
     if c.get("attn_layer_period"):                           # Jamba
         p, o = int(c["attn_layer_period"]), int(c.get("attn_layer_offset", 0))
         return ["full" if i % p == o else "mamba" for i in range(n)], unsized
@@ -176,6 +185,153 @@ def _quant(c: dict) -> tuple[str | None, float | None, int | None]:
     return method, (float(bits) if bits else None), (int(group) if group and int(group) > 0 else None)
 
 
+# ---------------------------------------------------------------- Mamba / linear-attention state
+
+@dataclass(frozen=True)
+class MambaState:
+    """What sizes one sequence's state in one Mamba / linear-attention layer, read from the config the
+    way each vLLM model's ``get_mamba_state_shape_from_config`` reads it."""
+    kind: str                 # mamba1 | mamba2 | gated_delta_net | linear_attention
+    intermediate_size: int = 0
+    n_groups: int = 0
+    num_heads: int = 0
+    head_dim: int = 0
+    state_size: int = 0
+    conv_kernel: int = 0
+    num_k_heads: int = 0
+    num_v_heads: int = 0
+    head_k_dim: int = 0
+    head_v_dim: int = 0
+    dt_rank: int = 0                  # Mamba1
+    ssm_dtype: str | None = None      # the config's own SSM state dtype (Qwen3.5 ``mamba_ssm_dtype``)
+    chunk_size: int = 2048            # ``mamba_chunk_size`` / ``chunk_size`` (vLLM ``get_mamba_chunk_size``)
+    prefix_caching_all: bool = False  # vLLM 0.24 lists the model as supporting Mamba cache mode "all"
+
+
+#: model_types whose vLLM model class supports Mamba prefix caching in mode "all" (vLLM 0.24
+#: ``supports_mamba_prefix_caching``: falcon_h1, granitemoehybrid, jamba, mamba, mamba2, nemotron_h, zamba2)
+MAMBA_PREFIX_CACHING_ALL = {"falcon_h1", "granitemoehybrid", "jamba", "mamba", "mamba2", "nemotron_h", "zamba2",
+                            "falcon_mamba"}
+
+
+def _first(c: dict, *keys):
+    for k in keys:
+        if c.get(k) is not None:
+            return c[k]
+    return None
+
+
+def mamba_state(c: dict, hidden: int) -> MambaState | None:
+    """The state shape fields of a hybrid / state-space config, per vLLM 0.11's models: Mamba2
+    (Bamba, GraniteMoeHybrid, Falcon-H1, Zamba2: ``mamba_*``; NemotronH: ``mamba_num_heads``,
+    ``mamba_head_dim``, ``n_groups``, ``ssm_state_size``, ``conv_kernel``; Mamba2: ``expand``,
+    ``num_heads``, ``head_dim``, ``state_size``), Mamba1 (Jamba: ``mamba_expand``, ``mamba_d_state``,
+    ``mamba_d_conv``; Mamba: ``intermediate_size``, ``state_size``, ``conv_kernel``), gated delta net
+    (Qwen3-Next: ``linear_*``) and MiniMax's linear attention. None when the fields are absent."""
+    mt = str(c.get("model_type", ""))
+    st = _mamba_state_fields(c, hidden, mt)
+    if st is None:
+        return None
+    chunk = _first(c, "mamba_chunk_size", "chunk_size") or 2048
+    return replace(st, ssm_dtype=c.get("mamba_ssm_dtype"), chunk_size=int(chunk),
+                   prefix_caching_all=mt in MAMBA_PREFIX_CACHING_ALL)
+
+
+def _mamba_state_fields(c: dict, hidden: int, mt: str) -> MambaState | None:
+    try:
+        if c.get("linear_num_value_heads"):                                  # Qwen3-Next gated delta net
+            return MambaState("gated_delta_net", num_k_heads=int(c["linear_num_key_heads"]),
+                              num_v_heads=int(c["linear_num_value_heads"]), head_k_dim=int(c["linear_key_head_dim"]),
+                              head_v_dim=int(c["linear_value_head_dim"]), conv_kernel=int(c["linear_conv_kernel_dim"]))
+        if mt.startswith("minimax") and c.get("attn_type_list"):             # MiniMax-Text-01 lightning attention
+            return MambaState("linear_attention", num_heads=int(c["num_attention_heads"]), head_dim=int(c["head_dim"]))
+        if c.get("mamba_num_heads"):                                          # NemotronH
+            return MambaState("mamba2", intermediate_size=int(c["mamba_num_heads"]) * int(c["mamba_head_dim"]),
+                              n_groups=int(c["n_groups"]), num_heads=int(c["mamba_num_heads"]),
+                              head_dim=int(c["mamba_head_dim"]), state_size=int(c["ssm_state_size"]),
+                              conv_kernel=int(c["conv_kernel"]))
+        heads = _first(c, "mamba_n_heads", "n_mamba_heads")
+        if heads:                                                             # Bamba, Granite-4.0-H, Falcon-H1, Zamba2
+            inter = c.get("mamba_d_ssm") or int(c["mamba_expand"] * hidden)
+            return MambaState("mamba2", intermediate_size=int(inter), n_groups=int(_first(c, "mamba_n_groups", "mamba_ngroups")),
+                              num_heads=int(heads), head_dim=int(_first(c, "mamba_d_head", "mamba_headdim")),
+                              state_size=int(c["mamba_d_state"]), conv_kernel=int(c["mamba_d_conv"]))
+        if mt == "mamba2":
+            return MambaState("mamba2", intermediate_size=int(c["expand"] * hidden), n_groups=int(c["n_groups"]),
+                              num_heads=int(c["num_heads"]), head_dim=int(c["head_dim"]),
+                              state_size=int(c["state_size"]), conv_kernel=int(c["conv_kernel"]))
+        if c.get("mamba_d_state"):                                            # Jamba (Mamba1)
+            return MambaState("mamba1", intermediate_size=int(c["mamba_expand"] * hidden),
+                              state_size=int(c["mamba_d_state"]), conv_kernel=int(c["mamba_d_conv"]),
+                              dt_rank=int(c.get("mamba_dt_rank") or math.ceil(hidden / 16)))
+        if mt in ("mamba", "falcon_mamba"):
+            return MambaState("mamba1", intermediate_size=int(c["intermediate_size"]),
+                              state_size=int(c["state_size"]), conv_kernel=int(c["conv_kernel"]),
+                              dt_rank=int(c.get("time_step_rank") or math.ceil(hidden / 16)))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _divide(a: int, b: int) -> int:
+    if a % b:
+        raise ValueError(f"{a} is not divisible by tensor_parallel_size {b}")
+    return a // b
+
+
+def mamba_state_shapes(m: MambaState, tp: int = 1, num_spec: int = 0) -> list[tuple[int, ...]]:
+    """vLLM's ``MambaStateShapeCalculator``: the (conv, temporal) state tensors of one layer, one sequence,
+    one GPU (linear attention: one tensor)."""
+    if m.kind == "mamba1":
+        return [(m.conv_kernel - 1, _divide(m.intermediate_size, tp)), (_divide(m.intermediate_size, tp), m.state_size)]
+    if m.kind == "mamba2":
+        groups = m.n_groups + (0 if m.n_groups % tp == 0 else tp - m.n_groups)   # extra_groups_for_head_shards
+        conv_dim = m.intermediate_size + 2 * groups * m.state_size
+        return [(m.conv_kernel - 1, _divide(conv_dim, tp)), (_divide(m.num_heads, tp), m.head_dim, m.state_size)]
+    if m.kind == "gated_delta_net":
+        conv_dim = m.head_k_dim * m.num_k_heads * 2 + m.head_v_dim * m.num_v_heads
+        return [(m.conv_kernel - 1 + num_spec, _divide(conv_dim, tp)), (_divide(m.num_v_heads, tp), m.head_k_dim, m.head_v_dim)]
+    return [(m.num_heads // tp, m.head_dim, m.head_dim)]                       # linear attention
+
+
+def mamba_state_bytes(m: MambaState, state_dtype_bytes: int, tp: int = 1, ssm_dtype_bytes: int | None = None,
+                      num_spec: int = 0) -> int:
+    """``MambaSpec.page_size_bytes`` before padding: one sequence's state in one layer on one GPU. The conv
+    state is in the model dtype (``--mamba-cache-dtype auto``); the temporal (SSM) state too unless
+    ``--mamba-ssm-cache-dtype`` (or, for Qwen3.5, the config's ``mamba_ssm_dtype``) says otherwise."""
+    shapes = mamba_state_shapes(m, tp, num_spec)
+    sizes = [math.prod(s) for s in shapes]
+    if len(sizes) == 2:
+        return sizes[0] * state_dtype_bytes + sizes[1] * (ssm_dtype_bytes or state_dtype_bytes)
+    return sum(sizes) * state_dtype_bytes
+
+
+def hybrid_attention_block_size(attn_bytes_per_token_per_layer: int, mamba_page_bytes: int,
+                                block_size: int | None = None, mamba_cache_mode: str = "none",
+                                chunk_size: int = 2048, alignment: int = 16) -> int:
+    """``HybridAttentionMambaModelConfig`` (0.10-0.2x) / ``Platform._align_hybrid_block_size`` (0.24): the
+    attention block size is raised to ``alignment * cdiv(mamba_page, alignment * attention bytes per
+    token)`` unless the user set a larger one, so that one attention page holds one Mamba state; the
+    Mamba page is then padded to the attention page. Mamba cache mode "all" (prefix caching on a model
+    that supports it, 0.24) rounds to ``lcm(mamba chunk size, alignment)`` instead."""
+    if mamba_cache_mode == "all":
+        chunk = math.lcm(chunk_size, alignment)
+        need = chunk * cdiv(cdiv(mamba_page_bytes, attn_bytes_per_token_per_layer), chunk)
+    else:
+        need = alignment * cdiv(mamba_page_bytes, alignment * attn_bytes_per_token_per_layer)
+    return block_size if block_size is not None and block_size >= need else need
+
+
+def state_blocks_per_request(mamba_cache_mode: str, max_model_len: int, mamba_block_size: int) -> int:
+    """``MambaSpec.max_memory_usage_bytes`` in pages: one state per request (mode "none", every version
+    before 0.20), two in mode "align" (prefix caching), one per ``mamba_block_size`` tokens in mode "all"."""
+    if mamba_cache_mode == "align":
+        return 2
+    if mamba_cache_mode == "all":
+        return cdiv(max_model_len, mamba_block_size)
+    return 1
+
+
 def model_shape(config: dict) -> ModelShape:
     """A ``ModelShape`` from a Hugging Face ``config.json`` dict. ValueError if it has no layers."""
     c = _text_config(config)
@@ -198,10 +354,13 @@ def model_shape(config: dict) -> ModelShape:
         shared = int(c["n_shared_experts"]) * int(moe_inter)
     dense = int(c.get("first_k_dense_replace") or 0)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
-    if "mamba" in kinds:
-        unsized.append("Mamba state (one fixed-size state per sequence, not per token)")
-    if "linear_attention" in kinds:
-        unsized.append("linear-attention state (one fixed-size state per sequence, not per token)")
+    mamba = None
+    if "mamba" in kinds or "linear_attention" in kinds:
+        mamba = mamba_state(c, hidden)
+        if mamba is None:
+            what = "Mamba" if "mamba" in kinds else "linear-attention"
+            unsized.append(f"{what} state of model_type {c.get('model_type')!r} (one fixed-size state per sequence; "
+                           "its shape fields are not known to vllm-doctor)")
     return ModelShape(
         architecture=(c.get("architectures") or ["?"])[0], model_type=str(c.get("model_type", "")),
         num_layers=int(n), hidden_size=int(hidden), num_heads=int(heads), num_kv_heads=int(kv),
@@ -216,7 +375,8 @@ def model_shape(config: dict) -> ModelShape:
         attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias") or c.get("model_type") in ("qwen2", "qwen2_moe")),
         num_experts=int(experts), moe_intermediate_size=int(moe_inter),
         shared_expert_intermediate_size=int(shared), dense_layers=dense,
-        quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized,
+        quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized, mamba=mamba,
+        attn_output_gate=bool(c.get("attn_output_gate")),
     )
 
 
@@ -239,15 +399,22 @@ def mla_kv_bytes_per_token(kv_lora_rank: int, qk_rope_head_dim: int, kv_dtype_by
 
 @dataclass(frozen=True)
 class LayerGroup:
-    """Layers of one kind on one GPU, with their KV bytes per token per layer (None: not per token)."""
+    """Layers of one kind on one GPU, with their KV bytes per token per layer (None: not per token) or,
+    for Mamba / linear-attention layers, the bytes of one sequence's fixed-size state per layer."""
     kind: str
     layers: int
     bytes_per_token_per_layer: int | None
     formula: str
+    state_bytes_per_layer: int | None = None
 
 
-def kv_layer_groups(shape: ModelShape, kv_dtype_bytes: int, tp: int = 1, pp: int = 1) -> list[LayerGroup]:
-    """The model's layers on one GPU (PP rank 0), grouped by kind, each with its per-token cost."""
+STATE_KINDS = ("mamba", "linear_attention")
+
+
+def kv_layer_groups(shape: ModelShape, kv_dtype_bytes: int, tp: int = 1, pp: int = 1,
+                    state_dtype_bytes: int | None = None, ssm_dtype_bytes: int | None = None) -> list[LayerGroup]:
+    """The model's layers on one GPU (PP rank 0), grouped by kind, each with its per-token cost (attention)
+    or its per-sequence state (Mamba / linear attention, in ``state_dtype_bytes``, default the KV dtype)."""
     out = []
     for kind in dict.fromkeys(shape.layer_kinds):
         n = cdiv(shape.count(kind), pp)
@@ -260,6 +427,14 @@ def kv_layer_groups(shape: ModelShape, kv_dtype_bytes: int, tp: int = 1, pp: int
             f = f"2 (K,V) x {h} KV heads/GPU x {shape.head_dim} head_dim x {kv_dtype_bytes} B"
         elif kind == "mlp_only":
             continue
+        elif kind in STATE_KINDS and shape.mamba is not None:
+            sb = state_dtype_bytes or kv_dtype_bytes
+            st = mamba_state_bytes(shape.mamba, sb, tp, ssm_dtype_bytes)
+            shapes = mamba_state_shapes(shape.mamba, tp)
+            widths = [sb, ssm_dtype_bytes or sb][:len(shapes)]
+            parts = " + ".join(f"{'x'.join(str(d) for d in t)} x {w} B" for t, w in zip(shapes, widths))
+            out.append(LayerGroup(kind, n, None, f"{shape.mamba.kind} state ({parts} = {st:,} B per sequence per layer)", st))
+            continue
         else:
             b, f = None, "fixed-size state per sequence: not sized"
         out.append(LayerGroup(kind, n, b, f))
@@ -269,6 +444,11 @@ def kv_layer_groups(shape: ModelShape, kv_dtype_bytes: int, tp: int = 1, pp: int
 def kv_bytes_per_token(groups: list[LayerGroup]) -> int:
     """KV bytes one token costs on one GPU, summed over the layers that store per-token KV."""
     return sum(g.layers * g.bytes_per_token_per_layer for g in groups if g.bytes_per_token_per_layer)
+
+
+def state_bytes_per_sequence(groups: list[LayerGroup]) -> int:
+    """Bytes of one sequence's Mamba / linear-attention state on one GPU (unpadded), summed over layers."""
+    return sum(g.layers * g.state_bytes_per_layer for g in groups if g.state_bytes_per_layer)
 
 
 # ---------------------------------------------------------------- weights
@@ -295,7 +475,8 @@ def weight_params(shape: ModelShape) -> dict[str, int]:
                 + shape.kv_lora_rank * shape.num_heads * (nope + v) + shape.num_heads * v * h)
     else:
         qd, kvd = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-        attn = h * qd + 2 * h * kvd + qd * h + ((qd + 2 * kvd) if shape.attention_bias else 0)
+        attn = (h * qd * (2 if shape.attn_output_gate else 1) + 2 * h * kvd + qd * h
+                + ((qd + 2 * kvd) if shape.attention_bias else 0))
     n_attn = sum(1 for k in shape.layer_kinds if k in ("full", "sliding_window", "mla"))
     dense_mlp = 3 * h * shape.intermediate_size
     if shape.num_experts:
@@ -304,13 +485,32 @@ def weight_params(shape: ModelShape) -> dict[str, int]:
         mlp = shape.dense_layers * dense_mlp + (shape.num_layers - shape.dense_layers) * moe
     else:
         mlp = shape.num_layers * dense_mlp
+    n_state = sum(1 for k in shape.layer_kinds if k in STATE_KINDS)
     return {
         "embedding": shape.vocab_size * h,
         "lm_head": 0 if shape.tie_word_embeddings else shape.vocab_size * h,
-        "attention": n_attn * attn,
+        "attention": n_attn * attn + (n_state * state_mixer_params(shape.mamba, h) if shape.mamba else 0),
         "mlp": mlp,
         "norms": (2 * shape.num_layers + 1) * h,
     }
+
+
+def state_mixer_params(m: MambaState, h: int) -> int:
+    """Parameters of one Mamba / gated-delta-net mixer (the layer that keeps the state), as the
+    checkpoints lay them out: projections in and out, the causal conv1d, per-head A / D / dt, the norm."""
+    if m.kind == "gated_delta_net":
+        qkv = 2 * m.num_k_heads * m.head_k_dim + m.num_v_heads * m.head_v_dim
+        return (h * (qkv + m.num_v_heads * m.head_v_dim + 2 * m.num_v_heads) + qkv * m.conv_kernel
+                + 2 * m.num_v_heads + m.head_v_dim + m.num_v_heads * m.head_v_dim * h)
+    if m.kind == "mamba2":
+        conv = m.intermediate_size + 2 * m.n_groups * m.state_size
+        return (h * (m.intermediate_size + conv + m.num_heads) + conv * (m.conv_kernel + 1)
+                + 3 * m.num_heads + m.intermediate_size + m.intermediate_size * h)
+    if m.kind == "mamba1":
+        i = m.intermediate_size
+        return (h * 2 * i + i * (m.conv_kernel + 1) + i * (m.dt_rank + 2 * m.state_size)
+                + m.dt_rank * i + i + i * m.state_size + i + i * h)
+    return 4 * h * m.num_heads * m.head_dim          # linear attention: q, k, v, o projections
 
 
 def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
@@ -320,8 +520,13 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     lm_head stay in the model dtype."""
     p = weight_params(shape)
     layers_share = 1 / pp
-    linear = (p["attention"] + p["mlp"]) * layers_share / tp
-    b = _linear_bytes(linear, shape, weight_dtype_bytes)
+    if shape.quant_method == "mxfp4" and shape.num_experts:
+        # vLLM's Mxfp4Config quantizes the fused MoE experts only; attention (and the checkpoints'
+        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype
+        b = _linear_bytes(p["mlp"] * layers_share / tp, shape, weight_dtype_bytes)
+        b += p["attention"] * layers_share / tp * weight_dtype_bytes
+    else:
+        b = _linear_bytes((p["attention"] + p["mlp"]) * layers_share / tp, shape, weight_dtype_bytes)
     b += p["embedding"] / tp * weight_dtype_bytes
     if pp == 1:
         b += p["lm_head"] / tp * weight_dtype_bytes
@@ -341,15 +546,28 @@ def available_kv_memory(total_bytes: int, gpu_memory_utilization: float, weights
     return int(total_bytes * gpu_memory_utilization) - weights_bytes - activation_peak_bytes - non_torch_bytes
 
 
+def _pooled(groups: list[LayerGroup]) -> list[LayerGroup]:
+    return [g for g in groups if g.bytes_per_token_per_layer or g.state_bytes_per_layer]
+
+
 def group_layout(groups: list[LayerGroup]) -> tuple[int, dict[str, int]]:
-    """V1 hybrid allocator: layers of each kind are cut into groups of ``group_size`` layers (the
-    smallest kind's layer count) that share one block pool. Returns (group_size, groups per kind).
-    A model with one kind has one group of all its layers."""
-    sized = [g for g in groups if g.bytes_per_token_per_layer]
+    """V1 hybrid allocator (``_get_kv_cache_groups_uniform_page_size``): layers of each kind are cut into
+    groups of ``group_size`` layers (the smallest kind's layer count) that share one block pool; Mamba /
+    linear-attention layers are a kind of their own there (``MambaSpec``). Returns (group_size, groups
+    per kind). A model with one kind has one group of all its layers. Pass only the groups that live in
+    the pool (V0 keeps the Mamba state outside the KV cache)."""
+    sized = _pooled(groups)
     if not sized:
         return 0, {}
     size = min(g.layers for g in sized)
     return size, {g.kind: cdiv(g.layers, size) for g in sized}
+
+
+def page_bytes(groups: list[LayerGroup], block_size: int) -> int:
+    """Bytes of one page (one block of one layer): attention ``block_size x bytes/token/layer``; the Mamba
+    page is padded to it (``mamba_page_size_padded``). Without attention layers: the Mamba state."""
+    attn = max((g.bytes_per_token_per_layer or 0) for g in groups) * block_size if groups else 0
+    return attn or max((g.state_bytes_per_layer or 0) for g in groups)
 
 
 def bytes_per_block(groups: list[LayerGroup], block_size: int) -> int:
@@ -357,23 +575,28 @@ def bytes_per_block(groups: list[LayerGroup], block_size: int) -> int:
     with one kind of layer that is ``block_size x num_layers x bytes/token/layer`` (V0's
     ``cache_block_size``)."""
     size, _ = group_layout(groups)
-    page = max((g.bytes_per_token_per_layer or 0) for g in groups) * block_size
-    return page * size
+    return page_bytes(groups, block_size) * size
 
 
 def blocks_per_request(kind: str, max_model_len: int, block_size: int, sliding_window: int | None = None,
-                       max_num_batched_tokens: int = 0) -> int:
-    """Blocks one request at ``max_model_len`` holds in a group of this kind (V1)."""
+                       max_num_batched_tokens: int = 0, mamba_cache_mode: str = "none") -> int:
+    """Blocks one request at ``max_model_len`` holds in a group of this kind (V1). A Mamba / linear-
+    attention group holds its state: one block, or more with prefix caching (``state_blocks_per_request``;
+    the Mamba block size is the attention one)."""
+    if kind in STATE_KINDS:
+        return state_blocks_per_request(mamba_cache_mode, max_model_len, block_size)
     if kind == "sliding_window" and sliding_window:
         return cdiv(min(sliding_window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1
     return cdiv(max_model_len, block_size)
 
 
 def request_blocks(groups: list[LayerGroup], max_model_len: int, block_size: int,
-                   sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
+                   sliding_window: int | None = None, max_num_batched_tokens: int = 0,
+                   mamba_cache_mode: str = "none") -> int:
     """Block ids one request at ``max_model_len`` takes from the pool, summed over the groups."""
     _, per_kind = group_layout(groups)
-    return sum(n * blocks_per_request(k, max_model_len, block_size, sliding_window, max_num_batched_tokens)
+    return sum(n * blocks_per_request(k, max_model_len, block_size, sliding_window, max_num_batched_tokens,
+                                      mamba_cache_mode)
                for k, n in per_kind.items())
 
 
@@ -397,23 +620,25 @@ def printed_kv_cache_tokens(blocks: int, block_size: int, max_model_len: int, co
 
 
 def needed_bytes_one_request(groups: list[LayerGroup], max_model_len: int, block_size: int,
-                             sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
-    """V1 ``max_memory_usage_bytes``: KV bytes one request at ``max_model_len`` needs, per layer."""
+                             sliding_window: int | None = None, max_num_batched_tokens: int = 0,
+                             mamba_cache_mode: str = "none") -> int:
+    """V1 ``max_memory_usage_bytes``: KV bytes one request at ``max_model_len`` needs, per layer (a
+    Mamba / linear-attention layer: one padded page)."""
+    page = page_bytes(groups, block_size)
     total = 0
-    for g in groups:
-        if not g.bytes_per_token_per_layer:
-            continue
-        page = g.bytes_per_token_per_layer * block_size
+    for g in _pooled(groups):
         total += g.layers * page * blocks_per_request(g.kind, max_model_len, block_size, sliding_window,
-                                                      max_num_batched_tokens)
+                                                      max_num_batched_tokens, mamba_cache_mode)
     return total
 
 
 def estimate_max_model_len(groups: list[LayerGroup], available_bytes: int, max_model_len: int, block_size: int,
-                           sliding_window: int | None = None, max_num_batched_tokens: int = 0) -> int:
+                           sliding_window: int | None = None, max_num_batched_tokens: int = 0,
+                           mamba_cache_mode: str = "none") -> int:
     """vLLM's binary search: the longest ``max_model_len`` whose one request fits (0 if none)."""
     def fits(n: int) -> bool:
-        return needed_bytes_one_request(groups, n, block_size, sliding_window, max_num_batched_tokens) <= available_bytes
+        return needed_bytes_one_request(groups, n, block_size, sliding_window, max_num_batched_tokens,
+                                        mamba_cache_mode) <= available_bytes
     if not fits(1):
         return 0
     lo, hi, best = 1, max_model_len, 1

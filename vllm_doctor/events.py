@@ -239,11 +239,15 @@ class EngineFailure:
     ``Engine process failed to start``), "proc-died" (``Engine core proc X died unexpectedly``,
     ``Worker proc X died unexpectedly``), "output-handler" (``AsyncLLM output_handler failed``),
     "background-loop" (``Background loop has errored already`` / ``is not running``).
+    exit_code: the dead process's exit code where vLLM logs it (``Worker proc X died unexpectedly
+    (exit code: -4)``, 0.30+; ``Process X (PID: N) died with exit code N``); negative = killed by
+    that signal (-4 SIGILL, -9 SIGKILL).
     """
 
     meta: Meta
     kind: str
     message: str = ""
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

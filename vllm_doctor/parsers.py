@@ -234,18 +234,21 @@ _ENGINE_FAILURES = [
     ("background-task-failed", r"Engine background task failed"),
     ("iteration-timeout", r"Engine iteration timed out"),
     ("core-failed", r"EngineCore failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start"),
-    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process) \S+ died unexpectedly"),
+    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process) \S+ died unexpectedly|Process \S+ \(PID: \d+\) died with exit code"),
     ("output-handler", r"AsyncLLM output_handler failed"),
     ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|Task finished unexpectedly"),
 ]
 _ENGINE_RE = re.compile("|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(_ENGINE_FAILURES)))
+_EXIT_CODE_RE = re.compile(r"died unexpectedly \(exit code: (?P<c>-?\d+)\)|died with exit code (?P<d>-?\d+)")
 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True)
 def _engine_failure(m, meta):  # V0 async_llm_engine.py, V1 v1/engine/core.py, core_client.py, multiproc_executor.py
     for i, (kind, _) in enumerate(_ENGINE_FAILURES):
         if m.group(f"k{i}"):
-            return ev.EngineFailure(meta, kind, meta.text[:300])
+            # multiproc_executor.py 0.30+ "... died unexpectedly (exit code: %s)", v1/utils.py "... died with exit code N"
+            code = _EXIT_CODE_RE.search(meta.text, m.start()) if kind == "proc-died" else None
+            return ev.EngineFailure(meta, kind, meta.text[:300], int(code["c"] or code["d"]) if code else None)
     return None
 
 

@@ -36,6 +36,9 @@ class PlanInputs:
     dtype: str = "auto"
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
+    mamba_cache_dtype: str = "auto"           # conv state (and SSM state unless the next is set); auto: model dtype
+    mamba_ssm_cache_dtype: str = "auto"       # temporal (SSM) state of Mamba1/2 and gated-delta-net layers
+    enable_prefix_caching: bool | None = None # None: the version's default (hybrid models: on from 0.24)
     block_size: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
@@ -145,9 +148,35 @@ def _engine(version: str) -> str:
     return "v0" if pv is not None and pv < Version("0.8.0") else "v1"
 
 
-def _token_formula(version: str) -> str:
+def _state_in_pool(version: str, engine: str) -> bool:
+    """V1 holds Mamba / linear-attention state in the KV cache pool (``MambaSpec``) from 0.10.0 (vLLM
+    PR#20016); before, hybrid models ran on V0, whose ``MambaCacheManager`` keeps ``max_num_seqs``
+    states outside the KV cache (inside the profiled peak)."""
     pv = parse_version(version)
-    return "concurrency" if pv is None or pv >= Version("0.11.0") else "blocks"
+    return engine == "v1" and (pv is None or pv >= Version("0.10.0"))
+
+
+def _token_formula(version: str) -> str:
+    """``GPU KV cache size: N tokens``: ``int(max_concurrency * max_model_len)`` from 0.21.0 (read in
+    0.21.0, 0.22.0, 0.24.0); ``num_blocks // num_groups * block_size`` before (read in 0.11.0-0.20.0)."""
+    pv = parse_version(version)
+    return "concurrency" if pv is None or pv >= Version("0.21.0") else "blocks"
+
+
+def _mamba_cache_mode(version: str, shape, prefix_caching: bool | None) -> tuple[str, str | None]:
+    """vLLM's ``cache_config.mamba_cache_mode`` for a hybrid model (``MambaModelConfig``): "none" without
+    prefix caching; with it "all" for models that support Mamba prefix caching, else "align". The
+    modes exist from 0.20 (read in 0.20.0, 0.22.0, 0.24.0; absent in 0.11.0 / 0.12.0); prefix caching
+    is on by default for generative models in 0.24. Returns (mode, note)."""
+    pv = parse_version(version)
+    if pv is not None and pv < Version("0.20.0"):
+        return "none", None
+    on = prefix_caching if prefix_caching is not None else (pv is None or pv >= Version("0.24.0"))
+    if not on:
+        return "none", None
+    mode = "all" if shape.mamba is not None and shape.mamba.prefix_caching_all else "align"
+    return mode, (f"prefix caching on: Mamba cache mode {mode!r} (" + (
+        "two state blocks per request" if mode == "align" else "one state block per Mamba block of tokens") + ")")
 
 
 def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool) -> int:
@@ -218,15 +247,59 @@ def make_plan(inp: PlanInputs) -> Plan:
                              f"= {w:,} B = {_gib(w)} per GPU"}
 
     # KV per token
-    groups = cap.kv_layer_groups(shape, kvbytes, tp, pp)
+    try:
+        state_bytes = cap.dtype_bytes(model_dtype if inp.mamba_cache_dtype == "auto" else inp.mamba_cache_dtype)
+        ssm_name = inp.mamba_ssm_cache_dtype
+        if ssm_name == "auto" and shape.mamba is not None and shape.mamba.ssm_dtype:
+            ssm_name = shape.mamba.ssm_dtype      # Qwen3.5: the config's mamba_ssm_dtype
+        ssm_bytes = None if ssm_name == "auto" else cap.dtype_bytes(ssm_name)
+        groups = cap.kv_layer_groups(shape, kvbytes, tp, pp, state_bytes, ssm_bytes)
+    except KeyError as e:
+        raise InputError(f"unknown dtype {e.args[0]!r}") from None
+    except ValueError as e:   # a Mamba dimension not divisible by TP: vLLM refuses it too
+        raise InputError(f"Mamba state: {e}") from None
     per_tok = cap.kv_bytes_per_token(groups)
+    state_seq = cap.state_bytes_per_sequence(groups)
     kv = {"bytes_per_token": per_tok, "kv_cache_dtype": kv_dtype,
           "by_kind": [{"kind": g.kind, "layers_per_gpu": g.layers, "bytes_per_token_per_layer": g.bytes_per_token_per_layer,
+                       "state_bytes_per_sequence_per_layer": g.state_bytes_per_layer,
                        "arithmetic": f"{g.layers} layers x {g.formula}"
-                       + (f" = {g.layers * g.bytes_per_token_per_layer:,} B/token" if g.bytes_per_token_per_layer else "")}
+                       + (f" = {g.layers * g.bytes_per_token_per_layer:,} B/token" if g.bytes_per_token_per_layer else "")
+                       + (f" = {g.layers * g.state_bytes_per_layer:,} B per sequence, not per token" if g.state_bytes_per_layer else "")}
                       for g in groups],
           "arithmetic": " + ".join(f"{g.layers} x {g.bytes_per_token_per_layer:,}" for g in groups if g.bytes_per_token_per_layer)
                         + f" = {per_tok:,} B per token per GPU ({per_tok / 1024:.1f} KiB)"}
+    pool_groups = groups
+    block_note = None
+    mamba_mode = "none"
+    if state_seq:
+        kv["state_bytes_per_sequence"] = state_seq
+        attn = max((g.bytes_per_token_per_layer or 0) for g in groups)
+        mamba_page = max(g.state_bytes_per_layer or 0 for g in groups)
+        if _state_in_pool(version, engine):
+            mamba_mode, mode_note = _mamba_cache_mode(version, shape, inp.enable_prefix_caching)
+            if mode_note:
+                notes.append(mode_note)
+        if _state_in_pool(version, engine) and attn:
+            raised = cap.hybrid_attention_block_size(attn, mamba_page, inp.block_size, mamba_mode,
+                                                     shape.mamba.chunk_size if shape.mamba else 2048)
+            if raised != block_size:
+                block_note = (f"attention block_size raised to {raised} tokens (16 x cdiv({mamba_page:,} B Mamba page, "
+                              f"16 x {attn:,} B/token)) so that one attention page holds one Mamba state"
+                              if mamba_mode != "all" else
+                              f"attention block_size raised to {raised} tokens (a multiple of the Mamba chunk size "
+                              f"holding one {mamba_page:,} B Mamba page)")
+                block_size = raised
+                settings["block_size"] = block_size
+            pad = attn * block_size - mamba_page
+            if pad:
+                block_note = ((block_note + "; ") if block_note else "") + (
+                    f"Mamba page padded by {100 * pad / mamba_page:.2f}% to {attn * block_size:,} B")
+        elif not _state_in_pool(version, engine):
+            pool_groups = [g for g in groups if not g.state_bytes_per_layer]
+            notes.append(f"vLLM {version} runs hybrid models on V0: its Mamba cache ({state_seq:,} B per sequence x "
+                         f"max_num_seqs {max_num_seqs} = {_gib(state_seq * max_num_seqs)}) is allocated outside the KV cache "
+                         "and counted in the profiled peak")
     if shape.sliding_window:
         kv["sliding_window"] = shape.sliding_window
 
@@ -248,22 +321,33 @@ def make_plan(inp: PlanInputs) -> Plan:
     else:
         avail_arith = (f"{inp.gpu_memory_bytes / cap.GiB:.2f} GiB x {util} gpu_memory_utilization - {_gib(w)} weights - "
                        f"{_gib(overhead)} activation/non-torch = {_gib(avail)}")
-    block_bytes = cap.bytes_per_block(groups, block_size)
-    gsize, per_kind = cap.group_layout(groups)
+    block_bytes = cap.bytes_per_block(pool_groups, block_size)
+    gsize, per_kind = cap.group_layout(pool_groups)
     blocks = cap.num_blocks(avail, block_bytes)
-    req_blocks = cap.request_blocks(groups, mml, block_size, shape.sliding_window, mnbt)
+    req_blocks = cap.request_blocks(pool_groups, mml, block_size, shape.sliding_window, mnbt, mamba_mode)
     conc = cap.max_concurrency(blocks, req_blocks)
     n_groups = sum(per_kind.values()) or 1
-    tokens = cap.printed_kv_cache_tokens(blocks, block_size, mml, conc, n_groups,
+    # the smallest block size of the groups: attention's; a model of state layers only has max_model_len
+    token_block = block_size if any(g.bytes_per_token_per_layer for g in pool_groups) else mml
+    tokens = cap.printed_kv_cache_tokens(blocks, token_block, mml, conc, n_groups,
                                          _token_formula(version) if engine == "v1" else "blocks")
     pool = {"available_kv_cache_bytes": avail, "available_arithmetic": avail_arith, "overhead_bytes": overhead,
             "overhead_source": overhead_src, "bytes_per_block": block_bytes,
-            "block_arithmetic": f"{block_size} tokens x {gsize} layers/group x "
-                                f"{max((g.bytes_per_token_per_layer or 0) for g in groups):,} B = {block_bytes:,} B",
+            "block_arithmetic": f"{cap.page_bytes(pool_groups, block_size):,} B page ({block_size} tokens x "
+                                f"{max((g.bytes_per_token_per_layer or 0) for g in groups):,} B) x {gsize} layers/group = {block_bytes:,} B",
+            "bytes_per_printed_token": (block_bytes * req_blocks / mml if engine == "v1" and _token_formula(version) == "concurrency"
+                                        else block_bytes * n_groups / token_block) if token_block and mml else 0,
             "num_gpu_blocks": blocks, "kv_cache_tokens": tokens, "groups": per_kind,
             "blocks_arithmetic": f"{avail:,} B // {block_bytes:,} B = {blocks:,} blocks",
             "tokens_arithmetic": (f"int({conc:.4f} x {mml:,}) = {tokens:,} tokens" if engine == "v1" and _token_formula(version) == "concurrency"
-                                  else f"{blocks:,} blocks // {n_groups} groups x {block_size} = {tokens:,} tokens")}
+                                  else f"{blocks:,} blocks // {n_groups} groups x {token_block} = {tokens:,} tokens")}
+    if block_note:
+        pool["block_size_arithmetic"] = block_note
+    if state_seq and pool_groups is groups:
+        pool["groups_arithmetic"] = (" + ".join(f"{n} {k} group{'s' if n > 1 else ''}" for k, n in per_kind.items())
+                                     + f" of {gsize} layers; a request holds {cap.cdiv(mml, block_size) if token_block == block_size else 0:,} "
+                                     f"blocks per attention group and {cap.state_blocks_per_request(mamba_mode, mml, block_size)} "
+                                     "(its state) per Mamba group")
     device_word = "CPU" if cpu else "GPU"
     pool["vllm_prints"] = (f"{device_word} KV cache size: {tokens:,} tokens, Maximum concurrency for {mml:,} tokens per request: {conc:.2f}x"
                            if engine == "v1" else f"# GPU blocks: {blocks}")
@@ -271,16 +355,23 @@ def make_plan(inp: PlanInputs) -> Plan:
                    "arithmetic": f"{blocks:,} blocks / {req_blocks:,} blocks per {mml:,}-token request = {conc:.2f}x",
                    "max_num_seqs": max_num_seqs}
     if inp.mean_request_tokens:
-        at_mean = cap.concurrency_at_length(blocks, inp.mean_request_tokens, block_size) if n_groups == 1 else None
+        mean_blocks = cap.request_blocks(pool_groups, inp.mean_request_tokens, block_size, shape.sliding_window, mnbt,
+                                         mamba_mode)
+        at_mean = (cap.concurrency_at_length(blocks, inp.mean_request_tokens, block_size) if n_groups == 1
+                   else blocks // mean_blocks if mean_blocks else None)
         concurrency["mean_request_tokens"] = inp.mean_request_tokens
         concurrency["at_mean_request_length"] = at_mean
-        if at_mean is not None:
+        if at_mean is not None and n_groups == 1:
             concurrency["mean_arithmetic"] = (f"{blocks:,} blocks // ceil({inp.mean_request_tokens:,} / {block_size}) "
                                               f"= {at_mean:,} requests at once")
+        elif at_mean is not None:
+            concurrency["mean_arithmetic"] = (f"{blocks:,} blocks // {mean_blocks:,} blocks per {inp.mean_request_tokens:,}-token "
+                                              f"request = {at_mean:,} requests at once")
 
     # start-up
-    startup = _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks)
-    fixes = _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
+    startup = _startup(inp, shape, pool_groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
+                       mamba_mode)
+    fixes = _fixes(inp, shape, pool_groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
                    startup, version, util)
     if shape.quant_method and not shape.quant_bits:
         notes.append(f"quantization {shape.quant_method}: bit width not in the config, weights sized unquantized")
@@ -289,13 +380,14 @@ def make_plan(inp: PlanInputs) -> Plan:
                 not_sized=list(shape.unsized), notes=notes)
 
 
-def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks) -> dict:
+def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
+             mamba_mode="none") -> dict:
     reasons = []
     mpe = shape.max_position_embeddings
     if inp.max_model_len and mpe and inp.max_model_len > mpe:
         reasons.append(f"User-specified max_model_len ({inp.max_model_len}) is greater than the derived max_model_len "
                        f"(max_position_embeddings={mpe} or model_max_length=None in model's config.json).")
-    if shape.unsized and not any(g.bytes_per_token_per_layer for g in groups):
+    if shape.unsized and not any(g.bytes_per_token_per_layer or g.state_bytes_per_layer for g in groups):
         return {"fails": bool(reasons), "messages": reasons, "checked": False}
     if engine == "v0":
         if blocks <= 0:
@@ -312,9 +404,9 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
             reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
                            "initializing the engine.")
         else:
-            need = cap.needed_bytes_one_request(groups, mml, block_size, shape.sliding_window, mnbt)
+            need = cap.needed_bytes_one_request(groups, mml, block_size, shape.sliding_window, mnbt, mamba_mode)
             if need > check:
-                est = cap.estimate_max_model_len(groups, check, mml, block_size, shape.sliding_window, mnbt)
+                est = cap.estimate_max_model_len(groups, check, mml, block_size, shape.sliding_window, mnbt, mamba_mode)
                 reasons.append(f"To serve at least one request with the model's max seq len ({mml}), "
                                f"({cap.format_gib(need)} GiB KV cache is needed, which is larger than the available KV "
                                f"cache memory ({cap.format_gib(check)} GiB). "
@@ -396,12 +488,16 @@ def _lines(p: Plan, md: bool) -> list[str]:
     for g in p.kv_per_token["by_kind"]:
         out.append(f"{b}{g['kind']}: {g['arithmetic']}")
     out.append(f"{b}total: {p.kv_per_token['arithmetic']}")
+    if p.kv_per_token.get("state_bytes_per_sequence"):
+        out.append(f"{b}state: {p.kv_per_token['state_bytes_per_sequence']:,} B per sequence per GPU (Mamba / linear-attention layers)")
     for u in p.not_sized:
         out.append(f"{b}NOT SIZED: {u}")
     out += ["", h("KV cache pool (per GPU)"),
             f"{b}available: {p.pool['available_arithmetic']}",
             f"{b}overhead: {p.pool['overhead_bytes'] / cap.GiB:.2f} GiB ({p.pool['overhead_source']})",
+            *([f"{b}block_size: {p.pool['block_size_arithmetic']}"] if p.pool.get("block_size_arithmetic") else []),
             f"{b}block: {p.pool['block_arithmetic']}",
+            *([f"{b}groups: {p.pool['groups_arithmetic']}"] if p.pool.get("groups_arithmetic") else []),
             f"{b}blocks: {p.pool['blocks_arithmetic']}",
             f"{b}tokens: {p.pool['tokens_arithmetic']}",
             f"{b}vLLM prints: {code(p.pool['vllm_prints'])}", ""]

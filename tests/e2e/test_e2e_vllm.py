@@ -14,13 +14,14 @@ import re
 import signal
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from . import expectations as ex
-from .harness import (Sampler, Setup, Sidecar, VllmServer, active_names, complete, diagnose, http_json,
+from .harness import (Sampler, Setup, Sidecar, VllmDied, VllmServer, active_names, complete, diagnose, http_json,
                       metric_labels, metric_value, parse_metrics, plateau_stats_lines, prompt_of, record, run_load,
                       saturated_stats_lines, stream_complete, vllm_reported_version, vllm_resolved_config, wait_for,
                       write_command_file)
@@ -43,6 +44,8 @@ class Run:
     sidecar_state: dict | None = None
     sidecar_findings: dict[str, dict] = field(default_factory=dict)   # name -> newest finding seen
     notes: dict = field(default_factory=dict)
+    expect_exit: bool = False        # the scenario itself stops vLLM (start-up failure, engine kill)
+    failure: str | None = None       # why the scenario could not run: reported once (see `checked`)
 
     def __post_init__(self):
         self.kind = self.kind or self.scenario
@@ -50,6 +53,20 @@ class Run:
     @property
     def log(self) -> Path:
         return self.vllm.log_path
+
+    def check_vllm(self, what: str) -> None:
+        """Raise VllmDied with vLLM's own last lines when vLLM died and the scenario did not mean it to."""
+        if not self.expect_exit and self.vllm.died():
+            raise VllmDied(self.vllm.death_report(f"scenario {self.scenario} ({what})"))
+
+    def failed(self, exc: BaseException) -> None:
+        """Keep why the scenario broke: vLLM's own words when vLLM died, else the traceback."""
+        if not self.expect_exit and self.vllm.died():
+            self.failure = self.vllm.death_report(f"scenario {self.scenario}")
+        elif isinstance(exc, VllmDied):
+            self.failure = str(exc)
+        else:
+            self.failure = f"scenario {self.scenario} broke:\n" + "".join(traceback.format_exception(exc))[-6000:]
 
     def need_sidecar(self):
         if self.sidecar_error:
@@ -100,7 +117,8 @@ def finish(run: Run, sc: Sidecar | None, setup: Setup, steps: list[str], t0: flo
     finally:
         if sc is not None:
             sc.stop()
-    run.notes["wall_seconds"] = round(time.monotonic() - t0, 1)
+    run.notes["lock_wait_seconds"] = round(run.vllm.lock_wait_seconds, 1)
+    run.notes["wall_seconds"] = round(time.monotonic() - t0 - run.vllm.lock_wait_seconds, 1)
     TIMINGS[run.scenario] = run.notes["wall_seconds"]
     run.truth["vllm_version"] = vllm_reported_version(run.vllm.log_text())
     write_command_file(run.dir / "COMMAND.txt", run.scenario, run.vllm, steps, setup)
@@ -150,14 +168,19 @@ DEATH_ARGS = ["--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-b
 # 16 clients x (200-token prompt + 1,200 generated tokens) against a 4,096-token KV cache (about 2.9
 # such sequences): the KV cache fills, V1 preempts (recompute) hundreds of times, requests wait.
 STORM_CLIENTS, STORM_PROMPT, STORM_MAX_TOKENS, STORM_SECONDS = 16, 200, 1200, 40
+# Wall time of each scenario on 2 cores (vLLM start-up included), printed as progress: idle machine
+# .. the same machine running three test suites at once.
+TYPICAL_SECONDS = {"healthy": "50-140", "preemption-storm": "90-190", "preemption-storm-long": "80-180",
+                   "startup-oom": "30-100", "engine-dead": "70-150"}
 
 
 @pytest.fixture(scope="module")
-def healthy(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
+def healthy_scenario(vllm_setup: Setup, e2e_runs_dir: Path, progress) -> Run:
     d = e2e_runs_dir / "healthy"
     d.mkdir()
     run = Run("healthy", d, VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", HEALTHY_ARGS))
     run.log.touch()
+    progress(f"e2e scenario healthy: vLLM + sidecar, 6 requests (usually {TYPICAL_SECONDS['healthy']} s)")
     t0 = time.monotonic()
     sc = start_sidecar(run)
     try:
@@ -165,6 +188,7 @@ def healthy(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
         run.notes["startup_seconds"] = round(run.vllm.wait_healthy(), 1)
         load = run_load(run.vllm.url, workers=2, prompt_words=64, max_tokens=32, requests_per_worker=3)
         run.notes["load"] = vars(load)
+        run.check_vllm("light load")
         wait_stats_line(run.vllm)
         m = run.vllm.metrics()
         (d / "metrics.txt").write_text(m)
@@ -181,6 +205,8 @@ def healthy(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
         run.notes["completed"] = True
+    except Exception as e:  # noqa: BLE001 - reported once by `checked`
+        run.failed(e)
     finally:
         finish(run, sc, vllm_setup,
                ["# light load: 2 concurrent clients x 3 POST /v1/completions (64-token prompt, max_tokens 32, ignore_eos)",
@@ -189,13 +215,15 @@ def healthy(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
     return run
 
 
-def run_storm(vllm_setup: Setup, e2e_runs_dir: Path, name: str, clients: int, prompt: int, max_tokens: int,
-              seconds: float) -> Run:
+def run_storm(vllm_setup: Setup, e2e_runs_dir: Path, progress, name: str, clients: int, prompt: int,
+              max_tokens: int, seconds: float) -> Run:
     d = e2e_runs_dir / name
     d.mkdir()
     run = Run(name, d, VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", STORM_ARGS),
               kind="preemption-storm")
     run.log.touch()
+    progress(f"e2e scenario {name}: vLLM + sidecar, {clients} clients for {seconds:.0f} s "
+             f"(usually {TYPICAL_SECONDS[name]} s)")
     t0 = time.monotonic()
     sc = start_sidecar(run)
     sampler = None
@@ -214,6 +242,7 @@ def run_storm(vllm_setup: Setup, e2e_runs_dir: Path, name: str, clients: int, pr
         load = run_load(run.vllm.url, workers=clients, prompt_words=prompt, max_tokens=max_tokens,
                         duration=seconds)
         run.notes["load"] = vars(load)
+        run.check_vllm("the storm's load")
         wait_stats_line(run.vllm)  # the stats line after the load (Running: 0)
         stop_poll.set()
         poller.join(5)
@@ -241,6 +270,8 @@ def run_storm(vllm_setup: Setup, e2e_runs_dir: Path, name: str, clients: int, pr
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
         run.notes["completed"] = True
+    except Exception as e:  # noqa: BLE001 - reported once by `checked`
+        run.failed(e)
     finally:
         try:
             if sampler is not None and sampler.is_alive():
@@ -258,25 +289,27 @@ def run_storm(vllm_setup: Setup, e2e_runs_dir: Path, name: str, clients: int, pr
 
 
 @pytest.fixture(scope="module")
-def storm(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
-    return run_storm(vllm_setup, e2e_runs_dir, "preemption-storm", STORM_CLIENTS, STORM_PROMPT, STORM_MAX_TOKENS,
+def storm_scenario(vllm_setup: Setup, e2e_runs_dir: Path, progress) -> Run:
+    return run_storm(vllm_setup, e2e_runs_dir, progress, "preemption-storm", STORM_CLIENTS, STORM_PROMPT, STORM_MAX_TOKENS,
                      STORM_SECONDS)
 
 
 @pytest.fixture(scope="module")
-def storm_long(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
+def storm_long_scenario(vllm_setup: Setup, e2e_runs_dir: Path, progress) -> Run:
     """The same storm with near-max_model_len requests (400 + 1,600 tokens): only 2 fit, and the
     periodic stats lines tend to catch the KV cache at 84-90% (128-token blocks, 32 of them)
     between a preemption and the next admission, with 14 requests waiting."""
-    return run_storm(vllm_setup, e2e_runs_dir, "preemption-storm-long", STORM_CLIENTS, 400, 1600, 30)
+    return run_storm(vllm_setup, e2e_runs_dir, progress, "preemption-storm-long", STORM_CLIENTS, 400, 1600, 30)
 
 
 @pytest.fixture(scope="module")
-def startup(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
+def startup_scenario(vllm_setup: Setup, e2e_runs_dir: Path, progress) -> Run:
     d = e2e_runs_dir / "startup-oom"
     d.mkdir()
-    run = Run("startup-oom", d, VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", STARTUP_ARGS))
+    run = Run("startup-oom", d, VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", STARTUP_ARGS),
+              expect_exit=True)
     run.log.touch()
+    progress(f"e2e scenario startup-oom: vLLM exits at start-up (usually {TYPICAL_SECONDS['startup-oom']} s)")
     t0 = time.monotonic()
     sc = start_sidecar(run)
     try:
@@ -296,6 +329,8 @@ def startup(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
         run.notes["completed"] = True
+    except Exception as e:  # noqa: BLE001 - reported once by `checked`
+        run.failed(e)
     finally:
         finish(run, sc, vllm_setup,
                ["# vLLM exits by itself: the 4 MiB KV cache cannot hold one 8192-token sequence",
@@ -304,17 +339,18 @@ def startup(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
 
 
 @pytest.fixture(scope="module")
-def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
+def death_scenario(vllm_setup: Setup, e2e_runs_dir: Path, progress) -> Run:
     d = e2e_runs_dir / "engine-dead"
     d.mkdir()
     run = Run("engine-dead", d, VllmServer(vllm_setup.python, vllm_setup.model_dir, d / "vllm.log", DEATH_ARGS))
     run.log.touch()
+    progress(f"e2e scenario engine-dead: vLLM, then its EngineCore killed (usually {TYPICAL_SECONDS['engine-dead']} s)")
     t0 = time.monotonic()
     sc = start_sidecar(run)
     try:
         run.vllm.start()
         run.notes["startup_seconds"] = round(run.vllm.wait_healthy(), 1)
-        complete(run.vllm.url, "engine cache block", 16)
+        complete(run.vllm.url, prompt_of(32, 0), 16)  # >= MIN_PROMPT_WORDS: see harness.prompt_of
         m = run.vllm.metrics()
         (d / "metrics.txt").write_text(m)
         run.truth.update(cache_config_truth(m))
@@ -325,6 +361,7 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
 
         def kill_engine_core():  # from the first streaming thread that sees a token
             if killed.acquire(blocking=False):
+                run.expect_exit = True
                 os.kill(pid, signal.SIGKILL)
 
         def long_request(i):
@@ -334,6 +371,9 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
         for th in ths:
             th.start()
         assert started.wait(30), "no streamed token within 30 s"
+        if not run.expect_exit:  # no token reached the kill: the requests failed on their own
+            run.check_vllm("the streaming requests")
+            raise AssertionError(f"no streamed token; the requests ended with {outcomes}")
         run.truth["killed_engine_core_pid"] = pid
         for th in ths:
             th.join(60)
@@ -356,15 +396,45 @@ def death(vllm_setup: Setup, e2e_runs_dir: Path) -> Run:
                 run.notes["sidecar_wait"] = repr(e)[:500]
             snapshot_sidecar(run, sc)
         run.notes["completed"] = True
+    except Exception as e:  # noqa: BLE001 - reported once by `checked`
+        run.failed(e)
     finally:
         finish(run, sc, vllm_setup,
-               ["# one POST /v1/completions (max_tokens 16); GET /metrics > metrics.txt",
+               ["# one POST /v1/completions (32-token prompt, max_tokens 16); GET /metrics > metrics.txt",
                 "# 4 concurrent streaming POST /v1/completions (100-token prompt, max_tokens 1900); at the first",
                 "# streamed token, from the client thread that received it:",
                 "kill -9 <pid of '(EngineCore pid=N)' in vllm.log>",
                 "# the API server notices, logs EngineDeadError and exits by itself",
                 "vllm-doctor diagnose vllm.log --format json"], t0, ["metrics.txt"])
     return run
+
+
+# Each scenario runs once per module; when it broke, its first test reports why (vLLM's own last
+# lines when vLLM died) and every other test of the scenario says so in one line.
+_REPORTED: set[str] = set()
+
+
+def checked(run: Run) -> Run:
+    if run.failure:
+        if run.scenario in _REPORTED:
+            pytest.fail(f"scenario {run.scenario} broke: see its first failure above", pytrace=False)
+        _REPORTED.add(run.scenario)
+        pytest.fail(run.failure, pytrace=False)
+    return run
+
+
+def _checked(scenario_fixture: str):
+    @pytest.fixture
+    def run(request) -> Run:
+        return checked(request.getfixturevalue(scenario_fixture))
+    return run
+
+
+healthy = _checked("healthy_scenario")
+storm = _checked("storm_scenario")
+storm_long = _checked("storm_long_scenario")
+startup = _checked("startup_scenario")
+death = _checked("death_scenario")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +592,8 @@ def test_sidecar_default_max_num_seqs_not_wrong(death: Run):
 
 
 def test_e2e_time_budget():
-    """The whole e2e (setup excluded when cached) must stay well under 15 minutes on 2 cores."""
+    """The whole e2e (setup excluded when cached) must stay well under 15 minutes on 2 cores (the
+    time spent waiting for another test session's vLLM to finish is not counted)."""
     total = sum(TIMINGS.values())
     print(f"\n[e2e] scenario wall times: {TIMINGS} total {total:.0f} s")
     assert total < 12 * 60

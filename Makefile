@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bundle docs clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bundle docs golden wordings clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,14 @@ bundle: setup
 
 docs: setup
 	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md
+
+# Golden events dumps of tests/fixtures/logs (review the diff after a parser change).
+golden: setup
+	$(BIN)/python tools/gen_golden_events.py
+
+# The wordings table read from vLLM's released wheels (downloads one wheel per minor version).
+wordings: setup
+	$(BIN)/python tools/gen_wordings.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

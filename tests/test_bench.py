@@ -255,3 +255,96 @@ def test_serve_rejects_a_bad_bench_file_in_one_line(tmp_path):
                "--port", "0")
     assert r.returncode == 2
     assert r.stderr.strip() == f"vllm-doctor: --bench {bad}: not a `vllm-doctor bench ladder` result"
+
+
+class _HostileServer:
+    """A TCP server on 127.0.0.1 that either never answers (``mode="silent"``: accepts, reads,
+    says nothing) or answers 200 with an event stream that trickles an SSE comment every 0.2 s
+    forever (``mode="drip"``: no token, no end). Neither is vLLM; the ladder must stay bounded."""
+
+    def __init__(self, mode: str):
+        import socket
+        import threading
+
+        self.mode, self.conns, self.stop = mode, [], threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self):
+        import threading
+        import time as _t
+
+        def drip(c):
+            try:
+                c.recv(65536)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while not self.stop.is_set():
+                    c.sendall(b"3\r\n:\n\n\r\n")
+                    _t.sleep(0.2)
+            except OSError:
+                pass
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(c)
+            if self.mode == "drip":
+                threading.Thread(target=drip, args=(c,), daemon=True).start()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "drip"])
+def test_ladder_stays_bounded_against_a_server_that_never_finishes(mode):
+    import time as _t
+
+    with _HostileServer(mode) as srv:
+        cfg = LadderConfig(url=srv.url, model="x", levels=[1, 2, 4], requests_per_level=3, input_len=2,
+                           output_len=2, request_timeout_seconds=1.0, level_timeout_seconds=2.5)
+        t0 = _t.monotonic()
+        res = asyncio.run(run_ladder(cfg))
+        took = _t.monotonic() - t0
+    # level 1: 3 requests one after another, each cut at its 1 s total timeout (the level's 2.5 s cuts the
+    # third); no request completed, so the higher levels (which can only do worse) are not run
+    assert [lv["concurrency"] for lv in res["levels"]] == [1]
+    lv = res["levels"][0]
+    assert lv["completed"] == 0 and lv["errors"] == lv["requests"] >= 2
+    assert any("timed out after 1 s" in e for e in lv["error_examples"])
+    assert "stopped" in res["knee"]["reason"] or res.get("stopped")
+    assert took < 8, took          # /metrics on the same server: read once, not once a second for 10 s each
+
+
+def test_model_lookup_on_a_trickling_server_is_bounded():
+    import time as _t
+
+    from vllm_doctor.bench.ladder import BenchError
+
+    with _HostileServer("drip") as srv:
+        t0 = _t.monotonic()
+        with pytest.raises(BenchError, match="no answer within 15 s"):
+            asyncio.run(run_ladder(LadderConfig(url=srv.url, levels=[1], requests_per_level=1)))
+        assert _t.monotonic() - t0 < 25
+
+
+def test_deeply_nested_json_is_one_line_exit_2_for_compare_and_diagnose_bench(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    r = doctor("bench", "compare", str(deep), str(deep))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and r.stderr.count("\n") == 1
+    log = ROOT / "tests" / "fixtures" / "logs" / "cpu-preemption-tiny-kv-cache.log"
+    r = doctor("diagnose", str(log), "--bench", str(deep))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and "internal error" not in r.stderr

@@ -226,3 +226,55 @@ def test_vllm_config_yaml():
     r = check_text(text, "serve.yaml", vllm_version="0.9.2")
     assert [(f.rule_id, f.line, (f.fix or {}).get("setting")) for f in r.findings] == [
         ("VC003", 3, "--kv-cache-dtype"), ("VC005", 4, None)]
+
+
+def _check_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "vllm_doctor", "check", *args], capture_output=True, text=True,
+                          timeout=60, input=stdin)
+
+
+@pytest.mark.parametrize("name,body", [
+    ("binary.sh", b"docker run vllm/vllm-openai:latest\n\x00\x01\x02\xff" * 10),
+    ("deep.json", b"[" * 100000 + b"]" * 100000),
+    ("deep-grafana.json", b'{"panels": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+    ("deep.yaml", b"a:\n" + b"".join(b"  " * i + b"b:\n" for i in range(1, 3000))),
+    ("huge.sh", b"# " + b"a" * (17 << 20) + b"\n"),
+])
+def test_what_is_no_config_is_one_line_exit_2(tmp_path, name, body):
+    (tmp_path / name).write_bytes(body)
+    r = _check_cli(str(tmp_path / name))
+    assert r.returncode == 2 and r.stdout == "", r.stdout[:300]
+    assert r.stderr.count("\n") == 1 and name in r.stderr and "internal error" not in r.stderr
+
+
+def test_heredoc_bodies_are_data_not_commands():
+    text = ("cat <<'EOT' > /etc/notes\n--chunked-prefill-size 99\nVLLM_USE_PREFILL=1\nEOT\n"
+            "cat <<-END\n\tvllm serve m --kv-cache 1\n\tEND\n"
+            "vllm serve m --chunked-prefill-size 4096 <<< 'here-string is not a heredoc'\n")
+    r = check_text(text, "start.sh", vllm_version="0.11.0")
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC001", 8)]
+
+
+def test_capacity_is_not_sized_with_a_default_in_place_of_an_unusable_value():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    for bad in ("--max-num-seqs 0", "--max-model-len abc", "--tensor-parallel-size x"):
+        r = check_text(f"vllm serve m {bad} --max-num-seqs 512\n" if "seqs" not in bad else f"vllm serve m {bad}\n",
+                       "s.sh", vllm_version="0.11.0", model_config=cfg, gpu_memory=80 << 30)
+        assert not [f for f in r.findings if f.rule_id == "VC010"], (bad, [f.message for f in r.findings])
+    r = check_text("vllm serve m --max-num-seqs 0 --gpu-memory-utilization 1.5\n", "s.sh", vllm_version="0.11.0")
+    fixes = {f.snippet: f.fix for f in r.findings if f.rule_id == "VC006"}
+    assert fixes["--max-num-seqs"] is None                                   # no empty "-> --max-num-seqs"
+    assert fixes["--gpu-memory-utilization"]["value"] == 0.9                 # 1.5 is no percentage: not 0.01
+    r = check_text("vllm serve m --gpu-memory-utilization 90\n", "s.sh", vllm_version="0.11.0")
+    assert [f.fix["value"] for f in r.findings if f.rule_id == "VC006"] == [0.9]
+
+
+def test_grafana_findings_name_the_line_of_the_expression_and_odd_panels_are_skipped():
+    dash = {"panels": [1, "x", {"panels": "y", "targets": [2, {"expr": 5}]},
+                       {"title": "KV", "targets": [{"expr": 'vllm_kv_cache_tokens{pod=~"$pod"}'}]}]}
+    text = json.dumps(dash, indent=2)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "vllm_kv_cache_tokens" in l)
+    assert line > 1
+    r = check_text(text, "d.json", vllm_version="0.11.0")
+    assert r.kind == "grafana" and [(f.rule_id, f.line) for f in r.findings] == [("VM001", line)]
+    assert check_text('{"dashboard": [1]}', "e.json").findings == []

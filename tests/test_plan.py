@@ -418,3 +418,52 @@ def test_helpers_for_observed_pools():
     # 16 x 2048-token requests need 256 blocks; 224 more blocks of 128 KiB on a 13.09 GiB CPU node at 0.92
     u = cap.utilization_for_more_blocks(0.92, int(13.09 * cap.GiB), 32, 256, 131072)
     assert u == 0.93 and 0.92 + 224 * 131072 / (13.09 * cap.GiB) <= u
+
+
+@pytest.mark.parametrize("size", ["1e400GiB", "nanGiB", "infG", "99999999999999TiB"])
+def test_parse_size_rejects_non_finite_and_absurd_sizes_in_one_line(size):
+    from vllm_doctor.errors import InputError
+
+    with pytest.raises(InputError, match="not a size"):
+        parse_size(size)
+
+
+@pytest.mark.parametrize("key,value", [("hidden_size", "4096"), ("hidden_size", [1]), ("hidden_size", True),
+                                       ("num_attention_heads", -8), ("num_hidden_layers", 32.5),
+                                       ("num_hidden_layers", 10 ** 30), ("max_position_embeddings", "lots")])
+def test_a_config_with_a_non_count_where_a_count_goes_is_one_line_exit_2(tmp_path, key, value):
+    cfg = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(tmp_path), "--gpu-memory", "80GiB"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and f"{key} is " in r.stderr and "internal error" not in r.stderr
+
+
+def test_tensor_parallel_size_must_divide_the_attention_heads():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))       # 32 attention heads
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, tensor_parallel_size=3))
+    assert p.startup["fails"]
+    assert p.startup["messages"][0] == ("Total number of attention heads (32) must be divisible by tensor parallel "
+                                        "size (3).")
+    assert not make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, tensor_parallel_size=4)).startup["fails"]
+
+
+def test_no_memory_for_the_weights_is_fixed_with_more_gpus_not_a_smaller_kv_dtype():
+    cfg, _ = load_config(str(MODELS / "qwen3-32b"))        # 61.02 GiB of bf16 weights, 64 attention heads
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=48 * cap.GiB, max_model_len=32768))
+    assert p.startup["fails"] and p.startup["messages"][0].startswith("No available memory")
+    flags = {f["flag"]: f["value"] for f in p.fixes}
+    assert "--kv-cache-dtype" not in flags
+    assert flags["--tensor-parallel-size"] == 2
+    at2 = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=48 * cap.GiB, max_model_len=32768, tensor_parallel_size=2))
+    assert not at2.startup["fails"]
+
+
+@pytest.mark.parametrize("cmd", [["plan"], ["check"], ["bench", "ladder"], ["bench", "compare"]])
+def test_help_names_values_not_python_types(cmd):
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", *cmd, "--help"], capture_output=True, text=True,
+                       timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0
+    assert not re.search(r"<(str|int|float)[^>]*>|\bTEXT\b|\bINTEGER\b|\bFLOAT\b", r.stdout.split("Options")[-1]), r.stdout

@@ -189,6 +189,27 @@ def diagnose(
     raise typer.Exit(EXIT_OK)
 
 
+@app.command()
+def events(
+    paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin); several are merged in time order.")],
+    year: Annotated[Optional[int], typer.Option("--year", metavar="YEAR", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
+) -> None:
+    """Print the typed events read from vLLM logs, one JSON object per line (what the rules see)."""
+    import json
+
+    from .oneshot import event_dict, events as run
+
+    out = sys.stdout
+    try:
+        run(paths, lambda e: out.write(json.dumps(event_dict(e), ensure_ascii=False) + "\n"), year=year)
+    except VllmDoctorError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    except BrokenPipeError:
+        raise typer.Exit(EXIT_OK)
+
+
 @app.command("rules")
 def rules_cmd(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
@@ -334,27 +355,27 @@ def watch(
 @app.command()
 def plan(
     model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
-    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
-    vllm_version: Annotated[str, typer.Option("--vllm-version", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
-    device: Annotated[str, typer.Option("--device", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1)] = 1,
-    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", min=1)] = 1,
-    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
-    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-    mamba_cache_dtype: Annotated[str, typer.Option("--mamba-cache-dtype", help="Hybrid models: dtype of the Mamba / linear-attention state.")] = "auto",
-    mamba_ssm_cache_dtype: Annotated[str, typer.Option("--mamba-ssm-cache-dtype", help="Hybrid models: dtype of the SSM (temporal) state.")] = "auto",
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    vllm_version: Annotated[str, typer.Option("--vllm-version", metavar="X.Y.Z", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
+    device: Annotated[str, typer.Option("--device", metavar="cuda|cpu", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", metavar="N", min=1, help="GPUs per pipeline stage.")] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", metavar="N", min=1, help="Pipeline stages.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="Weight dtype; auto: the config's (float32 served as bfloat16 on GPU).")] = "auto",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q", metavar="METHOD", help="fp8, awq, gptq, bitsandbytes, mxfp4, nvfp4. Default: the config's quantization_config.")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", metavar="DTYPE", help="auto (the model dtype), fp8, ...")] = "auto",
+    mamba_cache_dtype: Annotated[str, typer.Option("--mamba-cache-dtype", metavar="DTYPE", help="Hybrid models: dtype of the Mamba / linear-attention state.")] = "auto",
+    mamba_ssm_cache_dtype: Annotated[str, typer.Option("--mamba-ssm-cache-dtype", metavar="DTYPE", help="Hybrid models: dtype of the SSM (temporal) state.")] = "auto",
     enable_prefix_caching: Annotated[Optional[bool], typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Hybrid models: prefix caching changes the Mamba cache mode (default: the version's).")] = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1)] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=1)] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", min=0.01, max=1.0)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1)] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", min=1)] = None,
-    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
-    overhead: Annotated[Optional[str], typer.Option("--overhead", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
-    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", min=1, help="Requests at max_model_len to hold at once.")] = None,
-    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", min=1, help="Mean prompt + output tokens of a request.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown")] = "text",
+    block_size: Annotated[Optional[int], typer.Option("--block-size", metavar="TOKENS", min=1, help="Default: the version's (16; 128 on the CPU backend).")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", metavar="TOKENS", min=1, help="Default: the config's max_position_embeddings.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", metavar="RATIO", min=0.01, max=1.0, help="Default: the version's (0.9; 0.92 from 0.20).")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", metavar="N", min=1, help="Default: the version's (V1: 1024 on GPUs of 70 GiB or more, else 256).")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", metavar="TOKENS", min=1, help="Default: the version's (V1: 8192 on GPUs of 70 GiB or more, else 2048).")] = None,
+    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", metavar="SIZE", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
+    overhead: Annotated[Optional[str], typer.Option("--overhead", metavar="SIZE", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
+    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
+    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
     """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
     whether start-up fails, and the flags for a target, with the arithmetic shown.
@@ -391,11 +412,11 @@ def plan(
 @app.command()
 def check(
     paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
-    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
-    model_config: Annotated[Optional[str], typer.Option("--model-config", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
-    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="text, json, sarif or github")] = "text",
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding at or above: error, warning, note, never.")] = "error",
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", metavar="X.Y.Z", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
+    model_config: Annotated[Optional[str], typer.Option("--model-config", metavar="PATH", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|sarif|github", help="Output format.")] = "text",
+    fail_on: Annotated[str, typer.Option("--fail-on", metavar="error|warning|note|never", help="Exit 1 when a finding is at or above this level.")] = "error",
 ) -> None:
     """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
     above --fail-on, 2 on unusable input."""
@@ -415,14 +436,7 @@ def check(
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None
         results = []
         for path in paths:
-            if path == "-":
-                text = sys.stdin.read()
-            else:
-                try:
-                    text = Path(path).read_text(errors="replace")
-                except OSError as e:
-                    raise InputError(f"{path}: cannot read: {e.strerror}") from None
-            results.append(chk.check_text(text, path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+            results.append(chk.check_file(path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(chk.FORMATS[format](results))

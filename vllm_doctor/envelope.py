@@ -22,7 +22,7 @@ Damage from copy and paste is tolerated: several records glued on one line (tqdm
 before ``INFO``; newlines collapsed to spaces) are split at each embedded logger prefix, except
 inside request-logging lines (``Received request ...: prompt: '...'``) whose text is user input.
 
-Everything works on bytes until a line is known to matter: the :data:`PREFILTER` regex drops, at
+Everything works on bytes until a line is known to matter: the :class:`KeywordScanner` (keywords derived from the matcher table) drops, at
 C speed, lines that no parser could match (the bulk of a request-heavy log), which keeps
 ``diagnose`` near ``grep`` speed. Invalid UTF-8 is replaced, never raised; lines longer than
 ``max_line_bytes`` are cut (the rest of the line is counted but not kept).
@@ -37,21 +37,85 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-# Words that every line some parser could match contains. Lines without any are counted and
-# dropped before decoding. Keep in sync with vllm_doctor.parsers (test_envelope checks it).
-KEYWORDS = (
-    rb"throughput", rb"KV cache", rb"blocks", rb"oncurrency", rb"reempt", rb"rror", rb"xception",
-    rb"Traceback", rb"File \"", rb"out of memory", rb"OOM", rb"emory", rb"dead", rb"Dead", rb"died",
-    rb"timed out", rb"failed", rb"Failed", rb"NCCL", rb"Watchdog", rb"args", rb"config", rb"version",
-    rb"max_num", rb"max model len", rb"max_model_len", rb"startup complete", rb"Starting vLLM",
-    rb"Uvicorn running", rb"running=", rb"--kv-cache", rb"--chunked-prefill-size", rb"VLLM_USE_PREFILL",
-    rb"VLLM_LOG_LEVEL", rb"took", rb"Killed", rb"killed", rb"block found", rb"cache_config_info",
-    rb"shutdown", rb"SIGTERM", rb"SIGINT",
+# Client-controlled text, known by its fixed head (vLLM's request logging of every version, the
+# request-id lines, uvicorn's access log). Only the head is vLLM's: the rest (a prompt, a
+# sampling-params echo, a JSON body, a request id taken verbatim from X-Request-Id, a URL path) is
+# never parsed and never split at an embedded logger prefix. Heads read from vLLM's released source:
+# entrypoints/logger.py RequestLogger (``Received request %s: prompt: %r, params: ...``; 0.4+),
+# engine/async_llm_engine.py (``Received request``/``Added request``/``Aborted request``/``Finished
+# request``, 0.1-0.10), v1/engine/async_llm.py and output_processor.py (``Added request %s.``,
+# ``Request %s aborted.``, ``Request %s failed (engine dead).``, ``Aborted request(s) %s.``),
+# entrypoints/logger.py 0.9+ (``Generated response %s: output: ...``), serving_engine.py 0.2x-0.33
+# at DEBUG (``Request %s JSON body: ...``, ``Request %s details: prompt: ...``).
+CLIENT_HEADS: tuple[tuple[str, str], ...] = (
+    ("request-log", r"Received request\b"),
+    ("request-log", r"Added request\b"),
+    ("request-log", r"Aborted request"),
+    ("request-log", r"Finished request\b"),
+    ("request-log", r"Generated response\b"),
+    ("request-log", r"Abort(?:ing|ed)? requests?\b"),
+    ("request-id", r"Request\s"),
+    # V1's fatal-step dump (logging_utils/dump_input.py 0.9+): the scheduler output holds requests'
+    # prompts and sampling params.
+    ("engine-dump", r"Dumping (?:input data for V1 LLM engine|scheduler output for model execution|scheduler stats)"),
 )
-PREFILTER = re.compile(b"|".join(KEYWORDS))
-# The head of a request-logging line (--enable-log-requests): its text is a user's prompt, never
-# parsed, so a keyword inside it does not make it a candidate.
-REQUEST_HEAD_RE = re.compile(rb"\] (?:Received request|Added request|Finished request|Aborted request|Generated response)")
+CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler output", "Dumping scheduler stats", "dump_input.py")
+# uvicorn's access log: ``INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 200 OK`` (the level prefix
+# may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
+ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
+CLIENT_RE = re.compile(
+    r"\s*(?:" + "|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(CLIENT_HEADS)) + ")"
+)
+# The head of a client-text line right after vLLM's logger prefix, at byte level: such lines
+# are skipped before decoding (they are most of a request-heavy log).
+REQUEST_HEAD_RE = re.compile(rb"\] (?:Received request|Added request|Finished request|Aborted request|Generated response|Request \S)")
+# A client's request id inside a vLLM message (``[shutdown] EngineCore: rejecting new request
+# request_id=%s``, the KV-transfer connectors' ``kv_request_id=%s ...``): the message is read only
+# up to it, since the id (X-Request-Id, verbatim) may hold anything, the rest of a line included.
+CLIENT_FIELD_RE = re.compile(r"\b(?:kv_)?request_id=")
+CRI_PARTIAL_RE = re.compile(rb"^\S{10,40} std(?:out|err) P ")
+
+
+def client_head(text: str) -> str | None:
+    """The kind of client-controlled line ``text`` is ("request-log", "request-id",
+    "access-log"), or None. ``text`` starts after the process and logger prefixes."""
+    m = CLIENT_RE.match(text)
+    if m:
+        return CLIENT_HEADS[int(m.lastgroup[1:])][0]
+    if ACCESS_RE.match(text):
+        return "access-log"
+    return None
+
+
+def _cut_client_field(text: str) -> str:
+    """``text`` up to a client's request id inside it (see :data:`CLIENT_FIELD_RE`)."""
+    if "request_id=" in text:
+        m = CLIENT_FIELD_RE.search(text)
+        if m:
+            return text[: m.end()]
+    return text
+
+
+def _head(text: str) -> str:
+    """The fixed head of a client-text line, without the client's part."""
+    m = CLIENT_RE.match(text)
+    if m:
+        return m.group(0).strip()
+    return "access log" if ACCESS_RE.match(text) else "dump body"
+
+
+def prefilter_patterns(keywords) -> list[bytes]:
+    """Regexes (bytes) for the keyword scan: each keyword as written and as it appears inside a
+    JSON string (docker json-file, JSON log records: ``"`` -> ``\\"``, non-ASCII -> ``\\uXXXX``),
+    and the pieces of a record split over lines (a CRI ``P`` line, a docker entry without its
+    newline): they must reach the envelope to be joined, whatever the keyword they were cut in."""
+    out: list[bytes] = []
+    for kw in keywords:
+        for form in {kw.encode(), json.dumps(kw)[1:-1].encode()}:
+            out.append(re.escape(form))
+    out.append(rb" std(?:out|err) P ")
+    out.append(rb'(?:[^n]|[^\\]n)", ?"stream"')  # a docker entry whose log does not end with a newline
+    return sorted(set(out))
 
 
 class KeywordScanner:
@@ -62,15 +126,21 @@ class KeywordScanner:
     ``backend`` says which.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keywords=None) -> None:
+        if keywords is None:
+            from .parsers import prefilter_keywords  # the matcher table (imports this module)
+
+            keywords = prefilter_keywords()
+        self.patterns = prefilter_patterns(keywords)
+        self.regex = re.compile(b"|".join(self.patterns))
         self.backend = "re"
         self._db = None
         try:
             import hyperscan  # type: ignore[import-not-found]
 
             db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            db.compile(expressions=list(KEYWORDS), ids=list(range(len(KEYWORDS))), elements=len(KEYWORDS),
-                       flags=[0] * len(KEYWORDS))
+            n = len(self.patterns)
+            db.compile(expressions=list(self.patterns), ids=list(range(n)), elements=n, flags=[0] * n)
             self._db = db
             self.backend = "hyperscan"
         except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
@@ -79,7 +149,7 @@ class KeywordScanner:
     def ends(self, block: bytes) -> list[int]:
         """Sorted end offsets of keyword matches in ``block`` (duplicates possible)."""
         if self._db is None:
-            return [m.end() for m in PREFILTER.finditer(block)]
+            return [m.end() for m in self.regex.finditer(block)]
         hits: list[int] = []
         append = hits.append
         self._db.scan(block, match_event_handler=lambda _i, _f, to, _fl, _c: append(to))
@@ -87,7 +157,20 @@ class KeywordScanner:
         return hits
 
 
-ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,
+# cursor moves), other two-byte escapes; an OSC cut off by the end of the line is dropped too.
+ANSI_RE = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\x1b")
+# Markdown blockquote of a paste (``> ``, possibly nested).
+QUOTE_RE = re.compile(r"^(?:> ?)+")
+# journald: ``journalctl`` short (``Nov 30 10:00:00 host unit[pid]: msg``), short-precise and
+# short-iso (``2026-11-30T10:00:00+0000 host unit[pid]: msg``) output.
+JOURNAL_RE = re.compile(
+    r"^(?:(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
+    r"|(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?))"
+    r" [\w.-]+ [\w@./-]+\[\d+\]: "
+)
+# docker compose: ``service-1  | msg``.
+COMPOSE_RE = re.compile(r"^[\w.-]+(?:-\d+)? *\| ")
 CRI_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (?P<stream>stdout|stderr) (?P<tag>[FP]) ?(?P<msg>.*)$",
     re.S,
@@ -104,12 +187,13 @@ LOGGER_RE = re.compile(
     r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"(?:\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?)?"
 )
+# uvicorn's own level prefix (``INFO:     Application startup complete.``).
+UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
 EMBEDDED_RE = re.compile(
     r"(?:\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+(?:, ip=[^)]*)?\)\s?)*"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] ?"
 )
-REQUEST_LOG_RE = re.compile(r"^(?:Received request|Added request|Generated response|Request \S+ details)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +203,8 @@ class Record:
     lineno: 1-based line in the source; level: "INFO", ... or None; ts: epoch seconds (year
     inferred) or None; process: innermost process prefix name ("EngineCore_DP0") or None;
     pid: its pid or None; src: vLLM's ``file.py:123`` or None; msg: the message text.
+    client: set for a line whose text a client controls (see :data:`CLIENT_HEADS`); its ``msg``
+    is then only the fixed head (``Received request``), the payload is dropped here.
     """
 
     lineno: int
@@ -128,6 +214,7 @@ class Record:
     process: str | None = None
     pid: int | None = None
     src: str | None = None
+    client: str | None = None  # a client-text line ("request-log", ...): msg is its fixed head only
 
 
 class LogClock:
@@ -195,6 +282,8 @@ class Envelope:
         self.clock = clock or LogClock()
         self._partial: list[str] = []
         self._partial_lineno = 0
+        self._partial_last = 0
+        self._partial_bytes = 0
         self.last_ts: float | None = None
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
@@ -204,53 +293,60 @@ class Envelope:
             text = text[:-1]
         if "\x1b" in text:
             text = ANSI_RE.sub("", text)
+        out: list[Record] = []
+        if self._partial and lineno != self._partial_last + 1:
+            out = self.flush()  # a partial line whose continuation never came
         outer_ts: float | None = None
-        first = text[:1]
-        if first == "{":
-            try:
-                obj = json.loads(text)
-            except ValueError:
-                obj = None
-            if isinstance(obj, dict) and "log" in obj:  # docker json-file
-                log_text = str(obj.get("log", ""))
-                if not log_text.endswith("\n"):  # docker splits lines over 16 KiB: join the parts
-                    if not self._partial:
-                        self._partial_lineno = lineno
-                    if sum(len(p) for p in self._partial) < 1 << 20:
-                        self._partial.append(log_text)
-                    return []
-                if self._partial:
-                    log_text = "".join(self._partial) + log_text
-                    lineno = self._partial_lineno
-                    self._partial = []
-                text = log_text.rstrip("\n").rstrip("\r")
-                dt = _parse_iso(str(obj.get("time", "")))
-                if dt:
-                    outer_ts = dt.timestamp()
-                    self.clock.set_year(dt.year)
-                if "\x1b" in text:
-                    text = ANSI_RE.sub("", text)
-            elif isinstance(obj, dict) and ("message" in obj or "msg" in obj):
-                return self._json_record(lineno, obj)
-        elif first.isdigit() or first == "[":
-            m = CRI_RE.match(text)
+        for _ in range(4):  # wrappers nest: a quoted paste of journald around CRI around JSON, ...
+            first = text[:1]
+            if first == ">":  # a markdown blockquote (a paste)
+                text = QUOTE_RE.sub("", text, 1)
+                continue
+            if first == "{":
+                try:
+                    obj = json.loads(text)
+                except ValueError:
+                    break
+                if isinstance(obj, dict) and "log" in obj:  # docker json-file
+                    dt = _parse_iso(str(obj.get("time", "")))
+                    if dt:
+                        outer_ts = dt.timestamp()
+                        self.clock.set_year(dt.year)
+                    log_text = str(obj.get("log", ""))
+                    if not log_text.endswith("\n"):  # docker splits lines over 16 KiB: join the parts
+                        self._hold(lineno, log_text)
+                        return out
+                    text = self._joined(log_text.rstrip("\n").rstrip("\r"))
+                    lineno = self._joined_lineno(lineno)
+                    if "\x1b" in text:
+                        text = ANSI_RE.sub("", text)
+                    continue
+                if isinstance(obj, dict) and ("message" in obj or "msg" in obj):
+                    return out + self._json_record(lineno, obj, outer_ts)
+                break
+            if first.isdigit() or first == "[":
+                m = CRI_RE.match(text)
+                if m:
+                    dt = _parse_iso(m.group("ts"))
+                    if dt:
+                        outer_ts = dt.timestamp()
+                        self.clock.set_year(dt.year)
+                    if m.group("tag") == "P":
+                        self._hold(lineno, m.group("msg"))
+                        return out
+                    text = self._joined(m.group("msg"))
+                    lineno = self._joined_lineno(lineno)
+                    continue
+            m = JOURNAL_RE.match(text) if first.isalnum() else None
             if m:
-                dt = _parse_iso(m.group("ts"))
-                if dt:
-                    outer_ts = dt.timestamp()
-                    self.clock.set_year(dt.year)
-                if m.group("tag") == "P":
-                    if not self._partial:
-                        self._partial_lineno = lineno
-                    if sum(len(p) for p in self._partial) < 1 << 20:
-                        self._partial.append(m.group("msg"))
-                    return []
-                text = m.group("msg")
-                if self._partial:
-                    text = "".join(self._partial) + text
-                    lineno = self._partial_lineno
-                    self._partial = []
-            else:
+                if m.group("iso"):
+                    dt = _parse_iso(m.group("iso"))
+                    if dt:
+                        outer_ts = dt.timestamp()
+                        self.clock.set_year(dt.year)
+                text = text[m.end():]
+                continue
+            if first.isdigit() or first == "[":
                 m = ISO_PREFIX_RE.match(text)
                 if m:
                     dt = _parse_iso(m.group("ts"))
@@ -258,15 +354,45 @@ class Envelope:
                         outer_ts = dt.timestamp()
                         self.clock.set_year(dt.year)
                     text = text[m.end():]
+                    continue
+            m = COMPOSE_RE.match(text) if first.isalnum() else None
+            if m:
+                text = text[m.end():]
+                continue
+            break
         if "\r" in text:  # tqdm redraws: each segment is its own record
-            out: list[Record] = []
             for seg in text.split("\r"):
                 if seg.strip():
-                    out.extend(self._split(lineno, seg, outer_ts))
+                    recs = self._split(lineno, seg, outer_ts)
+                    out.extend(recs)
+                    if recs and recs[-1].client:
+                        break  # the rest of the line is the client's text
             return out
-        return self._split(lineno, text, outer_ts)
+        return out + self._split(lineno, text, outer_ts)
 
-    def _json_record(self, lineno: int, obj: dict) -> list[Record]:
+    def _hold(self, lineno: int, part: str) -> None:
+        """Keep a partial line (CRI ``P``, a docker entry without its newline) for the next line."""
+        if not self._partial:
+            self._partial_lineno = lineno
+        self._partial_last = lineno
+        if self._partial_bytes < 1 << 20:
+            self._partial.append(part)
+            self._partial_bytes += len(part)
+
+    def _joined(self, text: str) -> str:
+        if not self._partial:
+            return text
+        return "".join(self._partial) + text
+
+    def _joined_lineno(self, lineno: int) -> int:
+        if not self._partial:
+            return lineno
+        lineno = self._partial_lineno
+        self._partial = []
+        self._partial_bytes = 0
+        return lineno
+
+    def _json_record(self, lineno: int, obj: dict, outer_ts: float | None = None) -> list[Record]:
         """A JSON log record (VLLM_LOGGING_CONFIG_PATH with a JSON formatter, vLLM 0.33's
         JSON_FORMAT, python-json-logger): message, level, time and file taken by their usual keys."""
         msg = str(obj.get("message", obj.get("msg", ""))).rstrip("\n")
@@ -289,13 +415,18 @@ class Envelope:
                 break
         src = f"{obj['filename']}:{obj.get('lineno', 0)}" if obj.get("filename") else "json"
         if ts is None:
-            ts = self.last_ts
-        else:
+            ts = outer_ts if outer_ts is not None else self.last_ts
+        if ts is not None:
             self.last_ts = ts
+        process = obj.get("processName") if isinstance(obj.get("processName"), str) else None
+        pid = obj.get("process") if isinstance(obj.get("process"), int) else None
+        bare = msg[LEADING_PROCS_RE.match(msg).end():] if msg[:1] == "(" and LEADING_PROCS_RE.match(msg) else msg
+        kind = client_head(bare) or ("engine-dump" if src.startswith("dump_input.py") else None)
+        if kind:  # the whole message, newlines included, is the client's text
+            return [Record(lineno, _head(bare), level, ts, process, pid, src, kind)]
         out = []
-        for i, part in enumerate(msg.split("\n")):  # a traceback inside one JSON record
-            out.append(Record(lineno, part, level, ts, obj.get("processName") if isinstance(obj.get("processName"), str) else None,
-                              obj.get("process") if isinstance(obj.get("process"), int) else None, src))
+        for part in _cut_client_field(msg).split("\n"):  # a traceback inside one JSON record
+            out.append(Record(lineno, part, level, ts, process, pid, src))
         exc = obj.get("exc_info") or obj.get("exception")
         if isinstance(exc, str):
             out.extend(Record(lineno, part, level, ts, None, None, src) for part in exc.split("\n") if part)
@@ -303,9 +434,7 @@ class Envelope:
 
     def _split(self, lineno: int, text: str, outer_ts: float | None) -> list[Record]:
         first = self._one(lineno, text, outer_ts)
-        if first is None:
-            return []
-        if REQUEST_LOG_RE.match(first.msg):
+        if first.client:
             return [first]
         # Glued records: a second logger prefix inside the message.
         msg = first.msg
@@ -319,11 +448,13 @@ class Envelope:
         for i, start in enumerate(cuts):
             end = cuts[i + 1] if i + 1 < len(cuts) else len(msg)
             rec = self._one(lineno, msg[start:end].rstrip(), outer_ts)
-            if rec is not None:
-                out.append(rec)
+            if rec.client:  # the rest of the line is the client's text: no further cut
+                out.append(self._one(lineno, msg[start:].rstrip(), outer_ts))
+                break
+            out.append(rec)
         return out
 
-    def _one(self, lineno: int, text: str, outer_ts: float | None) -> Record | None:
+    def _one(self, lineno: int, text: str, outer_ts: float | None) -> Record:
         process = None
         pid = None
         m = LEADING_PROCS_RE.match(text)
@@ -335,10 +466,11 @@ class Envelope:
             text = text[m.end():]
         level = src = None
         ts = outer_ts
-        lm = LOGGER_RE.search(text, 0, 4096)
+        kind = client_head(text)
         # The logger prefix must start the message, or follow non-vLLM text glued before it
-        # (tqdm): accept it anywhere only when a level is present.
-        if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0)):
+        # (tqdm): accept it anywhere only when a level is present, and never inside client text.
+        lm = None if kind else LOGGER_RE.search(text, 0, 4096)
+        if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0 and not client_head(text[: lm.start()]))):
             # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
             level = lm.group("level") or None
             if level == "WARN":
@@ -356,13 +488,23 @@ class Envelope:
                     process, pid_s = procs[-1]
                     pid = int(pid_s)
                 text = text[m2.end():]
+            kind = client_head(text)
+        elif not kind and text[:1] in "DIWEC":
+            um = UVICORN_LEVEL_RE.match(text)
+            if um:
+                level = um.group(1)
+                text = text[um.end():]
         # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes without a
         # prefix) keep their text as it is.
         if ts is None:
             ts = self.last_ts
         else:
             self.last_ts = ts
-        return Record(lineno, text, level, ts, process, pid, src)
+        if kind is None and src is not None and src.startswith("dump_input.py"):
+            kind = "engine-dump"  # a line of the dump's body
+        if kind:
+            return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+        return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
 
     def flush(self) -> list[Record]:
         """Records still held (a CRI partial line with no final ``F`` line)."""
@@ -370,20 +512,44 @@ class Envelope:
             return []
         text = "".join(self._partial)
         self._partial = []
+        self._partial_bytes = 0
         return self._split(self._partial_lineno, text, self.last_ts)
 
 
+def _is_partial(line: bytes) -> bool:
+    """A line whose record continues on the next line: a CRI ``P`` line, or a docker json-file
+    entry whose ``log`` does not end with a newline (docker cuts lines over 16 KiB)."""
+    if CRI_PARTIAL_RE.match(line):
+        return True
+    if line.startswith(b'{"log":'):
+        i = line.rfind(b'"stream"')
+        if i < 0:
+            return False
+        head = line[:i].rstrip(b", ")  # ... the log value's closing quote
+        return head.endswith(b'"') and not head[:-1].endswith(b"\\n")
+    return False
+
+
 def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
-                    max_line: int = 65536) -> tuple[list[tuple[int, bytes]], int]:
+                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated) that a parser could
-    match: ``([(index of the line from 0, its bytes cut to max_line)], number of lines)``.
-    Request-logging lines (user prompts) are skipped by their head. Pure: the parallel reader of
-    ``diagnose`` runs it in worker processes on byte ranges of one file."""
+    match: ``([(index of the line from 0, its bytes cut to max_line)], number of lines, carry)``.
+
+    A record split over several lines (CRI ``P`` lines, docker's 16 KiB pieces) is kept whole:
+    every line of it is returned when one is (``carry``: the last line returned was such a
+    piece, so the first line of the next block continues it). Request-logging lines (user
+    prompts) are skipped by their head. Pure: the parallel reader of ``diagnose`` runs it in
+    worker processes on byte ranges of one file."""
     out: list[tuple[int, bytes]] = []
     pos = start
     idx = 0
     end_of_last = start - 1
-    for to in scanner.ends(buf):
+    if carry and start < end:  # the continuation of a piece held from the previous block
+        ends = [start + 1]
+    else:
+        ends = []
+    hits = scanner.ends(buf)
+    for to in (ends + hits) if ends else hits:
         if to <= end_of_last or to <= start:
             continue
         if to > end:
@@ -394,13 +560,32 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         le = buf.find(b"\n", to, end)
         if le < 0:
             le = end
-        end_of_last = le
-        if REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)):
+        line = buf[ls:le]
+        if not carry and REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)) and not _is_partial(line):
+            end_of_last = le
             continue  # a request-logging line: user text
+        # The first pieces of a record split over lines (docker: the previous lines of this block).
+        while ls > start and ls - 1 > end_of_last:
+            ps = buf.rfind(b"\n", start, ls - 1) + 1 or start
+            if ps < start or not _is_partial(buf[ps : ls - 1]):
+                break
+            ls = ps
         idx += buf.count(b"\n", pos, ls)
         pos = ls
-        out.append((idx, buf[ls:le][:max_line]))
-    return out, idx + buf.count(b"\n", pos, end) + 1
+        while True:  # this line, and the lines that continue it
+            line = buf[ls:le]
+            out.append((idx, line[:max_line]))
+            carry = _is_partial(line)
+            if not carry or le >= end:
+                break
+            ls = le + 1
+            le = buf.find(b"\n", ls, end)
+            if le < 0:
+                le = end
+            idx += 1
+            pos = ls
+        end_of_last = le
+    return out, idx + buf.count(b"\n", pos, end) + 1, carry if out and end_of_last >= end else False
 
 
 class LineSplitter:

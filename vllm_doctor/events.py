@@ -217,7 +217,10 @@ class OutOfMemory:
     allocate X MiB. GPU N has a total capacity of T GiB of which F MiB is free ...``; older torch
     ``torch.cuda.OutOfMemoryError`` with the "total capacty" typo; ``RuntimeError: CUDA out of
     memory``; ``CUDA error: out of memory``).
-    phase: "startup" when the engine had not served yet, "runtime" after; decided by the state.
+    phase: "startup" or "runtime" when the traceback it closes says so (raised through
+    start-up-only frames such as ``profile_run`` / ``load_model``, or serving-only frames such as
+    ``step`` / ``output_handler``); None otherwise, and the state decides from what came before
+    (the engine served: requests or stats lines seen).
     """
 
     meta: Meta
@@ -226,6 +229,7 @@ class OutOfMemory:
     free_bytes: int | None = None
     gpu_index: int | None = None
     in_use_bytes: int | None = None
+    phase: Literal["startup", "runtime"] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .diagnosis import load_rules
 from .errors import InputError
-from .pipeline import Pipeline, Report, file_year, file_year_month
+from .pipeline import Pipeline, Report, Scanned, bom_encoding, file_year, file_year_month
 
 CHUNK = 1 << 20
 
@@ -37,9 +37,13 @@ def _chunks(fh, first: bytes = b"") -> Iterator[bytes]:
 
 
 def _looks_binary(head: bytes) -> bool:
-    """Binary: NUL bytes, or mostly non-text bytes, in the first 8 KiB."""
+    """Binary: NUL bytes, or mostly non-text bytes, in the first 8 KiB (UTF-16/32 text with a
+    byte-order mark is text: the pipeline decodes it)."""
     if not head:
         return False
+    enc = bom_encoding(head[:8192])
+    if enc is not None:
+        head = head[enc[1]:8192].decode(enc[0], "replace").encode("utf-8")
     sample = head[:8192]
     if b"\x00" in sample:
         return True
@@ -123,31 +127,26 @@ def open_source(path: str) -> tuple[str, Iterator[bytes]]:
 
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this one process is faster than starting workers
-RANGE_BYTES = 64 << 20  # a worker's share at a time
+RANGE_BYTES = 4 << 20  # a worker's share at a time (bounds what one result holds)
 
 
-def _scan_range(path: str, a: int, b: int) -> tuple[list[tuple[int, bytes]], int]:
-    """Worker: the candidate lines of bytes [a, b) of ``path`` (a and b at line starts), numbered
-    from 1 within the range, and the number of lines in the range. Memory: one chunk."""
-    from .envelope import KeywordScanner, LineSplitter, candidate_lines
+def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", int]:
+    """Worker: the candidate lines of bytes [a, b) of ``path`` (a and b at line starts), as one
+    ``\n``-joined blob and their line indexes within the range (from 0), and the number of lines
+    in the range. Compact, so that results waiting to be parsed stay small."""
+    from array import array
+
+    from .envelope import KeywordScanner, candidate_lines
 
     scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", KeywordScanner())
-    sp = LineSplitter()
-    out: list[tuple[int, bytes]] = []
-    done = 0
     with open(path, "rb") as fh:
         fh.seek(a)
-        left = b - a
-        while True:
-            chunk = fh.read(min(CHUNK * 4, left)) if left > 0 else b""
-            left -= len(chunk)
-            spans = sp.feed(chunk) if chunk else sp.flush()
-            for buf, start, end in spans:
-                cands, n = candidate_lines(scanner, buf, start, end)
-                out.extend((done + i + 1, line) for i, line in cands)
-                done += n
-            if not chunk:
-                return out, done
+        buf = fh.read(b - a)
+    end = len(buf) - 1 if buf.endswith(b"\n") else len(buf)
+    cands, n, _ = candidate_lines(scanner, buf, 0, end)
+    if not buf:
+        n = 0
+    return b"\n".join(c[1] for c in cands), array("I", (c[0] for c in cands)), n
 
 
 _worker_scanner: dict = {}
@@ -172,7 +171,7 @@ def _ranges(path: str, size: int) -> list[tuple[int, int]]:
 
 
 def _parallel_source(path: str) -> bool:
-    """A large plain (not gzip, not CRI) regular file, on a machine with more than one core."""
+    """A large plain (not gzip, not UTF-16/32) regular file, on a machine with more than one core."""
     try:
         st = os.stat(path)
     except OSError:
@@ -181,26 +180,58 @@ def _parallel_source(path: str) -> bool:
         return False
     with open(path, "rb") as fh:
         head = fh.read(4096)
-    from .envelope import CRI_RE
-
-    first = head.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
-    return head[:2] != b"\x1f\x8b" and not _looks_binary(head) and not CRI_RE.match(first)
+    return head[:2] != b"\x1f\x8b" and bom_encoding(head) is None and not _looks_binary(head)
 
 
-def _run_parallel(pipe: Pipeline, path: str, name: str) -> None:
-    """The source stage on several cores: workers find candidate lines of byte ranges; this
-    process feeds them, in file order, through the same envelope, parser, state and rules."""
+def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
+    """The source stage on several cores: workers find the candidate lines of byte ranges; the
+    blocks come back in file order, at most two per worker waiting, so memory stays bounded
+    whatever the file (a record split over lines at a range boundary is whole in neither range:
+    ranges start at line starts, and CRI/docker pieces are rare and short)."""
     import multiprocessing
+    from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
     ranges = _ranges(path, os.stat(path).st_size)
-    workers = min(os.cpu_count() or 2, 4, len(ranges))
-    base = 0
+    workers = workers or min(os.cpu_count() or 2, 4, len(ranges))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
-        for cands, n in ex.map(_scan_range, [path] * len(ranges), *zip(*ranges)):
-            pipe.feed_candidates(name, ((base + i, line) for i, line in cands), n)
-            base += n
-    pipe.end(name)
+        pending: deque = deque()
+        it = iter(ranges)
+        for a, b in it:
+            pending.append(ex.submit(_scan_range, path, a, b))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            blob, idx, n = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(ex.submit(_scan_range, path, *nxt))
+            lines = blob.split(b"\n") if idx else []
+            yield Scanned(lines, list(idx), n)
+
+
+def _pipeline(paths: list[str], ruleset, year: int | None = None) -> tuple[Pipeline, list]:
+    """The pipeline for ``paths`` and its sources: the one intake of every one-shot command
+    (one file, several merged, stdin, .gz, a large file scanned on all cores).
+    year: the year of vLLM's year-less timestamps (default: each file's modification time)."""
+    if not paths:
+        raise InputError("no input: give a log file, or - for standard input")
+    years = [file_year(p) for p in paths if p != "-"] if year is None else [year]
+    pipe = Pipeline(ruleset, base_year=next((y for y in years if y), None))
+    sources = [open_source(p) for p in paths]
+    names = [n for n, _ in sources]
+    if len(set(names)) != len(names):  # same base name in two folders: use the paths given
+        sources = [(p, it) for p, (_, it) in zip(paths, sources)]
+    if year is None:
+        for (name, _), path in zip(sources, paths):
+            ym = file_year_month(path) if path != "-" else None
+            if ym:
+                pipe.source_times[name] = ym
+    if len(paths) == 1 and paths[0] != "-" and os.environ.get("VLLM_DOCTOR_WORKERS") != "1" and _parallel_source(paths[0]):
+        for _, it in sources:
+            it.close()
+        sources = [(sources[0][0], scan_parallel(paths[0]))]
+    return pipe, sources
 
 
 def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | None = None,
@@ -209,33 +240,48 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | N
 
     since / until: epoch seconds on the log's clock; only what happened between them is judged
     (the engine's start-up configuration is read wherever it is)."""
-    if not paths:
-        raise InputError("no input: give a log file, or - for standard input")
     ruleset = load_rules([Path(d) for d in rules_dirs])
-    years = [file_year(p) for p in paths if p != "-"]
-    pipe = Pipeline(ruleset, follow=False, base_year=next((y for y in years if y), None))
+    pipe, sources = _pipeline(paths, ruleset)
     pipe.time_range = (since, until)
-    sources = [open_source(p) for p in paths]
-    names = [n for n, _ in sources]
-    if len(set(names)) != len(names):  # same base name in two folders: use the paths given
-        sources = [(p, it) for p, (_, it) in zip(paths, sources)]
-    for (name, _), path in zip(sources, paths):
-        ym = file_year_month(path) if path != "-" else None
-        if ym:
-            pipe.source_times[name] = ym
     samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
     # A capture is taken after the run it describes: it joins the state after the logs, and the
     # rules are judged once more with it (not before any log line was read).
     after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
-    if len(paths) == 1 and paths[0] != "-" and os.environ.get("VLLM_DOCTOR_WORKERS") != "1" and _parallel_source(paths[0]):
-        for _, it in sources:
-            it.close()
-        _run_parallel(pipe, paths[0], sources[0][0])
-        after()
-        pipe.active = pipe.engine.evaluate(pipe.state)
-    else:
-        pipe.run_files(sources, after=after)
+    pipe.run(sources, after=after)
     return pipe.report()
+
+
+def events(paths: list[str], sink, year: int | None = None) -> None:
+    """Every typed event the logs give, in pipeline order, to ``sink(event)`` (the ``events``
+    command). The same intake and stages as :func:`diagnose`; no rules."""
+    from .diagnosis.loader import RuleSet
+
+    pipe, sources = _pipeline(paths, RuleSet((), {}), year)
+    pipe.on_event = sink
+    pipe.run(sources)
+
+
+def event_dict(e) -> dict:
+    """A typed event as plain JSON values: ``event`` (its class name, the kind the rules name), where it came from, then
+    its fields (tuples as lists, None kept)."""
+    import dataclasses
+
+    meta = e.meta
+    out: dict = {"event": type(e).__name__, "source": meta.source, "lineno": meta.lineno,
+                 "end_lineno": meta.end_lineno, "ts": meta.ts, "process": meta.process, "level": meta.level}
+    for f in dataclasses.fields(e):
+        if f.name != "meta":
+            out[f.name] = _plain(getattr(e, f.name))
+    out["text"] = meta.text
+    return out
+
+
+def _plain(v):
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
 
 
 def load_metrics_file(path: str):

@@ -20,10 +20,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import events as ev
-from .envelope import REQUEST_LOG_RE, Record
+from .envelope import CLIENT_KEYWORDS, Record
 from .textscan import top_level
 
 GIB = 1 << 30
@@ -46,15 +47,40 @@ def _float(s: str | None) -> float | None:
 
 EXC_PREFIX = r"(?:[A-Za-z_][\w.]*(?:Error|Exception): )?"
 Builder = Callable[[re.Match, ev.Meta], Any]
-_MATCHERS: list[tuple[str, re.Pattern, Builder, bool]] = []
 
 
-def matcher(name: str, pattern: str, search: bool = False, flags: int = 0):
+@dataclass(frozen=True)
+class Matcher:
+    """One entry of the matcher table, the single source of truth for what vllm-doctor reads.
+
+    name: stable id; regex: compiled pattern (anchored at the message start unless ``search``);
+    build: match -> event(s) or None; keywords: literal texts one of which every line this
+    matcher can match contains (the prefilter is derived from them: :func:`prefilter_keywords`);
+    versions / source: the vLLM versions and source files the wording comes from; examples: real
+    log lines (as printed, with vLLM's prefix) that it must turn into an event (tests feed them
+    through :class:`~vllm_doctor.pipeline.Pipeline` under every wrapper).
+    """
+
+    name: str
+    regex: re.Pattern
+    build: Builder
+    search: bool
+    keywords: tuple[str, ...]
+    versions: str
+    source: str
+    examples: tuple[str, ...]
+
+
+MATCHERS: list[Matcher] = []
+
+
+def matcher(name: str, pattern: str, search: bool = False, flags: int = 0, *, keywords: tuple[str, ...],
+            versions: str, source: str, examples: tuple[str, ...]):
     """Register a builder for messages matching ``pattern`` (anchored unless ``search``)."""
 
     def deco(fn: Builder) -> Builder:
         rx = re.compile(pattern if search else r"\s*" + EXC_PREFIX + pattern, flags)
-        _MATCHERS.append((name, rx, fn, search))
+        MATCHERS.append(Matcher(name, rx, fn, search, tuple(keywords), versions, source, tuple(examples)))
         return fn
 
     return deco
@@ -67,7 +93,13 @@ STATS_FIELD = re.compile(
 )
 
 
-@matcher("stats", r"(?:Engine (?P<eng>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput: (?P<p>[\d.]+) tokens/s, Avg generation throughput: (?P<g>[\d.]+) tokens/s,(?P<rest>.*)")
+@matcher("stats", r"(?:Engine (?P<eng>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput: (?P<p>[\d.]+) tokens/s, Avg generation throughput: (?P<g>[\d.]+) tokens/s,(?P<rest>.*)",
+         keywords=('Avg prompt throughput: ',),
+         versions='0.1-0.33', source='llm_engine.py (0.1-0.3), engine/metrics.py (0.3.3-0.10.2), v1/metrics/loggers.py (0.7.3+)',
+         examples=(
+             'INFO 08-22 20:52:46 metrics.py:406] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%, CPU KV cache usage: 0.0%.',
+             '(APIServer pid=1) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 12.5 tokens/s, Avg generation throughput: 300.0 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%, Prefix cache hit rate: 0.0%',
+         ))
 def _stats(m: re.Match, meta: ev.Meta):
     fields: dict[str, float] = {}
     devs: list[tuple[str, float]] = []
@@ -106,112 +138,216 @@ def _stats(m: re.Match, meta: ev.Meta):
     )
 
 
-@matcher("stats-note", r"running=(?P<r>\d+),? (?:pending|waiting)=(?P<w>\d+),? gpu_cache=(?P<u>[\d.]+)%")
+@matcher("stats-note", r"running=(?P<r>\d+),? (?:pending|waiting)=(?P<w>\d+),? gpu_cache=(?P<u>[\d.]+)%",
+         keywords=('running=',),
+         versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
+         examples=(
+             'running=128 pending=512 gpu_cache=0%',
+         ))
 def _stats_note(m, meta):  # the tuning note's simplified stats line
     return ev.SchedulerStats(meta, None, None, int(m["r"]), int(m["w"]), None, round(float(m["u"]) / 100, 6), kv_device="GPU")
 
 
 # ---- KV cache capacity
-@matcher("blocks", r"# (?P<dev>GPU|cuda|[A-Za-z]+) blocks: (?P<g>\d+)(?:, # CPU blocks: (?P<c>\d+))?")
+@matcher("blocks", r"# (?P<dev>GPU|cuda|[A-Za-z]+) blocks: (?P<g>\d+)(?:, # CPU blocks: (?P<c>\d+))?",
+         keywords=('blocks: ',),
+         versions='0.1-0.10 (V0), 0.7.x (early V1)', source='llm_engine.py, gpu_executor.py, executor_base.py, v1/core/kv_cache_utils.py',
+         examples=(
+             'INFO 01-30 03:19:14 kv_cache_utils.py:395] # GPU blocks: 1381',
+             'INFO 02-11 10:17:54 [executor_base.py:113] # cuda blocks: 36184, # CPU blocks: 2340',
+         ))
 def _blocks(m, meta):  # V0 llm_engine.py / gpu_executor.py / executor_base.py, early V1 kv_cache_utils.py
     return ev.KvCacheCapacity(meta, num_gpu_blocks=int(m["g"]), num_cpu_blocks=_int(m["c"]),
                               device="GPU" if m["dev"] in ("GPU", "cuda") else m["dev"].upper())
 
 
-@matcher("kv-size", r"(?P<dev>GPU \+ host|[A-Z][A-Za-z]*) KV cache size: (?P<t>[\d,]+) tokens(?:, Maximum concurrency for (?P<n>[\d,]+) tokens per request: (?P<x>[\d.]+)x)?")
+@matcher("kv-size", r"(?P<dev>GPU \+ host|[A-Z][A-Za-z]*) KV cache size: (?P<t>[\d,]+) tokens(?:, Maximum concurrency for (?P<n>[\d,]+) tokens per request: (?P<x>[\d.]+)x)?",
+         keywords=('KV cache size: ',),
+         versions='0.8-0.33 (V1)', source='v1/core/kv_cache_utils.py',
+         examples=(
+             '(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2146] GPU KV cache size: 567,978 tokens',
+         ))
 def _kv_size(m, meta):  # V1 kv_cache_utils.py 0.8+ (one line from 0.28)
     return ev.KvCacheCapacity(meta, kv_cache_tokens=_int(m["t"]), device=m["dev"],
                               max_concurrency=_float(m["x"]), concurrency_tokens=_int(m["n"]))
 
 
-@matcher("kv-offload", r"CPU offload KV cache size: (?P<t>[\d,]+) tokens")
+@matcher("kv-offload", r"CPU offload KV cache size: (?P<t>[\d,]+) tokens",
+         keywords=('offload KV cache size: ',),
+         versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
+         examples=(
+             'CPU offload KV cache size: 65,536 tokens',
+         ))
 def _kv_offload(m, meta):  # the tuning note
     return ev.KvCacheCapacity(meta, cpu_offload_tokens=_int(m["t"]))
 
 
-@matcher("concurrency", r"Maximum concurrency for (?P<n>[\d,]+) tokens(?: per request)?: (?P<x>[\d.,]+)(?:x| sequences)")
+@matcher("concurrency", r"Maximum concurrency for (?P<n>[\d,]+) tokens(?: per request)?: (?P<x>[\d.,]+)(?:x| sequences)",
+         keywords=('Maximum concurrency for ',),
+         versions='0.6.3-0.10 (V0), 0.8-0.27 (V1)', source='executor/gpu_executor.py, v1/core/kv_cache_utils.py',
+         examples=(
+             '(EngineCore_0 pid=1399537) INFO 08-19 14:58:40 [kv_cache_utils.py:853] Maximum concurrency for 40,000 tokens per request: 23.06x',
+             'INFO 01-30 03:19:14 kv_cache_utils.py:398] Maximum concurrency for 2048 tokens per request: 10.79x',
+         ))
 def _concurrency(m, meta):  # V0 gpu_executor.py 0.6.3+, V1 kv_cache_utils.py 0.8-0.27, tuning note
     return ev.KvCacheCapacity(meta, max_concurrency=_float(m["x"]), concurrency_tokens=_int(m["n"]))
 
 
-@matcher("cache-config-info", r"(?:Engine \d+: )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<g>\d+)")
+@matcher("cache-config-info", r"(?:Engine \d+: |\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<g>\d+)",
+         keywords=('cache_config_info with initialization after num_gpu_blocks',),
+         versions='0.8.5-0.11', source='v1/metrics/loggers.py',
+         examples=(
+             '(APIServer pid=1391815) INFO 08-19 14:58:41 [loggers.py:142] Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 57656',
+         ))
 def _cache_info(m, meta):  # V1 v1/metrics/loggers.py 0.8.5-0.11
     return ev.KvCacheCapacity(meta, num_gpu_blocks=int(m["g"]))
 
 
 # ---- memory budget
-@matcher("kv-memory", r"Available KV cache memory: (?P<v>[\d.]+) (?P<u>GiB|GB)")
+@matcher("kv-memory", r"Available KV cache memory: (?P<v>[\d.]+) (?P<u>GiB|GB)",
+         keywords=('Available KV cache memory: ',),
+         versions='0.9.1-0.33', source='v1/worker/gpu_worker.py',
+         examples=(
+             '(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:27 [gpu_worker.py:255] Available KV cache memory: 18.83 GiB',
+         ))
 def _kv_mem(m, meta):  # V1 gpu_worker.py 0.9.1+
     return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], m["u"]))
 
 
-@matcher("profile-total", r"the current vLLM instance can use total_gpu_memory \((?P<t>[\d.]+)GiB\) x gpu_memory_utilization \((?P<u>[\d.]+)\)")
+@matcher("profile-total", r"the current vLLM instance can use total_gpu_memory \((?P<t>[\d.]+)GiB\) x gpu_memory_utilization \((?P<u>[\d.]+)\)",
+         keywords=('total_gpu_memory (',),
+         versions='0.6.5-0.10', source='worker/worker.py',
+         examples=(
+             'INFO 02-11 10:17:54 [worker.py:294] the current vLLM instance can use total_gpu_memory (79.19GiB) x gpu_memory_utilization (0.80) = 63.35GiB',
+         ))
 def _profile_total(m, meta):  # V0 worker.py 0.6.5-0.10
     return ev.MemoryProfile(meta, total_memory_bytes=to_bytes(m["t"], "GiB"), gpu_memory_utilization=float(m["u"]))
 
 
-@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>[\d.]+)GiB")
+@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>[\d.]+)GiB",
+         keywords=('reserved for KV Cache is ',),
+         versions='0.6.5-0.10', source='worker/worker.py',
+         examples=(
+             'INFO 02-11 10:17:54 [worker.py:294] model weights take 1.12GiB; non_torch_memory takes 0.16GiB; PyTorch activation peak memory takes 0.23GiB; the rest of the memory reserved for KV Cache is 61.84GiB.',
+         ))
 def _profile_kv(m, meta):  # V0 worker.py 0.6.5-0.10
     return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["k"], "GiB"), model_weights_bytes=to_bytes(m["w"], "GiB"))
 
 
-@matcher("model-loading", r"(?:Model loading|Loading model weights) took (?P<v>[\d.]+) (?P<u>GiB|GB)(?: memory)?(?: and (?P<s>[\d.]+) seconds)?")
+@matcher("model-loading", r"(?:Model loading|Loading model weights) took (?P<v>[\d.]+) (?P<u>GiB|GB)(?: memory)?(?: and (?P<s>[\d.]+) seconds)?",
+         keywords=('Model loading took ', 'Loading model weights took '),
+         versions='0.4-0.33', source='worker/model_runner.py (0.4-0.7), v1/worker/gpu_model_runner.py (0.6.6+)',
+         examples=(
+             'INFO 01-30 03:18:12 gpu_model_runner.py:848] Loading model weights took 67.7229 GB',
+             '(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:26 [gpu_model_runner.py:1892] Model loading took 1.1201 GiB and 0.494173 seconds',
+         ))
 def _model_loading(m, meta):  # model_runner.py 0.4-0.7, gpu_model_runner.py 0.6.6+
     return ev.MemoryProfile(meta, model_weights_bytes=to_bytes(m["v"], m["u"]), model_load_seconds=_float(m["s"]))
 
 
-@matcher("cpu-kv-space", r"Explicitly set \((?P<v>[\d.]+)/(?P<t>[\d.]+)\) GiB for KV cache")
+@matcher("cpu-kv-space", r"Explicitly set \((?P<v>[\d.]+)/(?P<t>[\d.]+)\) GiB for KV cache",
+         keywords=('GiB for KV cache',),
+         versions='0.2x-0.33 (CPU backend)', source='v1/worker/cpu_worker.py',
+         examples=(
+             '(Worker pid=14857) INFO 11-30 09:07:54 [cpu_worker.py:260] Explicitly set (1.0/11.71) GiB for KV cache on node 0.',
+         ))
 def _cpu_kv(m, meta):  # CPU backend cpu_worker.py (0.3x)
     return [ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], "GiB"), total_memory_bytes=to_bytes(m["t"], "GiB")),
             ev.KvCacheCapacity(meta, device="CPU")]
 
 
 # ---- preemption
-@matcher("preempted", r"Sequence group (?P<s>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode(?:.*?total_num_cumulative_preemption=(?P<c>\d+))?")
+@matcher("preempted", r"Sequence group (?P<s>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode(?:.*?total_num_cumulative_preemption=(?P<c>\d+))?",
+         keywords=('is preempted by PreemptionMode.',),
+         versions='0.2-0.10.2 (V0)', source='core/scheduler.py',
+         examples=(
+             'WARNING 08-20 10:18:39 scheduler.py:1141] Sequence group 147 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=1',
+         ))
 def _preempted(m, meta):  # V0 core/scheduler.py 0.4.3-0.10.2 (logged for the 1st, 51st, 101st ...)
     return ev.Preemption(meta, m["mode"].upper() if m["mode"].upper() in ("RECOMPUTE", "SWAP") else None,
                          _int(m["c"]), m["s"])
 
 
-@matcher("preempting-note", r"Preempting seq_id=(?P<s>\S+?) \((?P<how>swap out|swap|recompute)(?:, (?P<b>\d+) blocks)?\)")
+@matcher("preempting-note", r"Preempting seq_id=(?P<s>\S+?) \((?P<how>swap out|swap|recompute)(?:, (?P<b>\d+) blocks)?\)",
+         keywords=('Preempting seq_id=',),
+         versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
+         examples=(
+             'Preempting seq_id=1021 (swap out, 512 blocks)',
+         ))
 def _preempting(m, meta):  # the tuning note
     return ev.Preemption(meta, "SWAP" if m["how"].startswith("swap") else "RECOMPUTE", None, m["s"], _int(m["b"]))
 
 
-@matcher("preemption-count-note", r"preemption count: (?P<n>\d+) in (?:the )?last (?P<k>\d+) ?(?P<u>s|sec|seconds?|m|min|minutes?|h|hours?)\b", flags=re.I)
+@matcher("preemption-count-note", r"preemption count: (?P<n>\d+) in (?:the )?last (?P<k>\d+) ?(?P<u>s|sec|seconds?|m|min|minutes?|h|hours?)\b", flags=re.I,
+         keywords=('reemption count', 'REEMPTION COUNT'),
+         versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
+         examples=(
+             'preemption count: 45 in last 5 minutes',
+         ))
 def _preemption_count(m, meta):  # the tuning note
     unit = m["u"].lower()[0]
     return ev.PreemptionCount(meta, int(m["n"]), int(m["k"]) * {"s": 1, "m": 60, "h": 3600}[unit])
 
 
 # ---- KV cache too small / no memory / free memory
-@matcher("maxlen-gt-kv-v0", r"The model's max seq len \((?P<l>\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((?P<t>\d+)\)", search=True)
+@matcher("maxlen-gt-kv-v0", r"The model's max seq len \((?P<l>\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((?P<t>\d+)\)", search=True,
+         keywords=('max seq len (',),
+         versions='0.3-0.10 (V0)', source='worker/worker.py raise_if_cache_size_invalid',
+         examples=(
+             "(VllmWorkerProcess pid=6499) ERROR 07-24 14:07:40 multiproc_worker_utils.py:226] ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be stored in KV cache (79392). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+         ))
 def _too_small_v0(m, meta):  # V0 worker.py raise_if_cache_size_invalid 0.3-0.10
     return ev.KvCacheTooSmall(meta, int(m["l"]), int(m["t"]))
 
 
-@matcher("maxlen-gt-kv-v1", r"To serve at least one request with the models?'s max seq len \((?P<l>\d+)\),? \((?P<n>[\d.]+) (?P<nu>GiB|GB) KV cache is needed, which is larger than the available KV cache memory \((?P<a>[\d.]+) (?P<au>GiB|GB)\)\.(?: Based on the available memory,(?: the estimated maximum model length is (?P<e>\d+))?)?", search=True)
+@matcher("maxlen-gt-kv-v1", r"To serve at least one request with the models?'s max seq len \((?P<l>\d+)\),? \((?P<n>[\d.]+) (?P<nu>GiB|GB) KV cache is needed, which is larger than the available KV cache memory \((?P<a>[\d.]+) (?P<au>GiB|GB)\)\.(?: Based on the available memory,(?: the estimated maximum model length is (?P<e>\d+))?)?", search=True,
+         keywords=('max seq len (',),
+         versions='0.7.3-0.33 (V1)', source='v1/core/kv_cache_utils.py, v1/core/kv_cache_planning.py (0.33)',
+         examples=(
+             "ERROR 04-05 01:12:55 [core.py:390] ValueError: To serve at least one request with the models's max seq len (1048576), (24.00 GiB KV cache is needed, which is larger than the available KV cache memory (9.97 GiB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+         ))
 def _too_small_v1(m, meta):  # V1 kv_cache_utils.py 0.7.3+ ("models's" typo until 0.25), kv_cache_planning.py 0.33
     return ev.KvCacheTooSmall(meta, int(m["l"]), None, to_bytes(m["n"], m["nu"]), to_bytes(m["a"], m["au"]), _int(m["e"]))
 
 
-@matcher("no-cache-memory", r"No available memory for the cache blocks", search=True)
+@matcher("no-cache-memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory|more than the [\d.]+ GiB of CPU memory reserved for it on node \d+, leaving none for the KV cache", search=True,
+         keywords=('No available memory for the cache blocks', 'Cannot auto-fit max_model_len', 'leaving none for the KV cache'),
+         versions='0.2-0.33', source='worker/worker.py, v1/core/kv_cache_utils.py, v1/core/kv_cache_planning.py',
+         examples=(
+             'ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.',
+         ))
 def _no_mem(m, meta):  # V0 worker.py, V1 kv_cache_utils.py / kv_cache_planning.py
     return ev.NoCacheMemory(meta)
 
 
-@matcher("free-memory", r"Free memory on device(?: \w+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than desired GPU memory utilization \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True)
+@matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding external process's weights) \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
+         keywords=('Free memory on device',),
+         versions='0.9-0.33', source='v1/worker/gpu_worker.py, v1/worker/utils.py',
+         examples=(
+             '(EngineCore_0 pid=1810465) ERROR 09-03 11:03:37 [core.py:712] ValueError: Free memory on device (7.34/139.72 GiB) on startup is less than desired GPU memory utilization (0.9, 125.75 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.',
+         ))
 def _free_mem(m, meta):  # V1 gpu_worker.py 0.9+
     return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), float(m["u"]), "GPU")
 
 
-@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on kv cache allocation is less than requested memory for kv \((?P<r>[\d.]+) GiB\)", search=True)
+@matcher("cpu-free-memory", r"Available memory on node \d+ \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) (?:on [\w ]+ )?is less than (?:requested memory for kv|desired CPU memory utilization) \((?:(?P<u>[\d.]+), )?(?P<r>[\d.]+)(?:/[\d.]+)? GiB\)", search=True,
+         keywords=('Available memory on node ',),
+         versions='0.2x-0.33 (CPU backend)', source='v1/worker/cpu_worker.py',
+         examples=(
+             '(Worker pid=20401) ERROR 11-30 09:14:19 [multiproc_executor.py:1063] ValueError: Available memory on node 0 (10.11/11.71 GiB) on kv cache allocation is less than requested memory for kv (100.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.',
+         ))
 def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
-    return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), None, "CPU")
+    return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), _float(m["u"]), "CPU")
 
 
 # ---- out of memory (torch caching allocator messages, all torch versions in use)
-@matcher("cuda-oom", r"(?P<dev>CUDA|XPU|HIP|NPU) out of memory\.(?: Tried to allocate (?P<a>[\d.]+) (?P<au>[KMGT]?i?B)\.)?(?: GPU (?P<i>\d+) has a total capac(?:i)?ty of (?P<t>[\d.]+) (?P<tu>[KMGT]?i?B) of which (?P<f>[\d.]+) (?P<fu>[KMGT]?i?B) is free\.)?(?: Including non-PyTorch memory, this process has (?P<u>[\d.]+) (?P<uu>[KMGT]?i?B) memory in use)?", search=True)
+@matcher("cuda-oom", r"(?P<dev>CUDA|XPU|HIP|NPU) out of memory\.(?: Tried to allocate (?P<a>[\d.]+) (?P<au>[KMGT]?i?B)\.)?(?: GPU (?P<i>\d+) has a total capac(?:i)?ty of (?P<t>[\d.]+) (?P<tu>[KMGT]?i?B) of which (?P<f>[\d.]+) (?P<fu>[KMGT]?i?B) is free\.)?(?: Including non-PyTorch memory, this process has (?P<u>[\d.]+) (?P<uu>[KMGT]?i?B) memory in use)?", search=True,
+         keywords=(' out of memory.',),
+         versions='every (torch caching allocator)', source='torch c10/cuda/CUDACachingAllocator.cpp (and HIP/XPU/NPU ports)',
+         examples=(
+             'torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 518.00 MiB. GPU 0 has a total capacty of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use.',
+             'torch.OutOfMemoryError: HIP out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of 31.98 GiB of which 136.00 MiB is free. Of the allocated memory 31.61 GiB is allocated by PyTorch, and 1.21 MiB is reserved by PyTorch but unallocated.',
+         ))
 def _oom(m, meta):
     return ev.OutOfMemory(
         meta,
@@ -223,7 +359,15 @@ def _oom(m, meta):
     )
 
 
-@matcher("cuda-error-oom", r"(?:CUDA error: out of memory|OutOfMemoryError: (?!\w+ out of memory\.)|cudaErrorMemoryAllocation)", search=True)
+@matcher("cuda-error-oom", r"(?:CUDA (?:driver )?error: out of memory|OutOfMemoryError: (?!\w+ out of memory\.)|cudaErrorMemoryAllocation|(?:CUDA|HIP|XPU|NPU) out of memory occurred|(?:CUDA|HIP|XPU|NPU) out of(?: mem\w*)?$|Ran out of memory in memory space \w+)", search=True,
+         keywords=('error: out of memory', 'OutOfMemoryError: ', 'cudaErrorMemoryAllocation', ' out of', 'Ran out of memory'),
+         versions='every (torch / CUDA runtime / XLA), 0.8+ sampler warm-up', source='torch c10/cuda/CUDAException.h, CUDA runtime, XLA (TPU), v1/worker/gpu_model_runner.py _dummy_sampler_run (CUDA out of memory occurred when warming up sampler)',
+         examples=(
+             'RuntimeError: CUDA error: out of memory',
+             'RuntimeError: CUDA driver error: out of memory',
+             'RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space smem. Used 1.00M of 1.00M smem. Exceeded smem capacity by 1.7K.',
+             '(Worker pid=226322) ERROR 10-25 13:12:42 [multiproc_executor.py:671] RuntimeError: CUDA out of',
+         ))
 def _oom2(m, meta):
     return ev.OutOfMemory(meta)
 
@@ -233,16 +377,24 @@ _ENGINE_FAILURES = [
     ("engine-dead", r"(?:MQ|Async)?EngineDeadError\b"),
     ("background-task-failed", r"Engine background task failed"),
     ("iteration-timeout", r"Engine iteration timed out"),
-    ("core-failed", r"EngineCore failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start"),
-    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process) \S+ died unexpectedly|Process \S+ \(PID: \d+\) died with exit code"),
-    ("output-handler", r"AsyncLLM output_handler failed"),
-    ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|Task finished unexpectedly"),
+    ("core-failed", r"EngineCore(?:Proc)? failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start|WorkerProc failed to start|Frontend process failed during engine core initialization|Timed out waiting for (?:new )?engine core processes to start"),
+    ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process|RayWorkerProc rank=\S+) \S* ?died unexpectedly|Worker \S+ pid \S+ died, exit code|Process \S+ \(PID: \S+\) died with exit code|engine core exited unexpectedly|RPCServer process died before responding"),
+    ("output-handler", r"AsyncLLM output_handler failed|EngineCore output handler hit an error"),
+    ("background-loop", r"Background loop (?:has errored already|is not running|is stopped)|[Tt]ask finished unexpectedly"),
+    ("step-failed", r"Writing input of failed execution to|Error in model execution \(input dumped"),
 ]
 _ENGINE_RE = re.compile("|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(_ENGINE_FAILURES)))
 _EXIT_CODE_RE = re.compile(r"died unexpectedly \(exit code: (?P<c>-?\d+)\)|died with exit code (?P<d>-?\d+)")
 
 
-@matcher("engine-failure", _ENGINE_RE.pattern, search=True)
+@matcher("engine-failure", _ENGINE_RE.pattern, search=True,
+         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
+         versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
+         examples=(
+             'ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed',
+             'INFO 10-11 06:51:31 model_runner_base.py:120] Writing input of failed execution to /tmp/err_execute_model_input_20241011-065131.pkl...',
+             '(APIServer pid=1) ERROR 05-12 01:48:42 [api_router.py:72] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.',
+         ))
 def _engine_failure(m, meta):  # V0 async_llm_engine.py, V1 v1/engine/core.py, core_client.py, multiproc_executor.py
     for i, (kind, _) in enumerate(_ENGINE_FAILURES):
         if m.group(f"k{i}"):
@@ -253,29 +405,70 @@ def _engine_failure(m, meta):  # V0 async_llm_engine.py, V1 v1/engine/core.py, c
 
 
 # ---- NCCL (vLLM pynccl_wrapper.py 0.4.3+; torch ProcessGroupNCCL.cpp)
-@matcher("nccl-watchdog", r"Watchdog caught collective operation timeout: WorkNCCL\((?:.*?OpType=(?P<op>\w+))?(?:.*?Timeout\(ms\)=(?P<t>\d+))?", search=True)
+@matcher("nccl-watchdog", r"Watchdog caught collective operation timeout: WorkNCCL\((?:.*?OpType=(?P<op>\w+))?(?:.*?Timeout\(ms\)=(?P<t>\d+))?", search=True,
+         keywords=('Watchdog caught collective operation timeout',),
+         versions='every (torch ProcessGroupNCCL)', source='torch csrc/distributed/c10d/ProcessGroupNCCL.cpp',
+         examples=(
+             '(RayWorkerVllm pid=409241) [E ProcessGroupNCCL.cpp:474] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800762 milliseconds before timing out.',
+         ))
 def _nccl_watchdog(m, meta):
     return ev.NcclError(meta, "watchdog-timeout", meta.text[:300], m["op"], int(m["t"]) / 1000 if m["t"] else None)
 
 
-@matcher("nccl-error", r"pynccl_wrapper\.py\", line \d+, in \w+|NCCL [Ee]rror(?: \d+)?: |Some NCCL operations have failed or timed out|NCCL watchdog thread terminated|ncclCommInitRank failed|ncclSystemError|ncclInternalError|ncclUnhandledCudaError", search=True)
+@matcher("nccl-error", r"pynccl_wrapper\.py\", line \d+, in \w+|NCCL [Ee]rror(?: \d+)?: |Some NCCL operations have failed or timed out|NCCL watchdog thread terminated|ncclCommInitRank failed|ncclSystemError|ncclInternalError|ncclUnhandledCudaError", search=True,
+         keywords=('pynccl_wrapper.py", line', 'NCCL error', 'NCCL Error', 'NCCL operations have failed', 'NCCL watchdog thread terminated', 'ncclCommInitRank failed', 'ncclSystemError', 'ncclInternalError', 'ncclUnhandledCudaError'),
+         versions='0.4.3-0.33 (pynccl), every (torch)', source='distributed/device_communicators/pynccl_wrapper.py, torch ProcessGroupNCCL.cpp',
+         examples=(
+             '(RayWorkerVllm pid=409240) [E ProcessGroupNCCL.cpp:488] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.',
+             '(VllmWorkerProcess pid=236) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)',
+         ))
 def _nccl_error(m, meta):
     return ev.NcclError(meta, "error", meta.text[:300])
 
 
-@matcher("shm-stall", r"No available (?:shared memory broadcast )?block found in (?P<s>\d+) seconds?")
+@matcher("nccl-init-frame", r"\s+(?:self\.pynccl_comm = PyNcclCommunicator|self\.comm: ncclComm_t = self\.nccl\.ncclCommInitRank|self\.nccl\.ncclCommInitRank)\(",
+         keywords=("PyNcclCommunicator(", "ncclCommInitRank("),
+         versions="0.4.3-0.33", source="distributed/parallel_state.py, distributed/device_communicators/pynccl.py (a traceback's source lines)",
+         examples=(
+             '(VllmWorkerProcess pid=1252) ERROR 12-25 01:10:28 multiproc_worker_utils.py:229]     self.comm: ncclComm_t = self.nccl.ncclCommInitRank(',
+             '(Worker pid=1541060) ERROR 04-14 13:46:59 [multiproc_executor.py:857]     self.pynccl_comm = PyNcclCommunicator(',
+         ))
+def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, its error line cut off
+    return ev.NcclError(meta, "error", meta.text[:300])
+
+
+@matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",
+         keywords=('block found in ', 'block foundin '),
+         versions='0.5-0.33', source='distributed/device_communicators/shm_broadcast.py',
+         examples=(
+             'INFO 11-11 01:44:59 [shm_broadcast.py:542] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).',
+         ))
 def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.7, DEBUG 0.8-0.10, INFO 0.33)
     return ev.NcclError(meta, "shm-broadcast-stall", meta.text[:300], None, float(m["s"]))
 
 
 # ---- configuration and version
-@matcher("namespace", r"args: Namespace\((?P<a>.*)\)\s*$")
+@matcher("namespace", r"args: Namespace\((?P<a>.*?)(?P<close>\)\s*)?$",
+         keywords=('args: Namespace(',),
+         versions='0.4.3-0.8.5', source='entrypoints/openai/api_server.py',
+         examples=(
+             "INFO 02-07 18:06:00 api_server.py:841] args: Namespace(subparser='serve', model_tag='.', config='', host=None, port=8000, max_model_len=4096, max_num_seqs=256)",
+         ))
 def _namespace(m, meta):  # entrypoints/openai/api_server.py 0.4.3-0.8.5 (every arg)
-    values = _kv_pairs(m["a"])
+    text = m["a"]
+    if not m["close"]:  # cut by a paste: the last pair may be cut too
+        cuts = list(top_level(text, ","))
+        text = text[: cuts[-1]] if cuts else ""
+    values = _kv_pairs(text)
     return _config(meta, "namespace", values)
 
 
-@matcher("non-default-args", r"non-default args: (?P<a>\{.*)$")
+@matcher("non-default-args", r"non-default args: (?P<a>\{.*)$",
+         keywords=('non-default args: ',),
+         versions='0.9-0.33', source='entrypoints/openai/cli_args.py (0.9), entrypoints/utils.py (0.10), entrypoints/openai/api_utils.py (0.25+)',
+         examples=(
+             "(APIServer pid=16315) INFO 11-30 09:10:22 [api_utils.py:286] non-default args: {'host': '127.0.0.1', 'port': 18002, 'model': '/srv/vllm-test/tiny-llama', 'max_model_len': 2048, 'enforce_eager': True, 'served_model_name': ['tiny'], 'kv_cache_memory_bytes': 4194304, 'max_num_seqs': 32}",
+         ))
 def _non_default(m, meta):  # entrypoints/openai/cli_args.py 0.9, entrypoints/utils.py 0.10, api_utils.py 0.25+
     text = m["a"]
     try:
@@ -296,7 +489,12 @@ ENGINE_INIT_KEYS = {
 }
 
 
-@matcher("engine-init", r"Initializing an? (?:(?P<eng>V[01]) )?LLM engine(?: \(v(?P<v>[^)\s]+)\))? with config: (?P<c>.*)")
+@matcher("engine-init", r"Initializing an? (?:(?P<eng>V[01]) )?LLM engine(?: \(v(?P<v>[^)\s]+)\))? with config: (?P<c>.*)",
+         keywords=('LLM engine',),
+         versions='0.1-0.10 (V0), 0.7.3-0.33 (V1)', source='engine/llm_engine.py, v1/engine/core.py',
+         examples=(
+             "INFO 08-29 20:48:52 llm_engine.py:70] Initializing an LLM engine with config: model='llama2-MultiTQ-20230829-01', tokenizer='llama2-MultiTQ-20230829-01', tokenizer_mode=auto, trust_remote_code=False, dtype=torch.float16, use_dummy_weights=False, download_dir=None, use_np_weights=False, tensor_parallel_size=1, seed=0)",
+         ))
 def _engine_init(m, meta):  # llm_engine.py 0.2-0.10 (V0), v1/engine/core.py 0.7.3+ (V1)
     values: dict[str, object] = {}
     for k, v in re.findall(r"(?:^|, )(\w+)=('[^']*'|[^,]*)", m["c"]):
@@ -311,42 +509,83 @@ def _engine_init(m, meta):  # llm_engine.py 0.2-0.10 (V0), v1/engine/core.py 0.7
     return out
 
 
-@matcher("api-version", r"vLLM (?:API )?server version (?P<v>[\w.+-]+)")
+@matcher("api-version", r"vLLM (?:API )?server version (?P<v>[\w.+-]+)",
+         keywords=('server version ',),
+         versions='0.4-0.33', source='entrypoints/openai/api_server.py, entrypoints/utils.py',
+         examples=(
+             'INFO 08-25 14:50:36 [api_server.py:1395] vLLM API server version 0.9.2',
+         ))
 def _api_version(m, meta):  # entrypoints/openai/api_server.py 0.4-0.13, 0.15+
     return ev.VersionSeen(meta, m["v"].rstrip(","))
 
 
-@matcher("banner-version", r".*█.*\bversion (?P<v>\d+\.\d+[\w.+-]*)")
+@matcher("banner-version", r".*█.*\bversion (?P<v>\d+\.\d+[\w.+-]*)",
+         keywords=('█',),
+         versions='0.11-0.33', source='entrypoints/utils.py (ASCII banner)',
+         examples=(
+             '(APIServer pid=14564) INFO 11-30 09:07:05 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0',
+         ))
 def _banner(m, meta):  # the ASCII banner (0.11+)
     return ev.VersionSeen(meta, m["v"])
 
 
-@matcher("chunked-prefill", r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
+@matcher("chunked-prefill", r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)",
+         keywords=('Chunked prefill is enabled with',),
+         versions='0.5-0.33', source='config.py, config/scheduler.py',
+         examples=(
+             'INFO 07-10 10:07:14 [config.py:2195] Chunked prefill is enabled with max_num_batched_tokens=5120.',
+         ))
 def _chunked(m, meta):  # config.py / core/sched/scheduler.py 0.5+
     return _config(meta, "scheduler", {"enable_chunked_prefill": True, "max_num_batched_tokens": int(m["n"])})
 
 
-@matcher("model-len", r"Using max model len (?P<n>\d+)")
+@matcher("model-len", r"Using max model len (?P<n>\d+)",
+         keywords=('Using max model len ',),
+         versions='0.10-0.33', source='config/model.py',
+         examples=(
+             '(APIServer pid=14564) INFO 11-30 09:07:14 [model.py:2152] Using max model len 2048',
+         ))
 def _model_len(m, meta):  # config 0.10+
     return _config(meta, "model-len", {"max_model_len": int(m["n"])})
 
 
-@matcher("scheduler-note", r"Initializing scheduler with max_num_seqs=(?P<n>\d+)")
+@matcher("scheduler-note", r"Initializing scheduler with max_num_seqs=(?P<n>\d+)",
+         keywords=('Initializing scheduler with',),
+         versions='tuning note (not a vLLM wording)', source='../shared/reference/tuning-note.txt',
+         examples=(
+             'Initializing scheduler with max_num_seqs=128',
+         ))
 def _sched_note(m, meta):  # the tuning note
     return _config(meta, "scheduler", {"max_num_seqs": int(m["n"])})
 
 
-@matcher("config-rejected", r"User-specified max_model_len \((?P<v>\d+)\) is greater than the derived max_model_len \((?:\w+)=(?P<l>[\d.]+)", search=True)
+@matcher("config-rejected", r"User-specified max_model_len \((?P<v>\d+)\) is greater than the derived max_model_len \((?:\w+)=(?P<l>[\d.]+)", search=True,
+         keywords=('User-specified max_model_len',),
+         versions='0.4-0.33', source='config.py _get_and_verify_max_len, config/model.py',
+         examples=(
+             "ValueError: User-specified max_model_len (4096) is greater than the derived max_model_len (seq_length=2048 or model_max_length=None in model's config.json). This may lead to incorrect model outputs or CUDA errors. Make sure the value is correct and within the model context size.",
+         ))
 def _rejected(m, meta):  # config/model.py validation
     return ev.ConfigRejected(meta, "max_model_len", int(m["v"]), int(float(m["l"])), meta.text[:300])
 
 
-@matcher("server-ready", r"(?:Application startup complete|Starting vLLM API server|Uvicorn running on|Available routes are)")
+@matcher("server-ready", r"(?:Application startup complete|Starting vLLM API server|Uvicorn running on|Available routes are)",
+         keywords=('Application startup complete', 'Starting vLLM API server', 'Uvicorn running on', 'Available routes are'),
+         versions='0.1-0.33', source='uvicorn, entrypoints/openai/api_server.py, entrypoints/launcher.py',
+         examples=(
+             '(APIServer pid=14564) INFO 11-30 09:07:56 [launcher.py:186] Available routes are:',
+             'INFO:     Application startup complete.',
+         ))
 def _ready(m, meta):
     return ev.ServerReady(meta)
 
 
-@matcher("shutdown", r"(?:\[shutdown\] API server: shutdown triggered|Received (?:SIGTERM|SIGINT|signal SIGTERM|signal SIGINT)\b)")
+@matcher("shutdown", r"(?:\[shutdown\] API server: shutdown triggered|Received (?:SIGTERM|SIGINT|signal SIGTERM|signal SIGINT)\b)",
+         keywords=('shutdown triggered', 'Received SIGTERM', 'Received SIGINT', 'signal SIGTERM', 'signal SIGINT'),
+         versions='0.2x-0.33', source='entrypoints/launcher.py, entrypoints/openai/api_server.py',
+         examples=(
+             '(APIServer pid=14564) INFO 11-30 09:08:54 [launcher.py:254] [shutdown] API server: shutdown triggered',
+         ))
 def _shutdown(m, meta):  # entrypoints launcher.py (0.3x), api_server signal handlers
     return ev.ServerShutdown(meta)
 
@@ -394,51 +633,209 @@ def _config(meta: ev.Meta, kind: str, values: dict[str, object]):
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
 FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+)')
+# What the traceback joiner and the unknown-flag scan read, besides the matcher table.
+TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
+FLAG_KEYWORDS = tuple(FAKE_FLAGS)
+# Frames that run only at start-up (weights, profiling, KV cache allocation, graph capture) and
+# frames that run only while serving (a model step for admitted requests, the output handler):
+# an out-of-memory error raised through them happened in that phase, whatever came before.
+STARTUP_FRAMES = frozenset((
+    "load_model", "load_weights", "init_device", "profile_run", "_dummy_run", "_dummy_sampler_run",
+    "determine_num_available_blocks", "determine_available_memory", "_initialize_kv_caches",
+    "initialize_cache", "initialize_from_config", "_init_cache", "capture_model", "compile_or_warm_up_model",
+    "init_worker", "_init_executor", "initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache",
+    "_init_engine", "init_model", "_run_workers_init",
+))
+RUNTIME_FRAMES = frozenset((
+    "step", "step_async", "engine_step", "run_engine_loop", "engine_step_async", "_process_model_outputs",
+    "output_handler", "process_outputs", "step_with_batch_queue", "run_busy_loop", "_process_engine_step",
+    "execute_model_spmd", "_execute_model_spmd", "_run_engine", "generate",
+))
+MAX_FRAMES = 12  # function names kept per traceback (the innermost)
+MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress
+
+
+def prefilter_keywords() -> tuple[str, ...]:
+    """Every literal the keyword prefilter scans for: derived from the matcher table (each
+    matcher's keywords), the traceback joiner and the unknown-flag scan. A line that holds none of
+    them cannot give an event."""
+    kws = {k for m in MATCHERS for k in m.keywords}
+    kws.update(TRACEBACK_KEYWORDS)
+    kws.update(FLAG_KEYWORDS)
+    kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
+    return tuple(sorted(kws))
+
+
+def _dispatch_table() -> tuple[re.Pattern, dict[str, tuple[Matcher, ...]]]:
+    """One regex finding every matcher keyword in a message (overlapping hits too) and, per
+    keyword, the matchers to try: a record is matched only against the matchers whose keywords
+    it holds."""
+    by_kw: dict[str, list[Matcher]] = {}
+    for m in MATCHERS:
+        for k in m.keywords:
+            by_kw.setdefault(k, []).append(m)
+    # A keyword that begins with another one hides it at the same position: it carries its matchers.
+    for k1 in list(by_kw):
+        for k2 in list(by_kw):
+            if k1 != k2 and k1.startswith(k2):
+                by_kw[k1] = by_kw[k1] + [m for m in by_kw[k2] if m not in by_kw[k1]]
+    alts = sorted(by_kw, key=len, reverse=True)
+    rx = re.compile("(?=(" + "|".join(re.escape(k) for k in alts) + "))")
+    order = {m.name: i for i, m in enumerate(MATCHERS)}
+    return rx, {k: tuple(sorted(v, key=lambda m: order[m.name])) for k, v in by_kw.items()}
+
+
+_ORDER: dict = {}
+
+
+class _KeywordHits:
+    """The keywords of the matcher table found in a message: Hyperscan (about 1 us a message)
+    where it imports, else one ``re`` with a lookahead (overlapping hits, slower)."""
+
+    def __init__(self, rx: re.Pattern, keywords: list[str]) -> None:
+        self.rx = rx
+        self.keywords = keywords
+        self._db = self._scratch = None
+        try:
+            import hyperscan  # type: ignore[import-not-found]
+
+            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            n = len(keywords)
+            db.compile(expressions=[re.escape(k).encode() for k in keywords], ids=list(range(n)), elements=n,
+                       flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+            self._scratch = hyperscan.Scratch(db)
+            self._db = db
+        except Exception:  # noqa: BLE001 - missing or no CPU support: re
+            self._db = None
+
+    def __call__(self, msg: str) -> list[str]:
+        if self._db is None:
+            return [m.group(1) for m in self.rx.finditer(msg)]
+        ids: list[int] = []
+        self._db.scan(msg.encode("utf-8", "replace"), match_event_handler=lambda i, _f, _t, _fl, _c: ids.append(i),
+                      scratch=self._scratch)
+        kws = self.keywords
+        return [kws[i] for i in sorted(ids)]
 
 
 class RecordParser:
     """Records -> events, for one log source (tracebacks are tracked per process).
 
-    ``parse(record, source) -> list[Event]``; an empty list means the record matched nothing.
+    ``parse(record) -> list[Event]``; an empty list means the record matched nothing (``None``
+    items: consumed as part of a traceback). Client-text records (``rec.client``: request
+    logging, request-id lines, access log, the fatal-step dump) never reach a matcher; the dump's
+    header gives one ``EngineFailure("step-failed")``. The first stats line of an engine run also
+    gives :class:`~vllm_doctor.events.ServerReady` (the engine served).
     """
+
+    MAX_MESSAGE = 32768  # longer messages are matched on their first 32 KiB
+    _DISPATCH: tuple[re.Pattern, dict[str, tuple[Matcher, ...]]] | None = None
 
     def __init__(self, source: str) -> None:
         self.source = source
         self._tb: dict[object, tuple[int, list[str]]] = {}  # process key -> (start line, frames)
-
-    MAX_MESSAGE = 32768  # longer messages are matched on their first 32 KiB
+        self._served_seen = False  # a stats line was seen in this engine run
+        self._dump_seen = False  # a fatal-step dump was seen in this engine run
+        self._cfg: dict[str, int] = {}  # max_model_len, block_size echoed in this engine run
+        if RecordParser._DISPATCH is None:
+            RecordParser._DISPATCH = _dispatch_table()
+            _ORDER.update({id(m): i for i, m in enumerate(MATCHERS)})
+        rx, self._by_kw = RecordParser._DISPATCH
+        self._hits = _KeywordHits(rx, list(self._by_kw))  # per parser: a Hyperscan scratch is not shared
 
     def parse(self, rec: Record) -> list:
         msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]
-        if not msg or REQUEST_LOG_RE.match(msg):
+        if rec.client:
+            if rec.client == "engine-dump" and not self._dump_seen:
+                # V1's fatal-step dump (logging_utils/dump_input.py): an engine step raised.
+                self._dump_seen = True
+                return [ev.EngineFailure(ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg),
+                                         "step-failed", msg)]
+            return [None] if rec.client == "engine-dump" else []
+        if not msg:
             return []
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         out: list = []
         key = rec.pid or rec.process
         stripped = msg.strip()
         if stripped.startswith("Traceback (most recent call last)"):
+            if key not in self._tb and len(self._tb) >= MAX_OPEN_TRACEBACKS:
+                self._tb.pop(next(iter(self._tb)))
             self._tb[key] = (rec.lineno, [])
             return [None]  # consumed: part of a traceback event
-        fm = FRAME_RE.match(msg)
-        if fm and key in self._tb:
-            self._tb[key][1].append(fm.group("f"))
+        tb = self._tb.get(key)
+        frames: list[str] = []
+        if tb is not None:
+            fm = FRAME_RE.match(msg)
+            if fm:
+                tb[1].append(fm.group("f"))
+                if len(tb[1]) > 2 * MAX_FRAMES:
+                    del tb[1][: len(tb[1]) - MAX_FRAMES]
         em = EXC_LINE_RE.match(stripped) if msg[:1] not in " \t" else None
         if em:
             start, frames = self._tb.pop(key, (rec.lineno, []))
             tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-            out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-12:])))
-        for name, rx, build, search in _MATCHERS:
-            m = rx.search(msg) if search else rx.match(msg)
+            out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
+        hits = self._hits(msg)
+        cands = {mt.name: mt for kw in hits for mt in self._by_kw[kw]}
+        # The matchers whose keywords the message holds, in table order.
+        for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)]) if len(cands) > 1 else cands.values():
+            m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
-                res = build(m, meta)
+                res = mt.build(m, meta)
                 if res is None:
                     continue
                 if isinstance(res, list):
                     out.extend(res)
                 else:
                     out.append(res)
+        if out and any(isinstance(e, ev.OutOfMemory) for e in out):
+            out = [_with_phase(e, frames, rec.src, out) for e in out]
+        if not self._served_seen and any(isinstance(e, ev.SchedulerStats) for e in out):
+            self._served_seen = True  # periodic stats: the engine is up and serving
+            out.append(ev.ServerReady(meta))
+        if any(isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
+            self._served_seen = self._dump_seen = False  # a new engine run
+            self._cfg.clear()
+        for e in out:
+            if isinstance(e, ev.EngineConfigObserved):
+                for k, v in e.values:
+                    if k in ("max_model_len", "block_size") and isinstance(v, int) and not isinstance(v, bool):
+                        self._cfg[k] = v
+            elif isinstance(e, ev.KvCacheCapacity) and e.num_gpu_blocks is not None and e.device == "GPU" and e.num_cpu_blocks is not None:
+                too_small = self._blocks_too_small(e, meta)
+                if too_small is not None:
+                    out.append(too_small)
         if ("--" in msg or "VLLM_" in msg) and not any(isinstance(e, ev.UnknownFlag) for e in out):
             for m in _FAKE_RE.finditer(msg):
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
+
+    def _blocks_too_small(self, e: ev.KvCacheCapacity, meta: ev.Meta):
+        """V0's ``# GPU blocks: N, # CPU blocks: M`` with a max_model_len (``max_seq_len`` of the
+        engine config echo) that N blocks cannot hold: vLLM's own check (worker.py
+        raise_if_cache_size_invalid, 0.3+) raises next, and 0.2 had none. The block size is the
+        echoed one, else 16 (V0's default in every version)."""
+        max_len = self._cfg.get("max_model_len")
+        if not max_len:
+            return None
+        tokens = e.num_gpu_blocks * self._cfg.get("block_size", 16)
+        if tokens >= max_len:
+            return None
+        return ev.KvCacheTooSmall(meta, max_len, tokens)
+
+
+def _with_phase(e, frames: list[str], src: str | None, siblings: list):
+    """An out-of-memory error's phase from its context: raised through start-up-only frames it
+    is "startup"; through serving-only frames, logged by a request handler
+    (``serving_chat.py`` ...), or together with a failed model step ("Error in model execution
+    (input dumped ...)") it is "runtime"; else the state decides from what came before (None)."""
+    if not isinstance(e, ev.OutOfMemory) or e.phase is not None:
+        return e
+    if any(f in STARTUP_FRAMES for f in frames):
+        return replace(e, phase="startup")
+    if (any(f in RUNTIME_FRAMES for f in frames) or (src or "").startswith("serving")
+            or any(isinstance(x, ev.EngineFailure) and x.kind == "step-failed" for x in siblings)):
+        return replace(e, phase="runtime")
+    return e

@@ -1,74 +1,150 @@
 """The one pipeline: source -> envelope -> parser -> typed events -> state -> rules -> findings.
 
-``diagnose`` pushes whole files through it (log clock: rules are evaluated every
-``eval_interval`` seconds of log time and at the end); ``serve`` pushes appended bytes and
-collector samples and calls :meth:`Pipeline.evaluate` on a timer. Nothing else wires stages.
+One intake path for every command. A source is bytes (``serve`` appends what the log grew by:
+:meth:`Pipeline.feed` / :meth:`Pipeline.end`; ``diagnose`` reads files to their end:
+:meth:`Pipeline.run`, one file or several merged in time order) or blocks already scanned by
+the parallel reader of a large file (:class:`Scanned`); either way each block goes through
+:meth:`Pipeline._records` (line numbers, line counts, envelope) and each record through
+:meth:`Pipeline.consume` (parser, state, rules).
+
+When rules run is the injected clock's business, not a mode of the stages: :class:`LogTime`
+(``diagnose``: the log is the clock, rules run every ``eval_interval`` seconds of log time and at
+the end) or :class:`WallTime` (``serve``: the caller runs :meth:`Pipeline.evaluate` on a timer).
 
 Speed: a log is handled in blocks of complete lines; :class:`~vllm_doctor.envelope.KeywordScanner`
-finds (with Hyperscan, at grep speed) the few lines any parser could match, request-logging lines
-(user prompts) are skipped by their head, and only the rest are decoded and parsed.
+finds (with Hyperscan, at grep speed) the few lines any matcher could match (its keywords are
+derived from the matcher table), request-logging lines (user prompts) are skipped by their head,
+and only the rest are decoded and parsed, whatever wraps the log (CRI pieces are kept whole).
 Lines are still counted (``state.lines_total``) and those that gave no event are counted as
-unparsed (``state.unparsed_total``). Kubernetes CRI logs are not prefiltered (a partial ``P`` line
-must be joined before it can be judged).
+unparsed (``state.unparsed_total``). UTF-16/32 logs with a byte-order mark are decoded to UTF-8
+first.
 """
 
 from __future__ import annotations
 
+import codecs
 import heapq
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from . import __version__
 from .advice import share_fixes
 from .diagnosis import RuleEngine, RuleSet
-from .envelope import CRI_RE, Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
+from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
 from .state import QUIET_KINDS, State
 
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
+def bom_encoding(head: bytes) -> tuple[str, int] | None:
+    """(encoding, BOM length) when ``head`` (the first bytes of a source, up to a few KiB)
+    starts with a UTF-8/16/32 byte-order mark and, for UTF-16/32, the text after it decodes to
+    lines (a newline within the head, or a short head of printable text): bytes that merely begin
+    like a BOM (a damaged UTF-8 log) stay UTF-8."""
+    for bom, enc in BOMS:
+        if head.startswith(bom):
+            if enc == "utf-8":
+                return enc, len(bom)
+            sample = head[len(bom) : len(bom) + 8192]
+            sample = sample[: len(sample) - len(sample) % (4 if "32" in enc else 2)]
+            text = sample.decode(enc, "replace")
+            if "\n" in text or (len(sample) < 512 and text.isprintable() and "\ufffd" not in text):
+                return enc, len(bom)
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """A block of a source already scanned for candidate lines (by the parallel reader):
+    ``lines`` the candidate lines, ``linenos`` their numbers within the block (from 0, as in
+    :func:`~vllm_doctor.envelope.candidate_lines`), ``nlines`` the lines in the block."""
+
+    lines: list[bytes]
+    linenos: list[int]
+    nlines: int
+
+
+class LogTime:
+    """The clock of ``diagnose``: time is the log's own; rules run as log time passes."""
+
+    follows_log = True
+
+    def now(self) -> float | None:
+        return None
+
+
+class WallTime:
+    """The clock of ``serve``: wall time (``now`` injectable for tests); rules run when the
+    caller asks (:meth:`Pipeline.evaluate`)."""
+
+    follows_log = False
+
+    def __init__(self, now: Callable[[], float] = time.time) -> None:
+        self.now = now
+
 
 class _SourceCtx:
-    """Per-source stage state: line splitter, envelope, parser."""
+    """Per-source stage state: decoder, line splitter, envelope, parser."""
 
     def __init__(self, name: str, base_year: int | None, ref_month: int | None = None) -> None:
         self.name = name
         self.splitter = LineSplitter()
         self.envelope = Envelope(LogClock(base_year, ref_month))
         self.parser = RecordParser(name)
-        self.prefilter: bool | None = None  # decided on the first line
+        self.decoder = None  # an incremental decoder for UTF-16/32 input, once a BOM was seen
+        self.started = False
+        self.carry = False  # the last candidate line was a piece of a longer record
         self.vllm_records = 0
+        self.lineno = 0  # lines counted so far
 
 
 class Pipeline:
     """See the module doc and docs/CONTRACTS.md.
 
-    ruleset: the validated rules; follow: True in serve (rules run on :meth:`evaluate` calls),
-    False in diagnose (rules also run every ``eval_interval`` seconds of log time).
+    ruleset: the validated rules; clock: :class:`LogTime` (diagnose) or :class:`WallTime`
+    (serve); ``follow=True`` is shorthand for ``clock=WallTime()``.
     """
 
     def __init__(self, ruleset: RuleSet, follow: bool = False, eval_interval: float = 10.0,
-                 base_year: int | None = None) -> None:
+                 base_year: int | None = None, clock: LogTime | WallTime | None = None) -> None:
         self.ruleset = ruleset
-        self.follow = follow
+        self.clock = clock or (WallTime() if follow else LogTime())
+        self._wall = self.clock if not self.clock.follows_log else WallTime()
         self.eval_interval = eval_interval
         self.base_year = base_year
         longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
         self.state = State(max_window_seconds=longest + 60)
-        self.engine = RuleEngine(ruleset, log_time=not follow)
+        self.engine = RuleEngine(ruleset, log_time=self.clock.follows_log)
         self._sources: dict[str, _SourceCtx] = {}
         self.active: list[Finding] = []
         self._scanner = KeywordScanner()
         self._parsed: dict[str, int] = {}  # source -> lines that gave an event
+        self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
+        self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
         # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
         # except what a starting engine writes (version, configuration, KV cache size: sticky facts)
         self.time_range: tuple[float | None, float | None] = (None, None)
         self._last_ts: float | None = None
+
+    @property
+    def follow(self) -> bool:
+        """True while the rules run on the wall clock (serve), False on the log's (diagnose)."""
+        return not self.clock.follows_log
+
+    @follow.setter
+    def follow(self, value: bool) -> None:
+        """Swap the clock (serve judges an old or replayed log on its own clock while reading it)."""
+        self.clock = self._wall if value else LogTime()
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -78,27 +154,42 @@ class Pipeline:
             ctx = self._sources[source] = _SourceCtx(source, year, month)
         return ctx
 
-    def records(self, source: str, spans: list[tuple[bytes, int, int]]) -> Iterator[Record]:
-        """Records in spans of complete lines (see LineSplitter); every line is counted in
-        ``state.lines_total`` and numbered, candidates only are decoded."""
-        ctx = self._ctx(source)
+    def _decode(self, ctx: _SourceCtx, data: bytes, final: bool = False) -> bytes:
+        """UTF-8 bytes of ``data``: a UTF-16/32 source (byte-order mark at its start) is decoded."""
+        if not ctx.started and data:
+            ctx.started = True
+            enc = bom_encoding(data[:8192])
+            if enc is not None:
+                data = data[enc[1]:]
+                if enc[0] != "utf-8":
+                    ctx.decoder = codecs.getincrementaldecoder(enc[0])("replace")
+        if ctx.decoder is not None:
+            return ctx.decoder.decode(data, final).encode("utf-8")
+        return data
+
+    def _scan(self, ctx: _SourceCtx, spans: list[tuple[bytes, int, int]]) -> Iterator[Scanned]:
+        """Spans of complete lines -> scanned blocks (this process)."""
         for buf, start, end in spans:
-            if ctx.prefilter is None:
-                nl = buf.find(b"\n", start, end)
-                first_line = buf[start : nl if nl >= 0 else end]
-                ctx.prefilter = not CRI_RE.match(first_line[:200].decode("utf-8", "replace"))
-            base = ctx.splitter.lineno + 1  # number of the line at `start`
-            if ctx.prefilter:
-                cands, n = candidate_lines(self._scanner, buf, start, end)
-                for idx, line in cands:
-                    yield from ctx.envelope.records(base + idx, line)
-            else:
-                lines = buf[start:end].split(b"\n")
-                n = len(lines)
-                for i, line in enumerate(lines):
-                    yield from ctx.envelope.records(base + i, line[:65536])
-            ctx.splitter.lineno += n
-            self.state.lines_total[source] += n
+            cands, n, ctx.carry = candidate_lines(self._scanner, buf, start, end, carry=ctx.carry)
+            yield Scanned([c[1] for c in cands], [c[0] for c in cands], n)
+
+    def _records(self, ctx: _SourceCtx, blocks: Iterable[Scanned]) -> Iterator[Record]:
+        """The one way from scanned blocks to records: every line is counted in
+        ``state.lines_total`` and numbered, candidates only are decoded."""
+        for blk in blocks:
+            base = ctx.lineno + 1  # number of the block's first line
+            for idx, line in zip(blk.linenos, blk.lines):
+                yield from ctx.envelope.records(base + idx, line)
+            ctx.lineno += blk.nlines
+            self.state.lines_total[ctx.name] += blk.nlines
+
+    def _tail(self, ctx: _SourceCtx) -> Iterator[Record]:
+        """End of a source: its partial last line, then what the envelope still holds."""
+        tail = self._decode(ctx, b"", final=True)
+        spans = ctx.splitter.feed(tail) if tail else []
+        yield from self._records(ctx, self._scan(ctx, spans + ctx.splitter.flush()))
+        ctx.carry = False
+        yield from ctx.envelope.flush()
 
     # ---- stage 3 -> 5 ------------------------------------------------------------------------
     def consume(self, source: str, rec: Record) -> int:
@@ -138,24 +229,22 @@ class Pipeline:
                 self._tick(e.meta.ts)
             st.apply(e)
             n += 1
+            if self.on_event is not None:
+                self.on_event(e)
             if isinstance(e, SchedulerStats):
                 st.note_src(rec.src)
-            if not self.follow:
+            if self.clock.follows_log:
                 if not isinstance(e, (SchedulerStats, EngineConfigObserved, VersionSeen)):
                     self._incident_pending = True
                 if e.meta.ts is not None:
                     self._tick(e.meta.ts)
+        if n and self._last_parsed.get(source) != rec.lineno:
+            self._last_parsed[source] = rec.lineno
+            self._parsed[source] = self._parsed.get(source, 0) + 1
         return n
 
-    def _count_parsed(self, source: str, recs: Iterable[Record]) -> None:
-        parsed_lines: set[int] = set()
-        for rec in recs:
-            if self.consume(source, rec):
-                parsed_lines.add(rec.lineno)
-        self._parsed[source] = self._parsed.get(source, 0) + len(parsed_lines)
-
     def _tick(self, ts: float) -> None:
-        """diagnose: run the rules that are due at log time ``ts``. A windowed rule runs every
+        """Log time ``ts`` reached: run the rules that are due. A windowed rule runs every
         max(eval_interval, window/2) seconds of log time (consecutive evaluations overlap by half
         a window, so events less than half a window apart are always judged together); a
         whole-log rule runs when an incident event arrived."""
@@ -178,30 +267,16 @@ class Pipeline:
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""
         ctx = self._ctx(source)
-        spans = ctx.splitter.feed(data)
+        spans = ctx.splitter.feed(self._decode(ctx, data))
         if spans:
-            self._count_parsed(source, self.records(source, spans))
-
-    def feed_candidates(self, source: str, cands: Iterable[tuple[int, bytes]], nlines: int) -> None:
-        """Candidate lines found by a parallel reader (``(line number, bytes)``, in order) out of
-        ``nlines`` lines: the same envelope, parser, state and rules as :meth:`feed`."""
-        ctx = self._ctx(source)
-        ctx.prefilter = True
-        self.state.lines_total[source] += nlines
-        ctx.splitter.lineno += nlines
-
-        def recs():
-            for lineno, line in cands:
-                yield from ctx.envelope.records(lineno, line)
-
-        self._count_parsed(source, recs())
+            for rec in self._records(ctx, self._scan(ctx, spans)):
+                self.consume(source, rec)
 
     def end(self, source: str) -> None:
         """End of file (or rotation / truncation): the partial last line becomes a line."""
         ctx = self._ctx(source)
-        recs = list(self.records(source, ctx.splitter.flush()))
-        recs += ctx.envelope.flush()
-        self._count_parsed(source, recs)
+        for rec in self._tail(ctx):
+            self.consume(source, rec)
 
     def reset_source(self, source: str) -> None:
         """Forget a source's partial line and CRI state (after truncation or rotation); line
@@ -210,6 +285,7 @@ class Pipeline:
         if ctx is not None:
             new = self._ctx(source)
             new.envelope.clock = ctx.envelope.clock
+            self._last_parsed.pop(source, None)
 
     def observe(self, event) -> None:
         """A typed event from a collector (VllmMetricsSample, GpuSample)."""
@@ -222,6 +298,8 @@ class Pipeline:
 
     def evaluate(self, now: float | None = None) -> list[Finding]:
         """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
+        if now is None:
+            now = self.clock.now()
         if now is not None and (self.state.now is None or now > self.state.now):
             self.state.now = now
         self.active = self.engine.evaluate(self.state)
@@ -236,41 +314,43 @@ class Pipeline:
         ctx = self._sources.get(source)
         return ctx.vllm_records if ctx else 0
 
-    # ---- diagnose: whole files, merged in time order ------------------------------------------
-    def run_files(self, sources: list[tuple[str, Iterable[bytes]]], after=None) -> None:
-        """Read each source (name, iterable of byte chunks) to its end; several sources are
-        merged in time order (records without a timestamp keep their place in their file).
+    # ---- diagnose: whole sources, merged in time order ----------------------------------------
+    def records_of(self, source: str, data: Iterable[bytes | Scanned]) -> Iterator[Record]:
+        """The records of a whole source given as byte chunks (or blocks scanned elsewhere),
+        its end included."""
+        ctx = self._ctx(source)
+        for item in data:
+            if isinstance(item, Scanned):
+                yield from self._records(ctx, (item,))
+            else:
+                spans = ctx.splitter.feed(self._decode(ctx, item))
+                if spans:
+                    yield from self._records(ctx, self._scan(ctx, spans))
+        yield from self._tail(ctx)
+
+    def run(self, sources: list[tuple[str, Iterable[bytes | Scanned]]], after=None) -> None:
+        """Read each source (name, byte chunks or scanned blocks) to its end; several sources
+        are merged in time order (records without a timestamp keep their place in their file).
         ``after()`` runs once the logs are read, before the final evaluation."""
         if len(sources) == 1:
-            name, chunks = sources[0]
-            for chunk in chunks:
-                self.feed(name, chunk)
-            self.end(name)
+            name, data = sources[0]
+            for rec in self.records_of(name, data):
+                self.consume(name, rec)
         else:
-            streams = [self._record_stream(name, chunks) for name, chunks in sources]
-            parsed: dict[str, set[int]] = {name: set() for name, _ in sources}
+            streams = [self._timed(name, self.records_of(name, data)) for name, data in sources]
             for _, _, name, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
-                if self.consume(name, rec):
-                    parsed[name].add(rec.lineno)
-            for name, lines in parsed.items():
-                self._parsed[name] = self._parsed.get(name, 0) + len(lines)
+                self.consume(name, rec)
         if after is not None:
             after()
         self.active = self.engine.evaluate(self.state)
 
-    def _record_stream(self, name: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, str, Record]]:
-        ctx = self._ctx(name)
-        seq = 0
+    run_files = run  # the name callers used before ``run``
+
+    @staticmethod
+    def _timed(name: str, recs: Iterator[Record]) -> Iterator[tuple[float, int, str, Record]]:
         last_ts = 0.0
-        for chunk in chunks:
-            for rec in self.records(name, ctx.splitter.feed(chunk)):
-                last_ts = rec.ts if rec.ts is not None else last_ts
-                seq += 1
-                yield (last_ts, seq, name, rec)
-        tail = list(self.records(name, ctx.splitter.flush()))
-        for rec in tail + ctx.envelope.flush():
+        for seq, rec in enumerate(recs):
             last_ts = rec.ts if rec.ts is not None else last_ts
-            seq += 1
             yield (last_ts, seq, name, rec)
 
     def report(self) -> "Report":

@@ -98,12 +98,36 @@ def load_config(path: str) -> tuple[dict, str]:
         raise InputError(f"{cands[0]}: not a readable JSON config: {e}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{cands[0]}: not a JSON object")
+    _check_sizes(cfg, str(cands[0]))
     name = p.name
     if name.startswith("models--"):
         name = name[len("models--"):].replace("--", "/")
     elif name == "config.json":
         name = p.parent.name
     return cfg, name
+
+
+# config.json fields the capacity arithmetic reads as counts: when present (not null) each must be
+# a non-negative integer of sane size, else one line names it (never a TypeError from deep inside)
+_SIZE_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "hidden_size", "d_model", "n_embd",
+              "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
+              "intermediate_size", "ffn_dim", "max_position_embeddings", "kv_lora_rank", "q_lora_rank",
+              "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "moe_intermediate_size", "num_experts",
+              "n_routed_experts", "num_local_experts", "moe_num_experts", "n_shared_experts",
+              "shared_expert_intermediate_size", "first_k_dense_replace")
+
+
+def _check_sizes(cfg: dict, where: str, depth: int = 0) -> None:
+    for k in _SIZE_KEYS:
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 40:
+            raise InputError(f"{where}: {k} is {json.dumps(v)[:40]}, not a count (a non-negative integer)")
+    if depth < 2:
+        for sub in ("text_config", "llm_config", "language_config"):
+            if isinstance(cfg.get(sub), dict):
+                _check_sizes(cfg[sub], f"{where} {sub}", depth + 1)
 
 
 def nvml_total_memory(index: int = 0) -> int:
@@ -136,6 +160,8 @@ def parse_size(text: str) -> int:
         v = float(num)
     except ValueError:
         raise InputError(f"not a size: {text!r} (e.g. 80GiB, 24G, 81559MiB, 4194304)") from None
+    if not math.isfinite(v) or v * mult >= 1 << 60:
+        raise InputError(f"not a size: {text!r} (e.g. 80GiB, 24G, 81559MiB, 4194304)")
     if v <= 0:
         raise InputError(f"size must be positive: {text!r}")
     return int(v * mult)
@@ -372,7 +398,7 @@ def make_plan(inp: PlanInputs) -> Plan:
     startup = _startup(inp, shape, pool_groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
                        mamba_mode)
     fixes = _fixes(inp, shape, pool_groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
-                   startup, version, util)
+                   startup, version, util, wbytes)
     if shape.quant_method and not shape.quant_bits:
         notes.append(f"quantization {shape.quant_method}: bit width not in the config, weights sized unquantized")
     return Plan(model=inp.model, vllm_version=version, engine=engine, settings=settings, weights=weights,
@@ -383,6 +409,11 @@ def make_plan(inp: PlanInputs) -> Plan:
 def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
              mamba_mode="none") -> dict:
     reasons = []
+    tp = inp.tensor_parallel_size
+    if shape.num_heads and tp > 1 and shape.num_heads % tp:
+        # vLLM's ModelConfig.verify_with_parallel_config (every release), before any memory is touched
+        reasons.append(f"Total number of attention heads ({shape.num_heads}) must be divisible by tensor "
+                       f"parallel size ({tp}).")
     mpe = shape.max_position_embeddings
     if inp.max_model_len and mpe and inp.max_model_len > mpe:
         reasons.append(f"User-specified max_model_len ({inp.max_model_len}) is greater than the derived max_model_len "
@@ -416,7 +447,7 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
 
 
 def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
-           startup, version, util) -> list[dict]:
+           startup, version, util, wbytes: int = 2) -> list[dict]:
     """Flags for the target (or for a start-up failure), values computed, only flags of that version."""
     out: list[dict] = []
 
@@ -462,7 +493,20 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
             u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, per_req + 1, block_bytes)
             if u <= 0.99 and u > util:
                 add("--gpu-memory-utilization", u, f"one {mml}-token request: {per_req} blocks x {block_bytes:,} B", alt="--max-model-len")
-        if shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
+        no_memory = any(m.startswith("No available memory") for m in startup.get("messages", ()))
+        if no_memory and inp.gpu_memory_bytes and inp.kv_cache_memory_bytes is None:
+            # weights + overhead exceed the budget: a smaller KV cache dtype cannot help; more GPUs split the weights
+            for t in (2, 4, 8, 16):
+                tp2 = inp.tensor_parallel_size * t
+                if shape.num_heads and shape.num_heads % tp2:
+                    continue
+                w2 = cap.weight_bytes_per_gpu(shape, wbytes, tp2, inp.pipeline_parallel_size)
+                if w2 + overhead + (per_req + 1) * block_bytes // t < inp.gpu_memory_bytes * util:
+                    add("--tensor-parallel-size", tp2, f"weights {_gib(w)} per GPU at TP {inp.tensor_parallel_size} + "
+                        f"{_gib(overhead)} overhead exceed {inp.gpu_memory_bytes / cap.GiB:.2f} GiB x {util}; at TP {tp2}: "
+                        f"{_gib(w2)} weights per GPU, leaving room for the KV cache")
+                    break
+        elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
             add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
     return out
 

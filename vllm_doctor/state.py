@@ -311,7 +311,7 @@ class State:
         last = self.events["OutOfMemory"][-1] if self.events["OutOfMemory"] else None
         if last is None or last.meta.ts != e.meta.ts or e.meta.ts is None and last.meta.lineno + 50 < e.meta.lineno:
             self.oom_events_total += 1
-        phase = "runtime" if self.served else "startup"
+        phase = e.phase or ("runtime" if self.served else "startup")
         self.events["OutOfMemory:" + phase].append(e)
         self.totals["OutOfMemory:" + phase] += 1
 

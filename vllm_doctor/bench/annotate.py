@@ -34,6 +34,8 @@ def load_ladder(path: str) -> dict:
         raise BenchFileError(f"{path}: cannot read ({type(e).__name__})") from None
     except ValueError:
         raise BenchFileError(f"{path}: not JSON") from None
+    except RecursionError:
+        raise BenchFileError(f"{path}: JSON nested too deeply to be a bench ladder result") from None
     if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND or not isinstance(doc.get("levels"), list):
         raise BenchFileError(f"{path}: not a `vllm-doctor bench ladder` result")
     return doc

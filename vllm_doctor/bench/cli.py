@@ -94,14 +94,14 @@ def ladder_table(result: dict) -> str:
 
 @bench_app.command()
 def ladder(
-    url: Annotated[str, typer.Option("--url", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
-    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, comma-separated.")] = "8,16,32,64",
+    url: Annotated[str, typer.Option("--url", metavar="URL", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
+    levels: Annotated[str, typer.Option("--levels", metavar="N,N,...", help="Concurrency levels, comma-separated.")] = "8,16,32,64",
     requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Requests per level (default: 4 x level, at least 8).")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", metavar="SECONDS", help="Run each level this long instead of a request count.")] = None,
     input_len: Annotated[int, typer.Option("--input-len", metavar="WORDS", help="Synthetic prompt length (words, about one token each).")] = 128,
     output_len: Annotated[int, typer.Option("--output-len", metavar="TOKENS", help="max_tokens of each request (exact: ignore_eos).")] = 64,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="Real prompts: one per line, or JSON lines with a \"prompt\" field.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Model name (default: the first of /v1/models).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="NAME", help="Model name (default: the first of /v1/models).")] = None,
     request_rate: Annotated[Optional[float], typer.Option("--request-rate", metavar="PER_SECOND", help="Poisson arrival rate; default: back to back.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Generate exactly --output-len tokens (vLLM's ignore_eos).")] = True,
@@ -113,8 +113,8 @@ def ladder(
     level_timeout: Annotated[float, typer.Option("--level-timeout", metavar="SECONDS", help="Wall-clock limit of one level.")] = 900.0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
     chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
-    format: Annotated[OutFormat, typer.Option("--format", "-f", help="text or json on stdout.")] = OutFormat.text,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic prompts and arrivals.")] = 0,
+    format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown on stdout.")] = OutFormat.text,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the synthetic prompts and arrivals.")] = 0,
 ) -> None:
     """Run a concurrency ladder against a live vLLM: TTFT/TPOT/ITL/E2E, goodput, errors and
     vLLM's own preemptions per level; find the knee and recommend --max-num-seqs."""
@@ -193,6 +193,12 @@ def ladder(
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
         print(ladder_table(result))
+        for lv_ in result["levels"]:
+            if lv_["errors"]:
+                print(f"  concurrency {lv_['concurrency']}: {lv_['errors']} of {lv_['requests']} failed: "
+                      + "; ".join(lv_["error_examples"]))
+        if result.get("stopped"):
+            print(f"Ladder {result['stopped']}")
         k = result["knee"]
         where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
         print(f"\nKnee: {where}: {k['reason']}")

@@ -13,6 +13,7 @@ because the stream format (``data: {json}`` lines ending with ``data: [DONE]``) 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -66,45 +67,51 @@ def _chunk_text(obj: dict, chat: bool) -> str:
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict, chat: bool,
                      timeout_seconds: float) -> RequestResult:
-    """Send one streamed request; never raises (a failure is a RequestResult with ``error``)."""
+    """Send one streamed request; never raises (a failure is a RequestResult with ``error``).
+    ``timeout_seconds`` bounds the whole request (httpx's own timeouts are per read, so a server
+    that trickles bytes without a token would never trip them)."""
     res = RequestResult(ok=False, started=time.time())
     t0 = time.perf_counter()
     last = None
     chunks = 0
     usage_tokens = None
     try:
-        async with client.stream("POST", url, json=body, timeout=timeout_seconds) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode("utf-8", "replace")
-                res.error = f"HTTP {r.status_code}: {' '.join(text.split())[:200]}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    res.error = f"unreadable stream chunk: {data[:80]!r}"
+        async with asyncio.timeout(timeout_seconds):
+            async with client.stream("POST", url, json=body, timeout=timeout_seconds) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode("utf-8", "replace")
+                    res.error = f"HTTP {r.status_code}: {' '.join(text.split())[:200]}"
                     return res
-                if obj.get("error"):
-                    res.error = f"server error in stream: {str(obj['error'])[:200]}"
-                    return res
-                usage = obj.get("usage")
-                if usage:
-                    usage_tokens = usage.get("completion_tokens", usage_tokens)
-                    res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
-                if _chunk_text(obj, chat):
-                    now = time.perf_counter()
-                    if last is None:
-                        res.ttft_seconds = now - t0
-                    else:
-                        res.itl_seconds.append(now - last)
-                    last = now
-                    chunks += 1
-    except httpx.TimeoutException:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        obj = json.loads(data)
+                    except ValueError:
+                        res.error = f"unreadable stream chunk: {data[:80]!r}"
+                        return res
+                    if not isinstance(obj, dict):
+                        res.error = f"unreadable stream chunk: {data[:80]!r}"
+                        return res
+                    if obj.get("error"):
+                        res.error = f"server error in stream: {str(obj['error'])[:200]}"
+                        return res
+                    usage = obj.get("usage")
+                    if usage:
+                        usage_tokens = usage.get("completion_tokens", usage_tokens)
+                        res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+                    if _chunk_text(obj, chat):
+                        now = time.perf_counter()
+                        if last is None:
+                            res.ttft_seconds = now - t0
+                        else:
+                            res.itl_seconds.append(now - last)
+                        last = now
+                        chunks += 1
+    except (httpx.TimeoutException, TimeoutError):
         res.error = f"timed out after {timeout_seconds:g} s"
         return res
     except httpx.HTTPError as e:

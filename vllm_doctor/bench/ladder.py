@@ -257,20 +257,21 @@ def synthetic_prompt(n_words: int, rng: random.Random) -> str:
 
 
 class _MetricsReader:
-    def __init__(self, client: httpx.AsyncClient, url: str | None):
-        self.client, self.url = client, url
+    def __init__(self, client: httpx.AsyncClient, url: str | None, timeout_seconds: float = 10.0):
+        self.client, self.url, self.timeout = client, url, min(10.0, timeout_seconds)
         self.error: str | None = None
 
     async def read(self):
         if not self.url:
             return None
         try:
-            r = await self.client.get(self.url, timeout=10)
+            async with asyncio.timeout(self.timeout):   # total: httpx's timeout is per read
+                r = await self.client.get(self.url, timeout=self.timeout)
             if r.status_code != 200:
                 self.error = f"{self.url}: HTTP {r.status_code}"
                 return None
             return parse_metrics(r.text, source=self.url)
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, TimeoutError) as e:
             self.error = f"{self.url}: {type(e).__name__}"
             return None
 
@@ -293,9 +294,11 @@ def _cache_tokens(parsed) -> int | None:
 
 async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
     try:
-        r = await client.get(base + "/v1/models", timeout=15)
-    except httpx.HTTPError as e:
-        raise BenchError(f"{base}/v1/models: {type(e).__name__}: {e}") from None
+        async with asyncio.timeout(15):   # total: httpx's timeout is per read
+            r = await client.get(base + "/v1/models", timeout=15)
+    except (httpx.HTTPError, TimeoutError) as e:
+        why = "no answer within 15 s" if isinstance(e, (httpx.TimeoutException, TimeoutError)) else (str(e) or "failed")
+        raise BenchError(f"{base}/v1/models: {type(e).__name__}: {why} (is vLLM's OpenAI server at this URL?)") from None
     if r.status_code != 200:
         raise BenchError(f"{base}/v1/models: HTTP {r.status_code}")
     try:
@@ -355,7 +358,10 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
             break
         if time.monotonic() >= deadline or time.monotonic() >= hard_deadline:
             break
-        await sem.acquire()
+        try:   # a slot frees when a request ends; a server that never ends one must not hold the level open
+            await asyncio.wait_for(sem.acquire(), max(0.001, hard_deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            break
         if cfg.request_rate:
             next_arrival += rng.expovariate(cfg.request_rate)
             delay = next_arrival - time.monotonic()
@@ -400,10 +406,13 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
             # A distinct first word per request keeps vLLM's prefix cache from serving them for free.
             prompts = [f"{i} " + synthetic_prompt(cfg.input_len - 1, rng) for i in range(n_prompts)]
         murl = (base + "/metrics") if cfg.metrics_url is None else cfg.metrics_url
-        metrics = _MetricsReader(client, murl)
+        metrics = _MetricsReader(client, murl, cfg.request_timeout_seconds)
         first = await metrics.read()
+        if first is None:
+            metrics.url = None   # unreadable before any load: reading it again each second only waits
         kv_tokens = _cache_tokens(first)
         levels: list[LevelResult] = []
+        stopped = None
         for c in cfg.levels:
             if on_level_start:
                 on_level_start(c, cfg.requests_for(c))
@@ -411,9 +420,15 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
             levels.append(lv)
             if on_level_done:
                 on_level_done(lv)
+            if lv.completed == 0 and c != cfg.levels[-1]:
+                stopped = (f"stopped after concurrency {c}: none of its {lv.requests} requests completed "
+                           f"({'; '.join(lv.error_examples) or 'no answer'}); higher levels would only wait longer")
+                break
     knee = find_knee(levels, cfg.knee_gain)
     rec = recommend(levels, knee, kv_tokens)
-    return result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+    out = result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+    out["stopped"] = stopped
+    return out
 
 
 def result_dict(cfg: LadderConfig, model: str, levels: list[LevelResult], knee: Knee,

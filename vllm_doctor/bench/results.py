@@ -124,6 +124,8 @@ def load_runs(path: str) -> list[RunFigures]:
         doc = json.loads(text)
     except ValueError:
         raise ResultError(f"{path}: not JSON") from None
+    except RecursionError:
+        raise ResultError(f"{path}: JSON nested too deeply to be a benchmark result") from None
     if not isinstance(doc, dict):
         raise ResultError(f"{path}: not a benchmark result (a JSON object is expected)")
     if doc.get("kind") == RESULT_KIND:

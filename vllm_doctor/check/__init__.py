@@ -140,6 +140,11 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
             return cast(v) if v is not None else None
         except ValueError:
             return None
+    for k, cast in (("--tensor-parallel-size", int), ("--pipeline-parallel-size", int), ("--block-size", int),
+                    ("--max-model-len", int), ("--gpu-memory-utilization", float), ("--max-num-seqs", int),
+                    ("--max-num-batched-tokens", int)):
+        if flags.get(k) is not None and not (num(k, cast) or 0) > 0:
+            return []   # a value plan cannot use (0, -5, abc, 32k, $VAR): not sized with a default in its place
     try:
         p = make_plan(PlanInputs(
             config=model_config, gpu_memory_bytes=gpu_memory, vllm_version=version,
@@ -222,6 +227,34 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
             seen.add(key)
             uniq.append(f)
     return CheckResult(name, kind_, version, source, uniq, len([la for la in launches if la.argv or la.env]))
+
+
+MAX_BYTES = 16 << 20   # a launch config, rule file or dashboard is far smaller; memory stays bounded
+
+
+def check_file(path: str, **kw) -> CheckResult:
+    """``check_text`` on a file (``-``: stdin). InputError (exit 2, one line) for what is no config:
+    unreadable, a directory, binary data, over MAX_BYTES, nested too deeply to parse."""
+    import sys
+
+    from ..errors import InputError
+
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(MAX_BYTES + 1)
+        else:
+            with open(path, "rb") as fh:
+                raw = fh.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise InputError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a launch config or monitoring file")
+    if b"\0" in raw[:65536]:
+        raise InputError(f"{path}: binary data, not a launch config or monitoring file")
+    try:
+        return check_text(raw.decode("utf-8", "replace"), path, **kw)
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to read") from None
 
 
 # ---------------------------------------------------------------- output

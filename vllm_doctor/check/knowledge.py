@@ -68,7 +68,7 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
             return (f"--gpu-memory-utilization {v}: not a number", 0.9)
         if not 0 < f <= 1:
             return (f"--gpu-memory-utilization {v}: must be in (0, 1] (a fraction, not a percentage)",
-                    round(f / 100, 2) if 1 < f <= 100 else 0.9)
+                    round(f / 100, 2) if 10 <= f <= 100 else 0.9)
     if flag == "--port" and not v.isdigit():
         extra = " (a missing space: the next flag was glued to the value)" if "--" in v else ""
         return (f"--port {v}: argument --port: invalid int value{extra}", int(v.split("--")[0]) if v.split("--")[0].isdigit() else 8000)

@@ -178,9 +178,19 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
 
 # ---------------------------------------------------------------- readers
 
+HEREDOC_RE = re.compile(r"(?<![<\w])<<-?\s*(['\"]?)([A-Za-z_]\w*)\1")
+
+
 def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each logical line: backslash-newlines joined, heredoc bodies
+    (``<<EOF`` ... ``EOF``: data fed to a command, not commands) left out."""
     out, buf, start = [], "", 0
+    heredoc: str | None = None
     for i, raw in enumerate(text.splitlines(), 1):
+        if heredoc is not None:
+            if raw.strip() == heredoc:
+                heredoc = None
+            continue
         if not buf:
             start = i
         if raw.rstrip().endswith("\\"):
@@ -188,6 +198,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
             continue
         buf += raw
         out.append((start, buf))
+        m = HEREDOC_RE.search(buf) if "<<" in buf else None
+        if m and not buf.lstrip().startswith("#"):
+            heredoc = m.group(2)
         buf = ""
     if buf:
         out.append((start, buf))
@@ -579,7 +592,8 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
         if has_value and name in allset and not invented:
             prob = value_problem(name, val, version)
             if prob:
-                out.append(CheckFinding("VC006", prob[0], f, line, fix={"setting": name, "value": prob[1]}, snippet=tok))
+                out.append(CheckFinding("VC006", prob[0], f, line, snippet=tok,
+                                        fix={"setting": name, "value": prob[1]} if prob[1] is not None else None))
         i += 2 if (has_value and not eq and _takes_value(name, argv, i)) else 1
     out += lint_env(la, version, text)
     return out

@@ -6,6 +6,7 @@ names are judged against ``metric_names`` for the target version."""
 from __future__ import annotations
 
 import difflib
+import json
 import re
 
 import promql_parser as pq
@@ -206,20 +207,24 @@ def _line_of_expr(text: str, expr: str, name: str) -> int:
 def lint_grafana(doc: dict, text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
     out = []
     dash = doc.get("dashboard", doc)
+    dash = dash if isinstance(dash, dict) else {}
 
-    def panels(ps):
-        for p in ps or []:
-            yield p
-            yield from panels(p.get("panels"))
+    def panels(ps):   # what is not a panel (a number, a string) is skipped, never an error
+        for p in ps if isinstance(ps, list) else []:
+            if isinstance(p, dict):
+                yield p
+                yield from panels(p.get("panels"))
 
     for p in panels(dash.get("panels")):
-        for t in p.get("targets") or []:
-            expr = t.get("expr")
+        targets = p.get("targets")
+        for t in targets if isinstance(targets, list) else []:
+            expr = t.get("expr") if isinstance(t, dict) else None
             if isinstance(expr, str) and expr.strip():
                 expr_v = re.sub(r"\$__(rate_interval|interval|range)", "5m", expr)
                 expr_v = re.sub(r"\$\{?\w+\}?", "x", expr_v) if "$" in expr_v else expr_v
-                out += lint_promql(expr_v, version, file, _line_of_expr(text, expr[:60], ""), _context(text),
-                                   version_known)
+                # the file holds the expression JSON-escaped (\" for "): find that form
+                line = _line_of_expr(text, json.dumps(expr.strip().splitlines()[0][:60])[1:-1], "")
+                out += lint_promql(expr_v, version, file, line, _context(text), version_known)
     return out
 
 

@@ -14,7 +14,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 LOGS = FIXTURES / "logs"
 METRICS = FIXTURES / "metrics"
 CORE_RULES = {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound",
-              "gpu-memory-leak", "nccl-failure", "runtime-oom", "engine-dead"}
+              "gpu-memory-leak", "nccl-failure", "runtime-oom", "engine-dead", "engine-stalled"}
 
 
 def log(name_prefix: str) -> Path:

@@ -32,7 +32,7 @@ def test_json_schema_fields():
     for k in ("kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency", "max_model_len",
               "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "tensor_parallel_size",
               "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching", "preemptions_total",
-              "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio"):
+              "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio"):
         assert k in d["facts"], k
     f = d["facts"]
     assert (f["kv_cache_tokens"], f["max_concurrency"], f["max_model_len"], f["max_num_seqs"]) == (567978, 4.33, 131072, 1)

@@ -13,7 +13,7 @@ EXP = expectations()
 def test_all_fixture_logs_have_expectations():
     logs = {p.name for p in LOGS.glob("*.log")}
     assert logs == set(EXP), logs ^ set(EXP)
-    assert len(logs) == 30
+    assert len(logs) == 33
 
 
 @pytest.mark.parametrize("name", sorted(EXP))

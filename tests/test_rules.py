@@ -43,8 +43,16 @@ def test_preemption_storm_v1_from_metrics_capture():
     f = findings(rep)["preemption-storm"]
     assert rep.facts["preemptions_total"] == 105
     assert f.values["preempted"] == 105
-    assert fixes(f)["--max-num-seqs"] == "2"  # 4,096 KV tokens / 2,048 max_model_len
-    assert "4096 KV cache tokens / 2048 max_model_len = 2 sequences" in f.fixes[0].arithmetic
+    # 4 ran when the KV cache was full (line 138, 100 %); 4,096 / 2,048 = 2 is only the never-preempt bound
+    assert fixes(f)["--max-num-seqs"] == "4"
+    assert f.fixes[0].arithmetic.startswith("4 sequences were running when the KV cache was full (100.0%, engine 0, "
+                                            "cpu-preemption-tiny-kv-cache.log:138)")
+    assert "never-preempt bound (every sequence at max_model_len) would be 4,096 / 2,048 = 2" in f.fixes[0].arithmetic
+    # kv-capacity-bound computes the same value with the same calculation: it is listed once
+    kv = findings(rep)["kv-capacity-bound"]
+    assert kv.values["c"] is not None and "--max-num-seqs" not in fixes(kv)
+    assert "--max-num-seqs 4: the same fix as preemption-storm (VD001) gives" in kv.notes
+    assert f.fixes[0].also_for == ["kv-capacity-bound"]
     # vllm:cache_config_info gives what vLLM resolved: block_size 128 on CPU, not the default 16
     assert rep.facts["block_size"] == 128 and "block_size" not in rep.facts_defaulted
     assert rep.facts["num_gpu_blocks"] == 32
@@ -104,8 +112,11 @@ def test_prefill_blocking_v02():
     assert f.values["gen_peak"] == pytest.approx(122.2)
     # 0.2 has no chunked prefill: --enable-chunked-prefill is named with the version that has it, and
     # a smaller --max-num-batched-tokens is not offered (without chunked prefill it must be >= max_model_len)
-    assert fixes(f) == {}
-    assert any("--enable-chunked-prefill would help but needs vLLM >= 0.4.0" in n for n in f.notes)
+    # one fix: upgrade to the newest version any of them needs, and set them (a set, not notes)
+    assert fixes(f) == {"vllm": ">=0.7.3", "--enable-chunked-prefill": "", "--long-prefill-token-threshold": "512",
+                        "--max-num-partial-prefills": "2"}
+    assert {x.relation for x in f.fixes} == {"set"} and {x.option for x in f.fixes} == {1}
+    assert f.fixes[0].command() == "pip install -U 'vllm>=0.7.3'" and not f.notes
     assert [e.lineno for e in f.evidence] == [2, 3]
 
 
@@ -115,7 +126,11 @@ def test_prefill_blocking_fixes_on_v0_with_chunked_prefill(tmp_path):
     p = tmp_path / "v054.log"
     p.write_text("\n".join(["INFO 11-21 00:12:00 api_server.py:148] vLLM API server version 0.5.4"] + lines) + "\n")
     f = findings(diagnose_file(p))["prefill-blocking"]
-    assert fixes(f) == {"--enable-chunked-prefill": "", "--max-num-batched-tokens": "2048"}
+    got = {x.flag: (x.value, x.option, x.relation) for x in f.fixes}
+    # what 0.5.4 has, and as an alternative the upgrade that brings the partial-prefill flags
+    assert got == {"--enable-chunked-prefill": ("", 1, "alternative"), "--max-num-batched-tokens": ("2048", 2, "alternative"),
+                   "vllm": (">=0.7.3", 3, "set"), "--long-prefill-token-threshold": ("512", 3, "set"),
+                   "--max-num-partial-prefills": ("2", 3, "set")}
 
 
 @pytest.mark.parametrize("name", ["026", "054", "014", "cpu-basic"])
@@ -127,12 +142,17 @@ def test_prefill_blocking_silent(name):
 def test_kv_capacity_bound_cpu_run_max_num_seqs_from_capacity():
     rep = diagnose_file(log("cpu-preemption"))
     f = findings(rep)["kv-capacity-bound"]
-    assert f.values["running"] == 4 and f.values["waiting_peak"] == 14
-    assert fixes(f)["--max-num-seqs"] == "2"
-    assert fixes(f)["--kv-cache-memory-bytes"] == str(4194304 * 2)
-    # 138: the interval at >= 95 % with a queue; 125, 151, 160: running at most 2 x max_concurrency
-    # (2.00) with a queue and usage sampled at >= 50 %
-    assert [e.lineno for e in f.evidence] == [125, 138, 151, 160]
+    # the message says "full (95 % or more) with up to N waiting": N comes from the full lines only
+    # (the 14-waiting line 125 is at 77.4 %), and only those lines are quoted
+    assert f.values["running"] == 4 and f.values["waiting_peak"] == 12
+    assert "full (95% or more) with up to 12 requests waiting while only 4 ran" in f.message
+    assert [e.lineno for e in f.evidence] == [138]
+    # 4 ran when the cache was full: not 4,096 / 2,048 = 2 (the never-preempt bound)
+    assert fixes(f)["--max-num-seqs"] == "4"
+    # the explicitly sized KV cache for the 16 requests running or waiting at once: 4 MiB x 16 / 4
+    assert fixes(f)["--kv-cache-memory-bytes"] == str(4194304 * 4)
+    rel = {x.flag: x.relation for x in f.fixes}
+    assert rel == {"--max-num-seqs": "alternative", "--kv-cache-memory-bytes": "alternative"}
 
 
 @pytest.mark.parametrize("name", ["034", "054"])
@@ -313,7 +333,9 @@ def test_tuning_note_lines_and_fake_flags(tmp_path):
     assert rep.facts["peak_num_running"] == 128 and rep.facts["peak_num_waiting"] == 512
     f = findings(rep)["unknown-flag"]
     # the value given to the fake flag goes to the real one
-    assert fixes(f) == {"--max-num-batched-tokens": "4096", "--kv-cache-dtype": "fp8"}
+    assert fixes(f) == {"--max-num-batched-tokens": "4096"}
+    # --kv-cache-dtype fp8 is also preemption-storm's fix: listed once, there, and said here
+    assert "--kv-cache-dtype fp8: the same fix as preemption-storm (VD001) gives" in f.notes
     assert set(rep.unknown_flags) == {"--kv-cache", "--chunked-prefill-size"}
 
 
@@ -322,7 +344,9 @@ def test_kv_capacity_bound_plateau_with_short_queue_near_full():
     # (sampled below the 95 % "full" mark): the plateau counts when the cache is nearly full.
     p = Path(__file__).parent / "fixtures" / "regressions" / "cpu-0.32-storm-long-short-queue.log"
     f = findings(diagnose_file(p))["kv-capacity-bound"]
-    assert f.values["running"] == 4 and fixes(f)["--max-num-seqs"] == "2"
+    # never full: sized from the tokens a running sequence held (93.5 % x 4,096 / 4 = 957), not 4,096 / 2,048
+    assert f.values["running"] == 4 and fixes(f)["--max-num-seqs"] == "4"
+    assert "tokens per running sequence observed" in f.fixes[0].arithmetic
     assert len(f.evidence) == 2
 
 

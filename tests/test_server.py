@@ -40,12 +40,12 @@ def test_metrics_from_a_live_v0_preemption_storm(tmp_path):
         s.sidecar.evaluate()
         text = s.get("/metrics").text
         assert value(text, "vllm_preemptions_total") == 151.0  # from total_num_cumulative_preemption
-        assert value(text, "vllm_running_sequences") == 37.0
-        assert value(text, "vllm_pending_sequences") == 9779.0
-        assert value(text, "vllm_swapped_sequences") == 137.0
-        assert value(text, "vllm_kv_cache_usage_ratio") == pytest.approx(0.766)
-        assert value(text, "vllm_prompt_throughput_tokens_per_second") == 3737.0
-        assert value(text, "vllm_generation_throughput_tokens_per_second") == 8906.6
+        assert value(text, "vllm_running_sequences", engine="0") == 37.0
+        assert value(text, "vllm_pending_sequences", engine="0") == 9779.0
+        assert value(text, "vllm_swapped_sequences", engine="0") == 137.0
+        assert value(text, "vllm_kv_cache_usage_ratio", engine="0") == pytest.approx(0.766)
+        assert value(text, "vllm_prompt_throughput_tokens_per_second", engine="0") == 3737.0
+        assert value(text, "vllm_generation_throughput_tokens_per_second", engine="0") == 8906.6
         assert value(text, "vllm_doctor_finding_active", rule_id="VD001", name="preemption-storm",
                      severity="warning") == 1.0
         assert value(text, "vllm_doctor_finding_active", rule_id="VD002", name="startup-oom",
@@ -60,9 +60,11 @@ def test_metrics_from_a_live_v0_preemption_storm(tmp_path):
         assert "process_resident_memory_bytes" in text
         # labels are bounded: only these keys, and no value comes from a log line
         allowed = {"source", "gpu", "uuid", "model", "pid", "process", "rule_id", "name", "severity",
-                   "quantile", "version"}
+                   "quantile", "version", "engine"}
         for _, labels in samples(text):
             assert {k for k, _ in labels} <= allowed
+            # engine: vLLM's data-parallel index, a number (at most 256 kept), never free log text
+            assert all(v.isdigit() for k, v in labels if k == "engine")
             assert not any("preempted" in v or "Sequence" in v for _, v in labels)
 
         f = s.get("/api/findings").json()
@@ -111,7 +113,7 @@ def test_metrics_source_wins_over_log_and_ttft(tmp_path):
             wait_for(lambda: s.metric("vllm_doctor_source_up", source="metrics") == 1.0, what="scrape")
             wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 235.0)
             text = s.get("/metrics").text
-            assert value(text, "vllm_running_sequences") == 6.0  # /metrics, not the log's last 0
+            assert value(text, "vllm_running_sequences", engine="0") == 6.0  # /metrics, not the log's last 0
             assert value(text, "vllm_preemptions_total") == 105.0  # V1: only /metrics knows
             assert value(text, "vllm_kv_cache_tokens") == 4096.0
             assert value(text, "vllm_max_num_seqs") == 32.0
@@ -122,7 +124,7 @@ def test_metrics_source_wins_over_log_and_ttft(tmp_path):
             vllm.status = 503
             wait_for(lambda: s.metric("vllm_doctor_source_up", source="metrics") == 0.0, what="scrape down")
             assert s.metric("vllm_doctor_scrape_errors_total") >= 1.0
-            assert s.metric("vllm_running_sequences") == 0.0  # back to the log's stats line
+            assert s.metric("vllm_running_sequences", engine="0") == 0.0  # back to the log's stats line
 
 
 def test_health_and_readiness(tmp_path):

@@ -99,6 +99,20 @@ def _choice(option: str, enum: type[Enum]):
     return check
 
 
+def _when(text: str | None, option: str) -> float | None:
+    """``diagnose --since`` / ``--until`` on logs: the same forms as for ``--prometheus``
+    (:func:`vllm_doctor.fleet.parse_time`): a duration before now (``30m``, ``2h``), epoch seconds or
+    ISO 8601 (no zone: UTC, as vLLM's log clock is read) -> epoch seconds."""
+    import time
+
+    from .fleet import parse_time
+
+    try:
+        return parse_time(text, time.time())
+    except VllmDoctorError as e:
+        _fail(f"{option} {text!r}: {e}")
+
+
 @app.command()
 def diagnose(
     paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")] = None,
@@ -111,8 +125,8 @@ def diagnose(
     # --- fleet (issue 13) ---
     prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
     selector: Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")] = None,
-    since: Annotated[Optional[str], typer.Option("--since", help="--prometheus: start, a duration before now (6h) or a time (ISO 8601, epoch). (default: 6h)")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="--prometheus: end, as --since. (default: now)")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")] = None,
     step: Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")] = None,
     # --- end fleet ---
 ) -> None:
@@ -123,6 +137,9 @@ def diagnose(
     from .findings import SEVERITY_ORDER
     from .report import FORMATS, to_text
 
+    lo, hi = _when(since, "--since"), _when(until, "--until")
+    if lo is not None and hi is not None and lo > hi:
+        _fail(f"--since {since} is after --until {until}")
     try:
         if prometheus:
             if paths:
@@ -136,7 +153,7 @@ def diagnose(
         elif not paths:
             _fail("give a vLLM log file (- for stdin) or --prometheus URL")
         else:
-            rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [])
+            rep = run(paths, rules_dirs=rules or [], metrics_files=metrics or [], since=lo, until=hi)
     except VllmDoctorError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -12,7 +12,9 @@ Names (issue 3). About vLLM, the names operators already query: ``vllm_kv_cache_
 ``vllm_max_concurrency``, ``vllm_max_num_seqs``, ``vllm_max_model_len``,
 ``vllm_oom_events_total``, ``vllm_prompt_throughput_tokens_per_second``,
 ``vllm_generation_throughput_tokens_per_second``, ``vllm_prefix_cache_hit_ratio``,
-``vllm_time_to_first_token_seconds{quantile}`` (over the scraper's window). About the GPU:
+``vllm_time_to_first_token_seconds{quantile}`` (over the scraper's window). Running, pending,
+swapped, KV cache usage and the throughputs carry an ``engine`` label: vLLM's data-parallel engine
+index ("Engine 001" in the log, ``engine`` in its /metrics; "0" with one engine). About the GPU:
 ``gpu_memory_used_bytes``, ``gpu_memory_total_bytes``, ``gpu_utilization_ratio``,
 ``gpu_power_watts``, ``gpu_temperature_celsius`` (labels ``gpu``, ``uuid``, ``model``) and
 ``gpu_process_memory_used_bytes{gpu,uuid,pid,process}``. Findings:
@@ -112,11 +114,28 @@ class SidecarCollector(Collector):
                 g.add_metric([], v)
                 fams.append(g)
 
-        def pick(metric_field: str, stats_field: str) -> Any:
-            v = getattr(m, metric_field, None) if m is not None else None
-            if v is None and stats is not None:
-                v = getattr(stats, stats_field, None)
-            return v
+        # per engine (data parallel: "Engine 000", "Engine 001" in the log, the `engine` label in
+        # /metrics): the newest stats line of each engine, and the scrape's own per-engine values
+        by_stats = {("0" if k is None else str(k)): v for k, v in st.last_stats_by_engine.items()}
+        by_metrics: dict[str, Any] = {}
+        if m is not None:
+            if m.engines:
+                by_metrics = {("0" if e.engine_index is None else str(e.engine_index)): e for e in m.engines}
+            else:  # one engine: the scrape's values stand for it
+                by_metrics = {next(iter(by_stats)) if len(by_stats) == 1 else "0": m}
+        engines = sorted(set(by_stats) | set(by_metrics), key=lambda x: (len(x), x))
+
+        def per_engine(name: str, doc: str, metric_field: str | None, stats_field: str) -> None:
+            g = GaugeMetricFamily(name, doc, labels=["engine"])
+            for eng in engines:
+                v = getattr(by_metrics.get(eng), metric_field, None) if metric_field else None
+                if v is None:
+                    v = getattr(by_stats.get(eng), stats_field, None)
+                v = _num(v)
+                if v is not None:
+                    g.add_metric([eng], v)
+            if g.samples:
+                fams.append(g)
 
         gauge("vllm_kv_cache_tokens", "KV cache capacity in tokens (vLLM's 'GPU KV cache size', "
               "or num_gpu_blocks x block_size).", facts.get("kv_cache_tokens"))
@@ -124,19 +143,17 @@ class SidecarCollector(Collector):
               "(vLLM's 'Maximum concurrency').", facts.get("max_concurrency"))
         gauge("vllm_max_num_seqs", "--max-num-seqs in effect.", facts.get("max_num_seqs"))
         gauge("vllm_max_model_len", "--max-model-len in effect.", facts.get("max_model_len"))
-        gauge("vllm_running_sequences", "Requests running (vllm:num_requests_running, or the "
-              "stats line's Running).", pick("num_running", "num_running"))
-        gauge("vllm_pending_sequences", "Requests waiting to be scheduled (vllm:num_requests_waiting, "
-              "or the stats line's Waiting / Pending).", pick("num_waiting", "num_waiting"))
-        gauge("vllm_swapped_sequences", "Requests swapped to CPU (V0 engine only).",
-              pick("num_swapped", "num_swapped"))
-        gauge("vllm_kv_cache_usage_ratio", "KV cache usage 0..1 (vllm:kv_cache_usage_perc, or the stats "
-              "line's GPU/CPU KV cache usage).", pick("kv_cache_usage_ratio", "kv_cache_usage_ratio"))
-        if stats is not None:
-            gauge("vllm_prompt_throughput_tokens_per_second", "Prompt (prefill) throughput of the last "
-                  "stats interval.", stats.prompt_tps)
-            gauge("vllm_generation_throughput_tokens_per_second", "Generation (decode) throughput of "
-                  "the last stats interval.", stats.generation_tps)
+        per_engine("vllm_running_sequences", "Requests running, per engine (vllm:num_requests_running, or the "
+                   "stats line's Running).", "num_running", "num_running")
+        per_engine("vllm_pending_sequences", "Requests waiting to be scheduled, per engine "
+                   "(vllm:num_requests_waiting, or the stats line's Waiting / Pending).", "num_waiting", "num_waiting")
+        per_engine("vllm_swapped_sequences", "Requests swapped to CPU (V0 engine only).", "num_swapped", "num_swapped")
+        per_engine("vllm_kv_cache_usage_ratio", "KV cache usage 0..1, per engine (vllm:kv_cache_usage_perc, or the "
+                   "stats line's GPU/CPU KV cache usage).", "kv_cache_usage_ratio", "kv_cache_usage_ratio")
+        per_engine("vllm_prompt_throughput_tokens_per_second", "Prompt (prefill) throughput of the last stats "
+                   "interval, per engine.", None, "prompt_tps")
+        per_engine("vllm_generation_throughput_tokens_per_second", "Generation (decode) throughput of the last "
+                   "stats interval, per engine.", None, "generation_tps")
         hit = stats.prefix_cache_hit_ratio if stats is not None else None
         if hit is None and sc.scraper is not None:
             hit = sc.scraper.prefix_cache_hit_ratio

@@ -35,6 +35,9 @@ def explain_text(r: Rule, rs: RuleSet) -> str:
             out.append(f"  {f.flag} {human(f.value, th)}")
             if f.if_:
                 out.append(f"      when {human(f.if_, th)}")
+    if r.checks:
+        out += ["", "Checks (diagnostic steps to confirm the cause, not fixes):"]
+        out += [f"  {' '.join(c.text.split())}" for c in r.checks]
     if r.docs.fix:
         out += ["", *("  " + ln for ln in r.docs.fix.strip().splitlines())]
     if r.docs.limits:

@@ -347,6 +347,21 @@ class VllmMetricsSample:
     ttft_sum: float | None = None
     cache_config: tuple[tuple[str, str], ...] = ()
     rejected_values: int = 0
+    engines: tuple["EngineMetrics", ...] = ()  # per ``engine`` label (data parallel), when vLLM labels them
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """The per-engine part of one /metrics scrape (vLLM's ``engine`` label, V1 0.8+ with data
+    parallel): the fields the rules judge per engine. engine_index: the label as an int."""
+
+    meta: Meta
+    engine_index: int | None
+    num_running: float | None = None
+    num_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

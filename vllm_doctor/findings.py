@@ -28,18 +28,29 @@ class Evidence:
 class FlagFix:
     """A concrete change: ``flag`` set to ``value`` (a string as typed on the command line).
 
-    why: the reason; arithmetic: how the value was computed from observed facts."""
+    why: the reason; arithmetic: how the value was computed from observed facts.
+    option / relation (vllm_doctor.advice.relate_fixes): fixes of one finding with the same
+    ``option`` number go together; different options are alternatives. ``relation`` says it in a
+    word: ``only`` | ``alternative`` (pick one option) | ``set`` (apply with the rest of its option).
+    also_for: names of other findings that give the same fix (it is listed once, here).
+    kind ``upgrade``: install vLLM ``value`` (``>=0.11.0``) first; the fixes of its option need it."""
 
     flag: str
     value: str
     why: str
     arithmetic: str | None = None
-    kind: str = "flag"  # "flag" (vllm serve --flag value) or "env" (NAME=value)
+    kind: str = "flag"  # "flag" (vllm serve --flag value), "env" (NAME=value) or "upgrade" (vllm>=X)
+    option: int = 1
+    relation: str = "only"
+    also_for: list[str] = field(default_factory=list)
 
     def command(self) -> str:
-        """As typed: ``--max-num-seqs 31``, ``--enable-chunked-prefill``, ``NCCL_P2P_DISABLE=1``."""
+        """As typed: ``--max-num-seqs 31``, ``--enable-chunked-prefill``, ``NCCL_P2P_DISABLE=1``,
+        ``pip install -U 'vllm>=0.11.0'``."""
         if self.kind == "env":
             return f"{self.flag}={self.value}"
+        if self.kind == "upgrade":
+            return f"pip install -U '{self.flag}{self.value}'"
         return f"{self.flag} {self.value}".rstrip()
 
 
@@ -58,8 +69,11 @@ class Finding:
     first_seen: float | None = None
     last_seen: float | None = None
     active: bool = True
-    occurrences: int = 1
+    occurrences: int = 1  # occurrences of this rule so far (this one is number ``occurrence``)
+    occurrence: int = 1  # 1-based: the rule stopped firing, or the engine restarted, between two
+    run: int = 0  # engine run (0 = the first in the log; a version banner / engine start begins the next)
     notes: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # diagnostic steps to confirm the cause (not fixes)
 
     def to_dict(self) -> dict:
         """JSON form (see docs/json-schema.md)."""

@@ -234,10 +234,15 @@ def _pipeline(paths: list[str], ruleset, year: int | None = None) -> tuple[Pipel
     return pipe, sources
 
 
-def diagnose(paths: list[str], rules_dirs=(), metrics_files=()) -> Report:
-    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError."""
+def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | None = None,
+             until: float | None = None) -> Report:
+    """Diagnose vLLM logs. Returns the Report. Raises InputError, RuleLoadError.
+
+    since / until: epoch seconds on the log's clock; only what happened between them is judged
+    (the engine's start-up configuration is read wherever it is)."""
     ruleset = load_rules([Path(d) for d in rules_dirs])
     pipe, sources = _pipeline(paths, ruleset)
+    pipe.time_range = (since, until)
     samples = [s for mf in metrics_files for s in load_metrics_file(mf)]
     # A capture is taken after the run it describes: it joins the state after the logs, and the
     # rules are judged once more with it (not before any log line was read).

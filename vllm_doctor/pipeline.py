@@ -30,12 +30,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from . import __version__
+from .advice import share_fixes
 from .diagnosis import RuleEngine, RuleSet
 from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
-from .state import State
+from .state import QUIET_KINDS, State
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
@@ -130,6 +131,10 @@ class Pipeline:
         self._rule_last: dict[str, float] = {}
         self._incident_pending = False
         self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
+        # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
+        # except what a starting engine writes (version, configuration, KV cache size: sticky facts)
+        self.time_range: tuple[float | None, float | None] = (None, None)
+        self._last_ts: float | None = None
 
     @property
     def follow(self) -> bool:
@@ -197,10 +202,31 @@ class Pipeline:
         st = self.state
         if rec.process:
             st.note_process(rec.process, rec.pid)
+        lo, hi = self.time_range
         for e in evs:
             if e is None:
                 n += 1
                 continue
+            if e.meta.ts is not None:
+                self._last_ts = e.meta.ts
+            if (lo is not None or hi is not None) and type(e).__name__ not in QUIET_KINDS:
+                ts = self._last_ts  # an untimed line (a traceback) belongs where the log was
+                if ts is not None and (lo is not None and ts < lo or hi is not None and ts > hi):
+                    if hi is not None and ts > hi and (st.now is None or st.now < hi):
+                        st.now = hi  # the log went on: what was still going on lasted until --until
+                    n += 1
+                    continue
+            if not self.follow and st.starts_run(e):
+                # a restart ends the run: judge everything on what it did before it is cut
+                self.active = self.engine.evaluate(st)
+            if (not self.follow and e.meta.ts is not None and st.now is not None
+                    and e.meta.ts - st.now > max(self.eval_interval, 60.0)):
+                # diagnose, a quiet stretch: judge what came before it while it is still in the
+                # windows, then the stretch itself at its end (a stall or an incident that lasted
+                # until now), as serve would have on its timer
+                self.active = self.engine.evaluate(st)
+                st.now = e.meta.ts
+                self._tick(e.meta.ts)
             st.apply(e)
             n += 1
             if self.on_event is not None:
@@ -353,8 +379,9 @@ class Pipeline:
             engine=st.engine,
             facts=facts,
             facts_defaulted=sorted(st.defaulted),
-            findings=sorted(self.engine.findings.values(),
-                            key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id)),
+            findings=share_fixes(sorted(self.engine.all_occurrences(),
+                                        key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id,
+                                                       f.occurrence))),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
                       "vllm_lines": self.vllm_records(n)} for n in self._sources],
             unknown_flags=dict(st.unknown_flags),

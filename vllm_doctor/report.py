@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from .advice import fix_label
 from .pipeline import Report
 from .diagnosis.evaluate import RULE_ERROR_ID
 
@@ -17,7 +18,7 @@ FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "tensor_parallel_size", "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching",
-    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio",
+    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio",
 )
 SEV_MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "INFO"}
 
@@ -190,10 +191,13 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
-                lines.append(f"    {fx.command()}")
+                label = fix_label(fx, f.fixes)
+                lines.append(f"    {fx.command()}" + (f"   ({label})" if label else ""))
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
                     lines.append(f"        how: {fx.arithmetic}")
+        for n in f.checks:
+            lines.append(f"  check: {n}")
         for n in f.notes:
             lines.append(f"  note: {n}")
         if f.evidence:
@@ -254,8 +258,12 @@ def to_markdown(rep: Report) -> str:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
-                out.append(f"- `{fx.command()}`: {_md(fx.why)}" + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
+                label = fix_label(fx, f.fixes)
+                out.append(f"- `{fx.command()}`{' (' + label + ')' if label else ''}: {_md(fx.why)}"
+                           + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
+        for n in f.checks:
+            out += [f"_Check:_ {_md(n)}", ""]
         for n in f.notes:
             out += [f"_Note:_ {_md(n)}", ""]
         if f.evidence:
@@ -295,6 +303,7 @@ def jinja_env() -> Environment:
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
+        _env.globals["fix_label"] = fix_label
     return _env
 
 

@@ -20,6 +20,7 @@ counters and what they are computed from) as JSON, for the sidecar's checkpoint.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
@@ -37,8 +38,8 @@ FACT_NAMES = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "tensor_parallel_size", "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching",
-    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_gpu_kv_cache_usage_ratio",
-    "kv_cache_memory_bytes", "available_kv_cache_bytes", "gpu_total_memory_bytes", "kv_device",
+    "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio",
+    "kv_cache_memory_bytes", "available_kv_cache_bytes", "device_total_memory_bytes", "kv_device",
     "model_weights_bytes", "cpu_offload_kv_tokens", "preemptions_inferred", "oom_events_total",
     "quantization", "swap_space", "workers_seen",
 )
@@ -48,6 +49,10 @@ SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "E
 COUNTER_ATTRS = ("oom_events_total", "_log_preempt_base", "_log_preempt_cum", "_v1_interval_sum",
                  "_metrics_base", "_metrics_last", "preemptions_total", "preemptions_reported",
                  "peak_running", "peak_waiting", "peak_kv")
+# Events a starting engine writes before it serves or fails: they do not make a run "active"
+# (a version banner or engine start after an active run is a restart).
+QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity", "MemoryProfile", "UnknownFlag",
+                         "GpuSample", "VllmMetricsSample"))
 # Higher wins when two sources give the same config value.
 #: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
 EVENTS_KEPT = 64
@@ -116,6 +121,13 @@ class State:
         self.counts: dict[str, WindowCounter] = defaultdict(WindowCounter)  # per kind, for windows
         self.totals: dict[str, int] = defaultdict(int)
         self.last_stats: ev.SchedulerStats | None = None
+        # data parallel: the newest stats line of each engine ("Engine 000", "Engine 001"; None: unnumbered)
+        self.last_stats_by_engine: dict[int | None, ev.SchedulerStats] = {}
+        # engine runs: a new version banner or engine start after activity begins a new run
+        self.run_index = 0
+        self.run_started: float | None = None
+        self._run_active = False
+        self._run_base: dict[str, int] = {}  # totals when the current run began
         self.last_metrics: ev.VllmMetricsSample | None = None
         self.gpus: dict[int, ev.GpuSample] = {}
         self.peak_running = self.peak_waiting = None
@@ -150,6 +162,8 @@ class State:
         ts = e.meta.ts
         if ts is not None and (self.now is None or ts > self.now):
             self.now = ts
+        if kind not in QUIET_KINDS:
+            self._run_active = True
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
@@ -183,7 +197,29 @@ class State:
             self.preemption_timeline.popleft()
             self.preemptions_trimmed = True
 
+    def starts_run(self, e: Any) -> bool:
+        """True when ``e`` (not yet applied) begins a new engine run: a version banner or an
+        engine start after the current run served or failed."""
+        if not self._run_active:
+            return False
+        if isinstance(e, ev.VersionSeen):
+            return bool(e.version)
+        return isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args")
+
+    def _new_run(self, e: Any) -> None:
+        """A version banner or engine start: after any activity of the current run, the engine
+        restarted. Findings split there (see RuleEngine): a restart ends every incident."""
+        if self._run_active or self.run_started is None:
+            if self._run_active:
+                self.run_index += 1
+                self.last_stats_by_engine.clear()
+                self._run_base = dict(self.totals)
+            self._run_active = False
+            self.run_started = e.meta.ts if e.meta.ts is not None else self.now
+
     def _on_VersionSeen(self, e: ev.VersionSeen) -> None:
+        if e.version:
+            self._new_run(e)
         if e.version:
             self.vllm_version = e.version
             self.version_source = "banner"
@@ -197,6 +233,7 @@ class State:
     def _on_EngineConfigObserved(self, e: ev.EngineConfigObserved) -> None:
         prio = KIND_PRIORITY.get(e.kind, 1)
         if e.kind in ("namespace", "non-default-args"):
+            self._new_run(e)
             if self.served:
                 self._restart()
             self.shutting_down = False
@@ -261,6 +298,8 @@ class State:
         if len(self.stats) > self.max_items:
             self.stats.popleft()
         self.last_stats = e
+        if e.engine_index in self.last_stats_by_engine or len(self.last_stats_by_engine) < 256:
+            self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
             self.served = True
         self.peak_running = max(self.peak_running or 0, e.num_running)
@@ -434,7 +473,7 @@ class State:
         if f["max_concurrency"] is None and kv and f["max_model_len"] and cap.get("num_gpu_blocks") is not None:
             f["max_concurrency"] = round(kv / int(f["max_model_len"]), 2)
         f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes")
-        f["gpu_total_memory_bytes"] = self.memory.get("total_memory_bytes")
+        f["device_total_memory_bytes"] = self.memory.get("total_memory_bytes")
         f["model_weights_bytes"] = self.memory.get("model_weights_bytes")
         if self.memory.get("gpu_memory_utilization") is not None and "gpu_memory_utilization" not in self.config:
             f["gpu_memory_utilization"] = self.memory["gpu_memory_utilization"]
@@ -443,7 +482,7 @@ class State:
         f["preemptions_total"] = self.preemptions_total if self.preemptions_reported else None
         f["peak_num_running"] = self.peak_running
         f["peak_num_waiting"] = self.peak_waiting
-        f["peak_gpu_kv_cache_usage_ratio"] = self.peak_kv
+        f["peak_kv_cache_usage_ratio"] = self.peak_kv
         f["oom_events_total"] = self.oom_events_total
         self.defaulted = defaulted
         f["preemptions_inferred"] = self.preemptions_inferred()
@@ -456,13 +495,14 @@ class State:
         no preemption line)."""
         if self.preemptions_reported:
             return False
-        prev = None
+        prevs: dict[int | None, ev.SchedulerStats] = {}  # per engine (data parallel: each its own cache)
         for s in self.stats:
+            prev = prevs.get(s.engine_index)
             if prev is not None and s.kv_cache_usage_ratio is not None and prev.kv_cache_usage_ratio is not None:
                 if (prev.kv_cache_usage_ratio >= 0.9 and s.num_waiting > 0 and prev.num_waiting > 0
                         and s.num_running < prev.num_running):
                     return True
-            prev = s
+            prevs[s.engine_index] = s
         return False
 
     def kept(self, kind: str) -> list:
@@ -473,6 +513,18 @@ class State:
         first = self.first_events.get(kind)
         fell_out = first is not None and self.totals.get(kind, 0) > len(ring)
         return ([first] if fell_out else []) + list(ring)
+
+    def run_total(self, kind: str) -> int:
+        """Events of ``kind`` in the current engine run (since the last restart)."""
+        return self.totals.get(kind, 0) - self._run_base.get(kind, 0)
+
+    def run_events(self, kind: str) -> list:
+        """The kept events of ``kind`` in the current engine run, oldest first."""
+        n = self.run_total(kind)
+        dq = self.events.get(kind)
+        if n <= 0 or not dq:
+            return []
+        return list(dq)[-n:] if n < len(dq) else list(dq)
 
     def window(self, seconds: float | None) -> "Window":
         """A view of the last ``seconds`` (None: all that is kept)."""
@@ -486,6 +538,8 @@ class Window:
         self.state = state
         self.seconds = seconds
         self.start = None if (seconds is None or state.now is None) else state.now - seconds
+        if state.run_index and state.run_started is not None:  # a restart ends what came before it
+            self.start = state.run_started if self.start is None else max(self.start, state.run_started)
 
     def _in(self, ts: float | None) -> bool:
         return self.start is None or ts is None or ts >= self.start
@@ -529,3 +583,80 @@ class Window:
 
     def gpu_series(self) -> list[tuple[float, int, int | None]]:
         return [g for g in self.state.gpu_series if self._in(g[0])]
+
+    def engine_metrics(self) -> list:
+        """/metrics samples of the window per engine: a scrape with several ``engine`` labels gives
+        one :class:`~vllm_doctor.events.EngineMetrics` per engine, others stand for themselves."""
+        out: list = []
+        for m in self.metrics():
+            out.extend(m.engines or (m,))
+        return out
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A stretch in which one engine had requests waiting and processed no token.
+
+    engine: engine index (None: unnumbered); samples: the stats lines / scrapes that show it
+    (cited as evidence); seconds: from the first of them to the first sample that shows
+    progress, or to the state's clock when none did (``ongoing``); source: "log" | "metrics"."""
+
+    engine: int | None
+    samples: tuple
+    seconds: float
+    intervals: int
+    waiting: int
+    running: int
+    ongoing: bool
+    source: str
+
+
+def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) -> list[Stall]:
+    """Stalls (see :class:`Stall`) of at least ``min_intervals`` intervals, per engine: from the
+    stats lines (prompt and generation throughput both 0.0 with requests waiting) and from
+    /metrics (prompt and generation token counters unchanged between scrapes with requests
+    waiting). A stretch counts by its lines, or by its length in time over the engine's usual
+    stats interval (V1 prints an unchanged all-zero line once, then stays silent)."""
+    out: list[Stall] = []
+    by_engine: dict[tuple[str, int | None], list] = defaultdict(list)
+    for s in stats:
+        by_engine[("log", s.engine_index)].append(s)
+    for m in metrics:
+        by_engine[("metrics", getattr(m, "engine_index", None))].append(m)
+    for (source, eng), xs in by_engine.items():
+        xs = [x for x in xs if x.meta.ts is not None]
+        if len(xs) < 1:
+            continue
+        gaps = sorted(b.meta.ts - a.meta.ts for a, b in zip(xs, xs[1:]) if b.meta.ts > a.meta.ts)
+        interval = max(gaps[len(gaps) // 2], 1.0) if gaps else 10.0
+        run: list = []
+        prev = None
+
+        def close(end: float | None, ongoing: bool) -> None:
+            if not run:
+                return
+            t0 = run[0].meta.ts
+            secs = (end if end is not None else run[-1].meta.ts) - t0
+            if len(run) >= min_intervals or secs >= min_intervals * interval:
+                out.append(Stall(eng, tuple(run), secs, len(run), int(max(x.num_waiting or 0 for x in run)),
+                                 int(max(x.num_running or 0 for x in run)), ongoing, source))
+
+        for x in xs:
+            if source == "log":
+                stuck = (x.num_waiting or 0) >= 1 and not (x.prompt_tps or 0) and not (x.generation_tps or 0)
+            else:
+                stuck = (prev is not None and (x.num_waiting or 0) >= 1 and (prev.num_waiting or 0) >= 1
+                         and x.generation_tokens_total is not None
+                         and x.generation_tokens_total == prev.generation_tokens_total
+                         and x.prompt_tokens_total == prev.prompt_tokens_total)
+                if stuck and not run:
+                    run.append(prev)
+            if stuck:
+                run.append(x)
+            else:
+                close(x.meta.ts, False)
+                run = []
+            prev = x
+        close(now, True)
+    out.sort(key=lambda s: -s.seconds)
+    return out

@@ -5,6 +5,8 @@ here is a value vllm-doctor computed.
 """
 from __future__ import annotations
 
+import re
+
 from .harness import Diagnosis, as_int, fix_values
 
 INCIDENT_NAMES = {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound",
@@ -45,15 +47,26 @@ def check_facts(facts: dict, truth: dict, keys: tuple[str, ...], where: str,
 
 
 def check_max_num_seqs_fix(findings: list[dict], truth: dict, where: str) -> int:
-    """A --max-num-seqs fix computed from the KV capacity: at least 1, at most the number of
-    max_model_len sequences the KV cache holds (vLLM's own "maximum concurrency"), and below the
-    --max-num-seqs the server ran with."""
-    vals = fix_values(findings, "--max-num-seqs")
-    assert vals, f"{where}: no --max-num-seqs fix in {[f.get('fixes') for f in findings]}"
+    """A --max-num-seqs fix computed from what the server was seen doing (issue 11): at least 1,
+    below the --max-num-seqs the server ran with, and what its stated method says: the sequences
+    running when the KV cache was full (the number in the arithmetic), the KV cache over the
+    observed tokens per sequence, or at most vLLM's own "maximum concurrency" when it is the
+    labelled never-preempt bound (KV cache tokens / max_model_len)."""
+    fixes = [x for f in findings for x in (f.get("fixes") or []) if x.get("flag") == "--max-num-seqs"]
+    assert fixes, f"{where}: no --max-num-seqs fix in {[f.get('fixes') for f in findings]}"
     cap = int(float(truth["max_concurrency"]))
-    ok = [as_int(v) for v in vals if 1 <= as_int(v) <= cap and as_int(v) < truth["max_num_seqs"]]
-    assert ok, (f"{where}: --max-num-seqs {vals} is not computed from the KV capacity "
-                f"({truth['kv_cache_tokens']} tokens / {truth['max_model_len']} = {cap} sequences)")
+    ok = []
+    for x in fixes:
+        v, how = as_int(x["value"]), x.get("arithmetic") or ""
+        if not 1 <= v < truth["max_num_seqs"]:
+            continue
+        m = re.match(r"(\d+) sequences were running when the KV cache was full", how)
+        if (m and int(m[1]) == v) or "tokens per running sequence observed" in how or (
+                how.startswith("never-preempt bound") and v <= cap):
+            ok.append(v)
+    assert ok, (f"{where}: --max-num-seqs {[(x['value'], x.get('arithmetic')) for x in fixes]} is not computed "
+                f"from what was observed ({truth['kv_cache_tokens']} tokens / {truth['max_model_len']} = {cap} is "
+                f"only the never-preempt bound)")
     return ok[0]
 
 

@@ -13,8 +13,9 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+from ..advice import concurrency, relate_fixes
 from ..findings import Evidence, Finding, FlagFix
-from ..state import State
+from ..state import State, Window, stalls
 from ..versions import flag_exists, flag_first_version, parse_version
 from .expr import Evaluator, names_in
 from .loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
@@ -22,6 +23,14 @@ from .loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
 MAX_EVIDENCE = 8
 #: The finding about vllm-doctor itself: a rule that failed to evaluate (see RuleEngine.evaluate).
 RULE_ERROR_ID, RULE_ERROR_NAME = "VD000", "rule-evaluation-failed"
+MAX_CLOSED = 200  # earlier occurrences kept for the report
+
+
+def _run_events(state, kind: str) -> list:
+    """The kept events of ``kind`` in this engine run. In the first run this is the state's ring
+    with the kind's first event kept apart (``State.kept``), so that "the first OOM" survives a
+    flood; after a restart, only the events since it (``State.run_events``)."""
+    return state.kept(kind) if state.run_index == 0 else state.run_events(kind)
 
 
 def render(template: str, ev: Evaluator) -> str:
@@ -86,7 +95,9 @@ class RuleEngine:
     def __init__(self, ruleset: RuleSet, log_time: bool = False) -> None:
         self.ruleset = ruleset
         self.log_time = log_time
-        self.findings: dict[str, Finding] = {}
+        self.findings: dict[str, Finding] = {}  # rule id -> its newest occurrence
+        self.closed: list[Finding] = []  # earlier occurrences (ended, or cut by a restart), oldest first
+        self._run_of: dict[str, int] = {}  # rule id -> engine run of its newest occurrence
         self.rule_errors: dict[str, list[str]] = {}  # rule id -> its last errors (while it fails)
         self.rule_errors_total: dict[str, int] = {}  # rule id -> evaluations that failed (a counter)
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
@@ -121,14 +132,23 @@ class RuleEngine:
             f = self._finding(rule, ev, values, state)
             self._errored(rule, ev.errors)
             prev = self.findings.get(rule.id)
+            gap = self._thresholds.incident_merge_gap_seconds
+            if prev is not None and (self._run_of.get(rule.id) != state.run_index or not prev.active and (
+                    now is None or prev.last_seen is None or now - prev.last_seen > gap)):
+                # a new occurrence: the rule had stopped firing, or the engine restarted since
+                prev.active = False
+                self.closed.append(prev)
+                if len(self.closed) > MAX_CLOSED:
+                    self.closed.pop(0)
+                f.occurrence = prev.occurrence + 1
+                prev = None
+            self._run_of[rule.id] = state.run_index
+            f.run = state.run_index
             if prev is not None:
+                f.occurrence = prev.occurrence
                 f.first_seen = prev.first_seen
-                f.occurrences = prev.occurrences + (0 if prev.active else 1)
-                # keep earlier evidence lines, add new ones
-                seen = {(e.source, e.lineno) for e in f.evidence}
-                f.evidence = (f.evidence + [e for e in prev.evidence if (e.source, e.lineno) not in seen])
-                f.evidence.sort(key=lambda e: (e.source, e.lineno))
-                f.evidence = f.evidence[: MAX_EVIDENCE * 2]
+                # the evidence is this evaluation's: the lines that back this message (an earlier
+                # window's lines could contradict it); the occurrence keeps its first_seen
             else:
                 f.first_seen = now
             f.last_seen = now
@@ -144,6 +164,8 @@ class RuleEngine:
             active_ids.add(RULE_ERROR_ID)
         for rid, f in self.findings.items():
             f.active = rid in active_ids
+        for f in self.findings.values():
+            f.occurrences = f.occurrence
         active = [f for f in self.findings.values() if f.active]
         active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
         return active
@@ -173,12 +195,19 @@ class RuleEngine:
         f.last_seen = now
         return f
 
+    def all_occurrences(self) -> list[Finding]:
+        """Every occurrence seen (ended ones first, then the newest of each rule), in time order."""
+        out = self.closed + list(self.findings.values())
+        out.sort(key=lambda f: (f.first_seen is None, f.first_seen or 0.0, f.rule_id))
+        return out
+
     def _namespace(self, rule: Rule, state: State, facts: dict) -> tuple[Evaluator, Any]:
         seconds = self.ruleset.window_seconds(rule)
         win = state.window(seconds)
         names: dict[str, Any] = dict(facts)
         names.update(
-            t=self._thresholds, stats=win.stats(), metrics=win.metrics(), window_seconds=seconds,
+            t=self._thresholds, stats=win.stats(), metrics=win.metrics(), engine_metrics=win.engine_metrics(),
+            window_seconds=seconds,
             vllm_version=state.vllm_version, engine=state.engine,
             gpu=win.gpu_series(), unknown_flags=sorted(state.unknown_flags),
         )
@@ -187,8 +216,8 @@ class RuleEngine:
         def count(kind: str) -> int:
             return win.count(kind)
 
-        def total(kind: str) -> int:
-            return state.totals.get(kind, 0)
+        def total(kind: str) -> int:  # in the current engine run: a restart starts afresh
+            return state.run_total(kind)
 
         def exists(kind: str) -> bool:
             return total(kind) > 0
@@ -197,14 +226,15 @@ class RuleEngine:
             return count(kind) > 0
 
         def last_event(kind: str):
-            evs = state.events.get(kind)
+            evs = state.run_events(kind)
             return evs[-1] if evs else None
 
         def first_event(kind: str):
-            return state.first_events.get(kind)
+            evs = _run_events(state, kind)
+            return evs[0] if evs else None
 
         def events(kind: str) -> list:
-            return state.kept(kind)
+            return _run_events(state, kind)
 
         def recent_events(kind: str) -> list:
             return win.events(kind)
@@ -241,6 +271,12 @@ class RuleEngine:
             preemptions_counted=win.preemptions_counted, preemptions_total=lambda: state.preemptions_total, preemptions=win.preemptions,
             flag_exists=lambda f: flag_exists(f, state.vllm_version), fired=lambda n: n in fired_names,
             version_at_least=version_at_least, ttft_p99=ttft_p99, stats_max=stats_max, stats_min=stats_min,
+            stalls=lambda: [x for x in stalls(list(state.stats), Window(state, None).engine_metrics(), state.now,
+                                              int(self._thresholds.engine_stalled_min_intervals))
+                            if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
+            concurrency=lambda: concurrency(win.stats(), win.engine_metrics(), facts.get("kv_cache_tokens"),
+                                            facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
+                                            facts.get("block_size")),
         )
         return Evaluator(names, funcs, comprehension_limit=4 * state.max_items), win
 
@@ -296,10 +332,12 @@ class RuleEngine:
                 evs = [e for e in (values[kind] or []) if hasattr(e, "meta")] if isinstance(values[kind], list) else []
             elif kind == "SchedulerStats":
                 evs = win.stats()
+            elif self.ruleset.window_seconds(rule) is None:  # a whole-log rule: this engine run's events
+                evs = state.run_events(kind)
             else:
                 evs = win.events(kind)
                 if kind.startswith("OutOfMemory:") or not evs:
-                    evs = state.kept(kind) or evs
+                    evs = _run_events(state, kind) or evs
             picked = evs[:MAX_EVIDENCE // 2] + evs[-(MAX_EVIDENCE // 2):] if len(evs) > MAX_EVIDENCE else evs
             for e in picked:
                 key = (e.meta.source, e.meta.end_lineno or e.meta.lineno)
@@ -311,8 +349,10 @@ class RuleEngine:
                                          e.meta.ts))
         evidence.sort(key=lambda e: (e.source, e.lineno))
         fixes: list[FlagFix] = []
+        options: list[str | None] = []
         notes: list[str] = []
         flags_done: set[str] = set()
+        upgrade: list[tuple[str, FlagFix]] = []  # (first version, fix) of flags this version lacks
         for fx in rule.fixes:
             if fx.flag in flags_done:
                 continue
@@ -321,16 +361,30 @@ class RuleEngine:
             value = _flag_value(ev(fx.value))
             if value is None:
                 continue
+            made = FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None,
+                           fx.kind)
+            flags_done.add(fx.flag)
             if (fx.kind == "flag" or fx.flag.startswith("VLLM_")) and not flag_exists(fx.flag, state.vllm_version):
                 first = flag_first_version(fx.flag)
                 if first and state.vllm_version and parse_version(first) > parse_version(state.vllm_version):
-                    notes.append(f"{fx.flag} would help but needs vLLM >= {first} (this is {state.vllm_version})")
+                    upgrade.append((first, made))
                 continue
-            flags_done.add(fx.flag)
-            fixes.append(FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None,
-                                 fx.kind))
+            fixes.append(made)
+            options.append(fx.option)
+        if upgrade:  # one fix: upgrade to the newest version any of them needs, and set them all
+            need = max((v for v, _ in upgrade), key=parse_version)
+            names = " and ".join(f.command() for _, f in upgrade)
+            fixes.append(FlagFix("vllm", f">={need}", f"vLLM {state.vllm_version} has no {names.split(' ')[0]}"
+                                 f"{'' if len(upgrade) == 1 else ' (nor the others of this set)'}: upgrade to "
+                                 f">= {need} and set {names}.", None, "upgrade"))
+            options.append("upgrade")
+            for _, f in upgrade:
+                fixes.append(f)
+                options.append("upgrade")
+        relate_fixes(fixes, options)
         return Finding(
             rule_id=rule.id, name=rule.name, severity=rule.severity, title=rule.title,
             message=self._message(rule, ev), evidence=evidence, fixes=fixes,
             values={k: _jsonable(v) for k, v in values.items()}, notes=notes,
+            checks=[render(c.text, ev).strip() for c in rule.checks if c.if_ is None or ev(c.if_)],
         )

@@ -33,7 +33,7 @@ from ..versions import known_flag
 from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, names_in
 
 SEVERITIES = ("info", "warning", "critical")
-BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "window_seconds", "vllm_version", "engine",
+BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
                                  "gpu", "None", "True", "False", "unknown_flags"}
 TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
 _SPEC_RE = re.compile(r"[<>^=+\- #0-9,._%a-zA-Z]*")
@@ -65,6 +65,7 @@ class Fix(Strict):
     if_: str | None = Field(default=None, alias="if")
     why: str
     arithmetic: str | None = None
+    option: str | None = None  # fixes naming the same option go together; options are alternatives
 
 
 class Docs(Strict):
@@ -94,6 +95,7 @@ class Rule(Strict):
     evidence: list[str] = Field(default_factory=list)
     message: str | list[MessageCase]  # a template, or cases: the first whose `if` holds
     fixes: list[Fix] = Field(default_factory=list)
+    checks: list[MessageCase] = Field(default_factory=list)  # diagnostic steps (not fixes), each with an optional `if`
     docs: Docs
     source: str = ""
 
@@ -411,6 +413,10 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
             if case.if_:
                 check(case.if_, f"message[{i}].if")
             check_template(case.text, f"message[{i}]")
+    for i, case in enumerate(rule.checks):
+        if case.if_:
+            check(case.if_, f"checks[{i}].if")
+        check_template(case.text, f"checks[{i}]")
     for i, f in enumerate(rule.fixes):
         if f.kind == "env":
             if not re.fullmatch(r"[A-Z][A-Z0-9_]*", f.flag):

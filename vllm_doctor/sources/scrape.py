@@ -40,10 +40,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_doctor.events import Meta, VllmMetricsSample
+from vllm_doctor.events import EngineMetrics, Meta, VllmMetricsSample
 
 log = logging.getLogger(__name__)
 
+#: fields also kept per ``engine`` label (data parallel), see events.EngineMetrics.
+ENGINE_FIELDS = ("num_running", "num_waiting", "kv_cache_usage_ratio", "prompt_tokens_total",
+                 "generation_tokens_total")
 #: exposed sample name -> (field, priority): a lower priority number wins when both appear.
 SAMPLE_FIELDS: dict[str, tuple[str, int]] = {
     "vllm:num_requests_running": ("num_running", 0),
@@ -121,6 +124,7 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
     buckets: dict[float, float] = {}
     cache_config: dict[str, str] = {}
     rejected = 0
+    per_engine: dict[str, dict[str, tuple[int, float]]] = {}  # engine label -> field -> (priority, value)
     for s in samples:
         name = s.name
         if name == TTFT_BUCKET:
@@ -147,6 +151,13 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
             rejected += 1
             log.debug("dropping impossible value %s%s = %r", name, s.labels, s.value)
             continue
+        if fld in ENGINE_FIELDS and "engine" in s.labels:
+            eng = per_engine.setdefault(s.labels["engine"], {})
+            old = eng.get(fld)
+            if old is None or prio < old[0]:
+                eng[fld] = (prio, s.value)
+            elif prio == old[0]:
+                eng[fld] = (prio, old[1] + s.value)
         have = values.get(fld)
         if have is None or prio < have[0]:
             values[fld] = (prio, [s.value])
@@ -155,8 +166,12 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
     agg: dict[str, float] = {}
     for fld, (_, vals) in values.items():
         agg[fld] = sum(vals) / len(vals) if fld in RATIO_FIELDS else sum(vals)
+    meta = Meta(source=source, ts=time.time() if now is None else now)
+    engines = tuple(
+        EngineMetrics(meta, int(label) if label.isdigit() else None, **{k: v for k, (_, v) in flds.items()})
+        for label, flds in sorted(per_engine.items(), key=lambda kv: (len(kv[0]), kv[0])))
     sample = VllmMetricsSample(
-        meta=Meta(source=source, ts=time.time() if now is None else now),
+        meta=meta, engines=engines if len(engines) > 1 else (),
         ttft_buckets=tuple(sorted(buckets.items())),
         cache_config=tuple(sorted(cache_config.items())),
         rejected_values=rejected,

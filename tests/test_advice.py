@@ -1,0 +1,314 @@
+"""Issue 11, the advice half: fix values from what was observed (one calculation for every rule,
+the method stated), fixes that say whether they are alternatives and appear once, incidents as
+occurrences in time (restarts split them; --since / --until), per-engine state for data
+parallel, engine-stalled, and evidence that supports the sentence it backs. Real logs and real
+/metrics captures throughout (tests/fixtures/logs/README.md gives each one's provenance)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from conftest import LOGS, METRICS, diagnose_file, log
+from serve_helpers import live_sidecar, value, wait_for
+
+from vllm_doctor.advice import concurrency
+from vllm_doctor.pipeline import Pipeline
+from vllm_doctor.diagnosis import load_rules
+from vllm_doctor.sources.replay import restamp
+from vllm_doctor.sources.scrape import parse_metrics
+
+DEMO = LOGS / "cpu-preemption-tiny-kv-cache.log"
+DEMO_METRICS = METRICS / "vllm-0.32-cpu-preemption.txt"
+
+
+def by_name(rep) -> dict:
+    return {f.name: f for f in rep.findings}
+
+
+def utc(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+
+
+# ---- one calculation: what ran when the KV cache was full ---------------------------------------
+def test_the_issue_case_922496_tokens_182_running_is_not_cut_to_23(tmp_path):
+    # The real 0.10.1 start-up of 039 (922,496 KV tokens, "Maximum concurrency for 40,000 tokens per
+    # request: 23.06x") followed by a stats line in that version's format with what the operator
+    # reported: 182 running at 99 % KV cache, requests waiting.
+    start = (LOGS / "039-v0.10.1-v1-healthy-startup-kv-pool-init-engine.log").read_text()
+    stats = ("(APIServer pid=1399300) INFO 08-19 15:10:02 [loggers.py:123] Engine 000: Avg prompt throughput: "
+             "812.3 tokens/s, Avg generation throughput: 3410.9 tokens/s, Running: 182 reqs, Waiting: 57 reqs, "
+             "GPU KV cache usage: 99.0%, Prefix cache hit rate: 12.1%\n")
+    p = tmp_path / "vllm.log"
+    p.write_text(start + stats)
+    rep = diagnose_file(p)
+    assert rep.facts["kv_cache_tokens"] == 922496 and rep.facts["max_model_len"] == 40000
+    f = by_name(rep)["kv-capacity-bound"]
+    mns = {x.flag: x for x in f.fixes}.get("--max-num-seqs")
+    # 182 ran with the cache full: never 922,496 / 40,000 = 23 (an 8x cut); 182 is only recommended
+    # when it is below max_num_seqs, and the never-preempt bound is named as such
+    assert mns is None or mns.value == "182"
+    assert "23 sequences" not in f.message and "which held 182 running sequences when it was full" in f.message
+    c = f.values["c"]
+    assert c is not None
+    pipe_c = _concurrency_of(p)
+    assert (pipe_c.value, pipe_c.method, pipe_c.never_preempt) == (182, "running-at-full", 23)
+    assert "never-preempt bound (every sequence at max_model_len) would be 922,496 / 40,000 = 23" in pipe_c.text
+
+
+def _concurrency_of(path: Path):
+    pipe = Pipeline(load_rules([]))
+    pipe.feed(path.name, path.read_bytes())
+    pipe.end(path.name)
+    facts = pipe.state.facts()
+    return concurrency(list(pipe.state.stats), [], facts["kv_cache_tokens"], facts["max_model_len"], 0.95,
+                       facts["block_size"])
+
+
+def test_demo_recommends_what_ran_and_both_rules_agree():
+    rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
+    f = by_name(rep)
+    storm, bound = f["preemption-storm"], f["kv-capacity-bound"]
+    # 4 ran at 100 % (line 138): not 4,096 / 2,048 = 2
+    fx = {x.flag: x for x in storm.fixes}
+    assert fx["--max-num-seqs"].value == "4"
+    assert fx["--max-num-seqs"].also_for == ["kv-capacity-bound"]
+    # the same calculation in both rules, so one value; listed once (under the first finding)
+    assert storm.values["c"] == bound.values["c"]
+    assert not any(x.flag == "--max-num-seqs" for x in bound.fixes)
+    assert "--max-num-seqs 4: the same fix as preemption-storm (VD001) gives" in bound.notes
+    # alternatives, not a set: admit fewer OR a larger explicitly sized KV cache (never both)
+    assert {(x.flag, x.option, x.relation) for x in storm.fixes} == {
+        ("--max-num-seqs", 1, "alternative"), ("--kv-cache-memory-bytes", 2, "alternative")}
+    # the KV cache size is computed: 16 requests were running or waiting at once, 4 fit in 4 MiB
+    assert fx["--kv-cache-memory-bytes"].value == str(16 << 20)
+    assert fx["--kv-cache-memory-bytes"].arithmetic == "4,194,304 bytes x 16 sequences / 4 held = 16,777,216 (rounded up to a MiB)"
+
+
+def test_the_demo_states_no_false_fact_and_quotes_only_what_supports_it():
+    rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
+    f = by_name(rep)
+    bound = f["kv-capacity-bound"]
+    # "full (95 % or more) with up to N waiting": N is 12 (line 138 at 100 %), not 14 (line 125 at 77.4 %)
+    assert "full (95% or more) with up to 12 requests waiting" in bound.message
+    for e in bound.evidence:
+        assert float(e.text.split("KV cache usage: ")[1].split("%")[0]) >= 95.0
+    storm = f["preemption-storm"]
+    # the storm's sentence names both peaks separately, each with the line that shows it
+    assert "the KV cache peaked at 100.0% (4 running, 12 waiting) and up to 14 requests waited (KV cache 77.4%)" in storm.message
+    assert [e.lineno for e in storm.evidence] == [125, 138]
+
+
+def test_054_sizes_from_the_260_that_ran_at_full():
+    f = by_name(diagnose_file(log("054")))["kv-capacity-bound"]
+    assert {x.flag: x.value for x in f.fixes}.get("--max-num-seqs") == "260"
+    assert f.fixes[0].arithmetic.startswith("260 sequences were running when the KV cache was full (100.0%, engine 0")
+
+
+# ---- evidence and wording ------------------------------------------------------------------------
+def test_nccl_evidence_quotes_the_error_and_nccl_debug_is_a_check_not_a_fix():
+    f = by_name(diagnose_file(log("048")))["nccl-failure"]
+    assert [e.text for e in f.evidence] == ["RuntimeError: NCCL error: unhandled system error (r"]
+    assert "raise RuntimeError" not in f.message and "(RuntimeError: NCCL error: unhandled system error" in f.message
+    assert "NCCL_DEBUG" not in {x.flag for x in f.fixes}
+    assert any("NCCL_DEBUG=INFO" in c for c in f.checks)
+    # 064: the error line itself is cut from the paste: the message names where it failed
+    f = by_name(diagnose_file(log("064")))["nccl-failure"]
+    assert "NCCL failed in ncclCommInitRank (the traceback's last frame" in f.message
+    assert len(f.evidence) == 1
+
+
+def test_engine_dead_never_points_above_when_the_traceback_is_below():
+    # 069: the EngineDeadError is line 1, the EngineCore traceback follows it (and is cut)
+    f = by_name(diagnose_file(log("069")))["engine-dead"]
+    assert "above" not in f.message
+    assert any("first exception there is the cause" in c for c in f.checks)
+
+
+def test_old_version_gets_one_upgrade_fix_not_notes():
+    f = by_name(diagnose_file(log("033")))["prefill-blocking"]
+    up = f.fixes[0]
+    assert (up.kind, up.flag, up.value) == ("upgrade", "vllm", ">=0.7.3")
+    assert "upgrade to >= 0.7.3 and set --enable-chunked-prefill" in up.why
+    assert all(x.option == up.option and x.relation == "set" for x in f.fixes) and not f.notes
+
+
+def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
+    # #23230: "Model loading took 16.5557 GiB" on a 44.40 GiB GPU, then 33.75 GiB asked, 26.88 free
+    f = by_name(diagnose_file(log("072")))["startup-oom"]
+    assert "after the weights loaded: they take 16.56 GiB of the 44.40 GiB device" in f.message
+    assert "33.75 GiB more with 26.88 GiB free" in f.message and "--max-model-len" in f.message
+    got = {x.flag: x.value for x in f.fixes}
+    # the weights fit: no tensor parallelism, no quantization; eager mode drops CUDA graph memory
+    assert got == {"--enforce-eager": ""}
+
+
+def test_startup_oom_without_the_weights_size_names_fp8_but_no_parallel_size():
+    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3, not known):
+    # fp8 weights are named; no tensor-parallel value is safe without the parallel size or weights
+    f = by_name(diagnose_file(log("006")))["startup-oom"]
+    got = {x.flag: (x.value, x.relation) for x in f.fixes}
+    assert got == {"--quantization": ("fp8", "only")}
+    # 004 (405B FP8 over 8 GPUs, the KV cache too small): no OOM, so no weight flags
+    assert "--quantization" not in {x.flag for x in by_name(diagnose_file(log("004")))["startup-oom"].fixes}
+
+
+# ---- engine-stalled -------------------------------------------------------------------------------
+def test_engine_stalled_on_a_real_stall():
+    rep = diagnose_file(log("070"))
+    occ = [f for f in rep.findings if f.name == "engine-stalled"]
+    f = occ[0]
+    assert f.severity == "critical" and f.rule_id == "VD011"
+    # 1 waiting, 0 running, 0.0 / 0.0 tokens/s at 16:47:46, 16:57:26, 17:07:26 (the client retried in
+    # between), then nothing until 19:40:45: one incident; the stall after 19:41:05 is another
+    assert [(o.occurrence, o.first_seen) for o in occ] == [(1, utc("2026-03-22T16:47:46")),
+                                                           (2, utc("2026-03-22T19:41:05"))]
+    # the message is the longest stall of the last evaluation (17:07:26 until 19:40:45), and the
+    # evidence is the line that shows it (never lines of another window that could contradict it)
+    assert [e.lineno for e in f.evidence] == [15]
+    assert "for 153.3 min" in f.message
+    assert all("Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s" in e.text
+               and "Waiting: 1 reqs" in e.text for e in f.evidence)
+    assert "engine 0 had 1 request waiting and 0 running for" in f.message
+    assert f.checks == ["Before restarting, `py-spy dump --pid PID` the EngineCore and worker processes to see where they wait."]
+
+
+def test_engine_stalled_since_until_and_its_duration():
+    rep = diagnose_file(log("070"), until=utc("2026-03-22T16:50:00"))
+    f = by_name(rep)["engine-stalled"]
+    # the stall began 16:47:46 and was still on at --until 16:50:00: 2.2 min
+    assert f.values["minutes"] == round((utc("2026-03-22T16:50:00") - utc("2026-03-22T16:47:46")) / 60, 6)
+    assert "still stalled at the last data" in f.message
+    assert [e.lineno for e in f.evidence] == [9]
+    rep = diagnose_file(log("070"), since=utc("2026-03-22T19:00:00"))
+    f = by_name(rep)["engine-stalled"]
+    assert {e.lineno for e in f.evidence} <= {19, 22} and f.first_seen >= utc("2026-03-22T19:00:00")
+
+
+def test_engine_stalled_silent_on_idle_healthy_and_prefill_heavy_logs():
+    for name in ("025", "026", "037", "039", "041", "052", "066", "cpu-basic", "033", "034", "054", "cpu-preemption"):
+        assert "engine-stalled" not in by_name(diagnose_file(log(name))), name
+
+
+def test_engine_stalled_from_metrics_counters_that_do_not_move(tmp_path):
+    # The real 0.32 capture, scraped three times 30 s apart with nothing processed in between:
+    # the token counters stay put. The waiting gauge of that capture is 0 (the run had drained), so
+    # it is set to 3 here: the one derived value of this test.
+    page = (METRICS / "vllm-0.32-cpu-basic.txt").read_text().replace(
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0')
+    pipe = Pipeline(load_rules([]), follow=True)
+    t0 = utc("2026-11-30T09:20:00")
+    for i in range(4):
+        pipe.observe(parse_metrics(page, now=t0 + 30 * i).sample)
+    active = {f.name: f for f in pipe.evaluate(t0 + 90)}
+    f = active["engine-stalled"]
+    assert "3 requests waiting" in f.message and "/metrics scrapes" in f.message
+    # the same scrapes with the counters moving: no stall
+    pipe = Pipeline(load_rules([]), follow=True)
+    for i in range(4):
+        moving = page.replace('vllm:generation_tokens_total{engine="0",model_name="tiny"} 107648.0',
+                              f'vllm:generation_tokens_total{{engine="0",model_name="tiny"}} {107648 + 500 * i}.0')
+        pipe.observe(parse_metrics(moving, now=t0 + 30 * i).sample)
+    assert "engine-stalled" not in {f.name for f in pipe.evaluate(t0 + 90)}
+
+
+# ---- data parallel: every engine seen ---------------------------------------------------------------
+def test_data_parallel_engines_are_judged_each_on_its_own():
+    # vllm-project/vllm#36748: DP8 on 0.14, waiting stacked on engines 0 and 1
+    rep = diagnose_file(log("071"))
+    f = by_name(rep)["kv-capacity-bound"]
+    assert rep.facts["peak_num_waiting"] == 117 and rep.facts["peak_num_running"] == 51
+    # two engines' lines are not one engine dropping from 51 to 31 running: no inferred preemption
+    assert rep.facts["preemptions_inferred"] is False and "inferred" not in f.message
+    assert [e.lineno for e in f.evidence] == [1, 2]
+
+
+def test_sidecar_exports_each_engine_with_an_engine_label(tmp_path):
+    p = tmp_path / "vllm.log"
+    p.write_bytes(b"")
+    with live_sidecar({"logs": [str(p)]}) as s:
+        with open(p, "ab") as fh:
+            fh.write(restamp(log("071").read_bytes()))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(p)) == 2.0, what="2 lines")
+        text = s.get("/metrics").text
+        # the saturated engine is not hidden behind the last line read
+        assert value(text, "vllm_running_sequences", engine="0") == 51.0
+        assert value(text, "vllm_pending_sequences", engine="0") == 117.0
+        assert value(text, "vllm_running_sequences", engine="1") == 31.0
+        assert value(text, "vllm_kv_cache_usage_ratio", engine="1") == 0.986
+
+
+def test_metrics_engine_label_is_kept_per_engine():
+    # The real 0.32 capture has engine="0"; a second engine's copy (engine="1", its waiting gauge
+    # at 300) stands for a data-parallel server: the per-engine values stay apart, the sums stay sums.
+    page = (METRICS / "vllm-0.32-cpu-basic.txt").read_text()
+    second = "\n".join(ln.replace('engine="0"', 'engine="1"') for ln in page.splitlines()
+                       if ln.startswith("vllm:num_requests_") or ln.startswith("vllm:kv_cache_usage_perc"))
+    second = second.replace('vllm:num_requests_waiting{engine="1",model_name="tiny"} 0.0',
+                            'vllm:num_requests_waiting{engine="1",model_name="tiny"} 300.0')
+    s = parse_metrics(page + "\n" + second + "\n", now=0.0).sample
+    assert s.num_waiting == 300.0
+    assert [(e.engine_index, e.num_waiting) for e in s.engines] == [(0, 0.0), (1, 300.0)]
+
+
+# ---- incidents are occurrences in time -------------------------------------------------------------
+def test_a_restart_splits_incidents(tmp_path):
+    # A crash loop: the real 0.32 start-up that fails (KV cache bigger than RAM), started twice.
+    one = (LOGS / "cpu-startup-error-kv-cache-bigger-than-ram.log").read_text()
+    n = one.count("\n")
+    p = tmp_path / "crashloop.log"
+    p.write_text(one + one)
+    occ = [f for f in diagnose_file(p).findings if f.name == "startup-oom"]
+    assert [(f.occurrence, f.run) for f in occ] == [(1, 0), (2, 1)]
+    # each occurrence quotes its own run's lines, and the fix is listed once
+    assert all(e.lineno <= n for e in occ[0].evidence) and all(e.lineno > n for e in occ[1].evidence)
+    assert occ[0].fixes and not occ[1].fixes and "its occurrence 1" in occ[1].notes[0]
+
+
+def test_two_incidents_an_hour_apart_are_two(tmp_path):
+    # The real 0.32 run, and the same stretch of its stats lines (115-170) again an hour later (no
+    # restart in between: only the clock moves): two occurrences, each with its own time and lines.
+    lines = DEMO.read_bytes().split(b"\n")[:-1]
+    assert len(lines) == 235
+    again = [ln.replace(b"11-30 09:1", b"11-30 10:1") for ln in lines[114:170]]
+    p = tmp_path / "vllm.log"
+    p.write_bytes(b"\n".join(lines + again) + b"\n")
+    occ = [f for f in diagnose_file(p).findings if f.name == "kv-capacity-bound"]
+    assert [(f.occurrence, f.run) for f in occ] == [(1, 0), (2, 0)]
+    assert occ[1].first_seen - occ[0].first_seen == 3600.0
+    assert [e.lineno for e in occ[0].evidence] == [138] and [e.lineno for e in occ[1].evidence] == [235 + 138 - 114]
+
+
+def test_cli_since_until_and_bad_values(tmp_path):
+    cmd = [sys.executable, "-m", "vllm_doctor", "diagnose", str(log("070")), "--format", "json", "--fail-on", "never"]
+    r = subprocess.run(cmd + ["--until", "2026-03-22T16:47:40"], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["findings"] == []
+    r = subprocess.run(cmd + ["--since", "2026-03-22 16:40", "--until", "2026-03-22T16:50"], capture_output=True,
+                       text=True, check=True)
+    assert [f["name"] for f in json.loads(r.stdout)["findings"]] == ["engine-stalled"]
+    r = subprocess.run(cmd + ["--since", "yesterday"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since 'yesterday': bad time 'yesterday'" in r.stderr
+    r = subprocess.run(cmd + ["--since", "2026-03-23", "--until", "2026-03-22"], capture_output=True, text=True)
+    assert r.returncode == 2 and "is after --until" in r.stderr
+    # a duration counts back from now: this 2026-03 log has nothing in the last hour
+    r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["findings"] == []
+
+
+def test_reports_say_which_fixes_are_alternatives_and_show_checks():
+    from vllm_doctor.report import FORMATS, to_text
+
+    rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
+    text = to_text(rep, color=False)
+    assert "--max-num-seqs 4   (option 1 of 2: pick one)" in text
+    assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
+    html = FORMATS["html"](rep)
+    assert "<code>--max-num-seqs 4</code> <em>(option 1 of 2: pick one)</em>" in html
+    assert "`--max-num-seqs 4` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
+    rep = diagnose_file(log("048"))
+    assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
+    assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)

@@ -1,0 +1,193 @@
+"""Advice: the one calculation behind every fix value, and how fixes relate to each other.
+
+Concurrency (``--max-num-seqs``) is sized from what the server was seen doing, in this order:
+
+1. **running at full**: the number of sequences that were running when the KV cache was full
+   (usage at or above ``kv_cache_full_ratio``): that is what this KV cache holds for the lengths
+   actually served;
+2. **tokens per sequence**: when the cache was never sampled full, KV cache tokens / the tokens a
+   running sequence was seen to hold (usage x KV cache tokens / running), from the busiest
+   sample;
+3. **never-preempt bound**: KV cache tokens / max_model_len, the count for which no sequence can
+   ever be preempted because every one could grow to max_model_len. It is a worst case (real
+   requests are far shorter), used only when nothing was observed, and always labelled.
+
+Every rule that recommends ``--max-num-seqs`` calls :func:`concurrency` (exposed to rule
+expressions), so preemption-storm and kv-capacity-bound cannot disagree. The block arithmetic is
+:mod:`vllm_doctor.capacity`'s (the one ``plan`` and ``check`` use): whole KV cache blocks per
+sequence, ``max_num_seqs_that_fit`` for the never-preempt bound, ``concurrency_at_length`` for
+the observed length; this module adds the observed side (which sample, which method).
+
+Fix relations: each fix of a finding belongs to an *option*. Fixes of one option go together
+(a set); different options are alternatives (pick one). :func:`relate_fixes` numbers them, and
+:func:`share_fixes` makes a fix that two findings give appear once in a report.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .capacity import concurrency_at_length, max_num_seqs_that_fit
+from .findings import Finding, FlagFix
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """The concurrency the KV cache holds, and how that number was obtained.
+
+    value: the recommended ``--max-num-seqs`` (None when nothing is known); method:
+    ``running-at-full`` | ``tokens-per-sequence`` | ``never-preempt-bound``; sample: the stats
+    line or /metrics sample the value was read from (its ``meta`` cites it)."""
+
+    value: int | None
+    method: str | None
+    running: int | None = None
+    usage_ratio: float | None = None
+    tokens_per_sequence: float | None = None
+    never_preempt: int | None = None
+    kv_cache_tokens: int | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    sample: Any = None
+
+    def bytes_for(self, kv_cache_memory_bytes: int | None, sequences: int | None) -> int | None:
+        """The ``--kv-cache-memory-bytes`` that holds ``sequences`` at the size observed per
+        sequence: current bytes x sequences / sequences held now, rounded up to a MiB."""
+        if not kv_cache_memory_bytes or not sequences or not self.value or sequences <= self.value:
+            return None
+        return math.ceil(kv_cache_memory_bytes * sequences / self.value / (1 << 20)) * (1 << 20)
+
+    @property
+    def summary(self) -> str:
+        """One clause for a message: how many sequences the KV cache holds, and how we know."""
+        if self.method == "running-at-full":
+            return f"which held {self.value} running sequences when it was full"
+        if self.method == "tokens-per-sequence":
+            return (f"which holds about {self.value} sequences of the length observed "
+                    f"({self.tokens_per_sequence:,.0f} tokens each)")
+        if self.method == "never-preempt-bound":
+            return f"which holds {self.value} sequences of max_model_len (the never-preempt bound)"
+        return "whose size is unknown"
+
+    @property
+    def _blocks(self) -> str:
+        return f" in whole blocks of {self.block_size} tokens" if self.block_size and self.block_size > 1 else ""
+
+    @property
+    def text(self) -> str:
+        """The method in words, with the arithmetic (for a fix's ``arithmetic``)."""
+        where = _where(self.sample)
+        bound = ("" if self.never_preempt is None or self.method == "never-preempt-bound" else
+                 f"; the never-preempt bound (every sequence at max_model_len) would be "
+                 f"{self.kv_cache_tokens:,} / {self.max_model_len:,} = {self.never_preempt}{self._blocks}")
+        if self.method == "running-at-full":
+            return (f"{self.running} sequences were running when the KV cache was full "
+                    f"({self.usage_ratio:.1%}{where}){bound}")
+        if self.method == "tokens-per-sequence":
+            return (f"{self.kv_cache_tokens:,} KV cache tokens / {self.tokens_per_sequence:,.0f} tokens per running "
+                    f"sequence observed ({self.usage_ratio:.1%} x {self.kv_cache_tokens:,} / {self.running} running"
+                    f"{where}) = {self.value}{bound}")
+        if self.method == "never-preempt-bound":
+            return (f"never-preempt bound: {self.kv_cache_tokens:,} KV cache tokens / max_model_len "
+                    f"{self.max_model_len:,} = {self.value}{self._blocks} (a worst case: it assumes every sequence grows to "
+                    f"max_model_len; no busy interval was observed to size it from)")
+        return "unknown"
+
+
+def _where(sample: Any) -> str:
+    meta = getattr(sample, "meta", None)
+    if meta is None:
+        return ""
+    eng = getattr(sample, "engine_index", None)
+    who = f"engine {eng}, " if eng is not None else ""
+    return f", {who}{meta.source}:{meta.lineno}" if meta.lineno else f", {who}{meta.source}"
+
+
+def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_model_len: int | None,
+                full_ratio: float, block_size: int | None = None) -> Concurrency:
+    """See the module doc. ``stats`` are SchedulerStats lines (one per engine and interval),
+    ``metrics`` /metrics samples (per engine where vLLM labels them); all of the same window.
+    ``block_size``: tokens per KV cache block (sequences hold whole blocks); None: per token."""
+    samples = [s for s in list(stats) + list(metrics)
+               if s.kv_cache_usage_ratio is not None and s.num_running is not None and s.num_running >= 1]
+    bs = int(block_size) if block_size else 1
+    blocks = int(kv_cache_tokens) // bs if kv_cache_tokens else None
+    never = None
+    if blocks and max_model_len:
+        never = max_num_seqs_that_fit(blocks, int(max_model_len), bs)
+    common = dict(never_preempt=never, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len,
+                  block_size=block_size)
+    full = [s for s in samples if s.kv_cache_usage_ratio >= full_ratio]
+    if full:
+        s = max(full, key=lambda x: (x.num_running, x.kv_cache_usage_ratio))
+        return Concurrency(int(s.num_running), "running-at-full", int(s.num_running), s.kv_cache_usage_ratio,
+                           sample=s, **common)
+    busy = [s for s in samples if s.kv_cache_usage_ratio > 0]
+    if busy and kv_cache_tokens:
+        s = max(busy, key=lambda x: (x.kv_cache_usage_ratio, x.num_running))
+        per_seq = s.kv_cache_usage_ratio * kv_cache_tokens / s.num_running
+        value = max(1, concurrency_at_length(blocks, math.ceil(per_seq), bs))
+        return Concurrency(value, "tokens-per-sequence", int(s.num_running), s.kv_cache_usage_ratio, per_seq,
+                           sample=s, **common)
+    if never is not None:
+        return Concurrency(never, "never-preempt-bound", **common)
+    return Concurrency(None, None, **common)
+
+
+def relate_fixes(fixes: list[FlagFix], options: list[str | None]) -> None:
+    """Number the options of one finding's fixes in place: ``options[i]`` names the option of
+    ``fixes[i]`` (None: an option of its own). Sets ``option`` (1-based) and ``relation``:
+    ``only`` (the one thing to do), ``alternative`` (one of several options: pick one),
+    ``set`` (goes together with the other fixes of its option)."""
+    numbers: dict[str, int] = {}
+    for i, (fx, name) in enumerate(zip(fixes, options)):
+        key = name or f"#{i}"
+        if key not in numbers:
+            numbers[key] = len(numbers) + 1
+        fx.option = numbers[key]
+    sizes: dict[int, int] = {}
+    for fx in fixes:
+        sizes[fx.option] = sizes.get(fx.option, 0) + 1
+    for fx in fixes:
+        fx.relation = "set" if sizes[fx.option] > 1 else ("alternative" if len(sizes) > 1 else "only")
+
+
+def fix_label(fx: FlagFix, fixes: list[FlagFix]) -> str:
+    """How ``fx`` relates to the other fixes of its finding, in words for a report: "" (the only
+    thing to do), "option 1 of 2: pick one", "option 2 of 3, applied together", "apply together"."""
+    total = len({f.option for f in fixes})
+    if fx.relation == "alternative":
+        return f"option {fx.option} of {total}: pick one"
+    if fx.relation == "set":
+        return f"option {fx.option} of {total}, applied together" if total > 1 else "apply together"
+    return ""
+
+
+def share_fixes(findings: list[Finding]) -> list[Finding]:
+    """Copies of ``findings`` (in report order) where a fix that an earlier finding already gives
+    (same command) appears once: the first keeps it, with ``also_for`` naming the others; a later
+    finding drops it and says where it is."""
+    out = [copy.deepcopy(f) for f in findings]
+    first: dict[str, tuple[Finding, FlagFix]] = {}
+    for f in out:
+        kept: list[FlagFix] = []
+        for fx in f.fixes:
+            key = fx.command()
+            owner = first.get(key)
+            if owner is None:
+                first[key] = (f, fx)
+                kept.append(fx)
+            elif owner[0] is not f:
+                o = owner[0]
+                if o.rule_id == f.rule_id:  # an earlier occurrence of the same incident
+                    f.notes.append(f"{key}: the same fix as its occurrence {o.occurrence} gives")
+                else:
+                    owner[1].also_for.append(f.name)
+                    f.notes.append(f"{key}: the same fix as {o.name} ({o.rule_id}) gives")
+            else:
+                kept.append(fx)
+        f.fixes = kept
+    return out

@@ -124,3 +124,24 @@ def test_diagnose_cites_the_ladder_level(ladder_run):
     for f in doc["findings"]:
         if f["name"] in ("preemption-storm", "kv-capacity-bound"):
             assert any(n.startswith("bench ladder: began") for n in f["notes"]), f
+
+
+def test_compare_judges_two_levels_of_the_live_ladder(ladder_run):
+    """`bench compare` on the live run's own result: the preemption-free level against the top one,
+    with vLLM's own preemption deltas deciding PASS/FAIL."""
+    d, res = ladder_run["dir"], ladder_run["result"]
+    lv = {x["concurrency"]: x for x in res["levels"]}
+    r = subprocess.run([*doctor_cmd(), "bench", "compare", str(d / "ladder.json"), str(d / "ladder.json"),
+                        "--level", "1", "--ttft-p99-ms", "1000000", "--max-throughput-drop", "1", "--tpot-ms", "1000000",
+                        "--format", "json"], capture_output=True, text=True, timeout=120)
+    doc = json.loads(r.stdout)
+    checks = {c["indicator"]: c for c in doc["checks"]}
+    assert checks["preemptions"]["after"] == lv[1]["preemptions"]
+    assert r.returncode == (0 if lv[1]["preemptions"] == 0 else 1), r.stdout
+    top = max(lv)
+    r = subprocess.run([*doctor_cmd(), "bench", "compare", str(d / "ladder.json"), str(d / "ladder.json"),
+                        "--level", str(top), "--format", "json"], capture_output=True, text=True, timeout=120)
+    doc = json.loads(r.stdout)
+    assert doc["after"]["concurrency"] == top
+    assert {c["indicator"]: c["after"] for c in doc["checks"]}["preemptions"] == lv[top]["preemptions"]
+    assert r.returncode == {"PASS": 0, "FAIL": 1, "UNKNOWN": 3}[doc["verdict"]]

@@ -39,7 +39,8 @@ test: setup system-deps e2e-setup
 	@echo "== pytest: every test (usually 12-18 min on 2 cores: each e2e vLLM scenario and the container"
 	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
-	$(BIN)/python bench/bench_memory.py --quick
+	@echo "== bench/bench_memory.py --quick: peak memory figures (printed, not a test: a loaded machine can skew them; make bench-memory runs the full sizes)"
+	-$(BIN)/python bench/bench_memory.py --quick
 
 # Peak memory of diagnose (10 M keyword lines, 3 M traceback lines, 1 GiB request-heavy log) and
 # of the sidecar under 2,000 OOM lines/s for 5 minutes (long; `make test` runs it with --quick).

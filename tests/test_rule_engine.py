@@ -88,12 +88,12 @@ RULES = Path(__file__).resolve().parent.parent / "rules"
     ("VD001", "- preempted >= t.preemption_storm_min", "- preemptd >= t.preemption_storm_min", "when[0]"),
     ("VD006", "e.kind == 'watchdog-timeout'", "e.kindd == 'watchdog-timeout'", "values.timeouts"),
     ("VD002", "want_len: small.max_model_len", "want_len: small.max_model_lenn", "values.want_len"),
-    ("VD006", "evidence: [NcclError]", "evidence: [NcclErr]", "evidence[0]"),
+    ("VD006", "evidence: [quoted]", "evidence: [quotd]", "evidence[0]"),
     ("VD001", 'arithmetic: "{gpu_memory_utilization} + 0.05"', 'arithmetic: "{gpu_memory_utilisation} + 0.05"',
-     "fixes[1].arithmetic"),
+     "fixes[2].arithmetic"),
     ("VD004", "x.num_waiting >= t.waiting_min and 1 <=", "x.num_waitin >= t.waiting_min and 1 <=", "values.plateau"),
-    ("VD001", "value: max(1, target)", "value: max(1, targt)", "fixes[0].value"),
-    ("VD002", "if: oom is not None and any(", "if: oom is not None and anyy(", "fixes[6].if"),
+    ("VD001", "value: kv_bytes", "value: kv_byts", "fixes[1].value"),
+    ("VD002", "if: oom_len is not None", "if: oom_lenn is not None", "fixes[9].if"),
 ])
 def test_a_typo_in_any_field_is_a_load_error_with_file_and_line(tmp_path, rule, old, new, field):
     src = next(RULES.glob(f"{rule}-*.yaml"))

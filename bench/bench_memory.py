@@ -111,8 +111,8 @@ def write_traceback_log(path: Path, lines: int) -> None:
                  "capacity of 14.62 GiB of which 3.31 MiB is free.\n")
 
 
-def tree_rss(pid: int) -> int:
-    """Sum of VmRSS of ``pid`` and its descendants (bytes)."""
+def _tree_sum(pid: int, proc_file: str, field: str) -> int:
+    """Sum of ``field`` (kB) in /proc/PID/``proc_file`` over ``pid`` and its descendants (bytes)."""
     total, todo, seen = 0, [pid], set()
     while todo:
         p = todo.pop()
@@ -120,27 +120,8 @@ def tree_rss(pid: int) -> int:
             continue
         seen.add(p)
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-def tree_pss(pid: int) -> int:
-    """Sum of Pss (/proc/PID/smaps_rollup) of ``pid`` and its descendants (bytes)."""
-    total, todo, seen = 0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
+            for line in Path(f"/proc/{p}/{proc_file}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1]) * 1024
                     break
             for task in Path(f"/proc/{p}/task").iterdir():
@@ -148,6 +129,16 @@ def tree_pss(pid: int) -> int:
         except (OSError, ValueError):
             continue
     return total
+
+
+def tree_rss(pid: int) -> int:
+    """Sum of VmRSS of ``pid`` and its descendants (bytes)."""
+    return _tree_sum(pid, "status", "VmRSS:")
+
+
+def tree_pss(pid: int) -> int:
+    """Sum of Pss (/proc/PID/smaps_rollup) of ``pid`` and its descendants (bytes)."""
+    return _tree_sum(pid, "smaps_rollup", "Pss:")
 
 
 def rss(pid: int) -> int:

@@ -6,8 +6,8 @@ note to each finding naming the level at which its incident began. The level is 
 1. by time: the level whose wall-clock window (``started_at``..``ended_at``) holds the finding's
    first_seen (a live sidecar, or a log whose time stamps are the bench's);
 2. by what the ladder itself measured, per incident: the first level with preemptions
-   (preemption-storm), with a full KV cache and a queue (kv-capacity-bound), with p99 TTFT over
-   the SLO (prefill-blocking), with failed requests (engine-dead, engine-stalled, runtime-oom).
+   (preemption-storm), with a full KV cache (rules/thresholds.yaml ``kv_cache_full_ratio``) and a
+   queue (kv-capacity-bound), with p99 TTFT over the ladder's ``--slo-ttft-ms`` (prefill-blocking), with failed requests (engine-dead, engine-stalled, runtime-oom).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .ladder import RESULT_KIND
 
-KV_FULL_RATIO = 0.95
 _SLACK_SECONDS = 15.0  # vLLM logs its stats every 10 s: a line may trail its level a little
 
 
@@ -41,8 +40,10 @@ def load_ladder(path: str) -> dict:
     return doc
 
 
-def _by_measure(name: str, levels: list[dict]) -> tuple[dict, str] | None:
-    slo = None
+def _by_measure(name: str, levels: list[dict], slo_ttft_ms: float) -> tuple[dict, str] | None:
+    from ..bundle import load_thresholds
+
+    full = load_thresholds()["kv_cache_full_ratio"]  # the rules' own "KV cache full"
     for lv in levels:
         pre = lv.get("preemptions") or 0
         kv = lv.get("max_kv_cache_usage_ratio") or 0.0
@@ -51,13 +52,11 @@ def _by_measure(name: str, levels: list[dict]) -> tuple[dict, str] | None:
         p99 = (lv.get("ttft_ms") or {}).get("p99")
         if name == "preemption-storm" and pre > 0:
             return lv, f"first level with preemptions ({pre})"
-        if name == "kv-capacity-bound" and ((kv >= KV_FULL_RATIO and waiting > 0) or pre > 0):
+        if name == "kv-capacity-bound" and ((kv >= full and waiting > 0) or pre > 0):
             return lv, (f"first level with the KV cache full ({kv * 100:.0f} %) and {waiting:.0f} waiting"
-                        if kv >= KV_FULL_RATIO and waiting > 0 else f"first level with preemptions ({pre})")
-        if name == "prefill-blocking" and p99 is not None:
-            slo = slo or 500.0
-            if p99 > slo:
-                return lv, f"first level with p99 TTFT over {slo:.0f} ms ({p99:.0f} ms)"
+                        if kv >= full and waiting > 0 else f"first level with preemptions ({pre})")
+        if name == "prefill-blocking" and p99 is not None and p99 > slo_ttft_ms:
+            return lv, f"first level with p99 TTFT over {slo_ttft_ms:.0f} ms ({p99:.0f} ms)"
         if name in ("engine-dead", "engine-stalled", "runtime-oom") and errors > 0:
             return lv, f"first level with failed requests ({errors})"
     return None
@@ -73,7 +72,8 @@ def began_at(result: dict, name: str, first_seen: float | None) -> str | None:
             if isinstance(s, (int, float)) and isinstance(e, (int, float)) and s <= first_seen <= e + _SLACK_SECONDS:
                 return (f"bench ladder: began during the level of {lv['concurrency']} concurrent requests "
                         f"(first seen inside that level's run)")
-    hit = _by_measure(name, levels)
+    slo = (result.get("config") or {}).get("slo_ttft_ms") or 500.0  # the ladder's own TTFT SLO
+    hit = _by_measure(name, levels, float(slo))
     if hit:
         lv, why = hit
         return f"bench ladder: began at {lv['concurrency']} concurrent requests ({why})"

@@ -28,6 +28,7 @@ from typing import Callable
 import httpx
 
 from ..sources.scrape import parse_metrics
+from ..state import State
 from .client import RequestResult, request_body, stream_one
 
 WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
@@ -277,19 +278,13 @@ class _MetricsReader:
 
 
 def _cache_tokens(parsed) -> int | None:
+    """KV cache tokens of the server, as ``diagnose`` reads them from the same /metrics sample
+    (the state's resolved cache config: ``kv_cache_size_tokens``, else blocks x block size)."""
     if parsed is None:
         return None
-    cc = dict(parsed.sample.cache_config)
-    for key in ("kv_cache_size_tokens",):
-        if cc.get(key, "None") not in ("None", ""):
-            try:
-                return int(float(cc[key]))
-            except ValueError:
-                pass
-    try:
-        return int(cc["num_gpu_blocks"]) * int(cc["block_size"])
-    except (KeyError, ValueError):
-        return None
+    state = State()
+    state.apply(parsed.sample)
+    return state.facts().get("kv_cache_tokens")
 
 
 async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:

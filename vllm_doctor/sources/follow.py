@@ -15,9 +15,17 @@ Each step compares the path's ``stat`` with the open file descriptor:
   open and is drained. After the switch the rotated file stays open for ``rotated_grace``
   seconds and whole lines appended to it are still read: every vLLM process (API server,
   engine core) has its own logging handler, and a process that has not yet noticed the
-  rotation keeps writing to the renamed file. Its own rotation, a moment later, can rename a
-  file that was created and written between two polls: at each rotation the siblings written
-  since the last poll are read too (from where they were left, by inode, or from the start).
+  rotation keeps writing to the renamed file.
+- **files we never opened**: a file created and rotated away between two polls (or while the
+  sidecar was down, or before the followed file first appeared) is found among the siblings
+  (``vllm.log.1``, ...) because its identity, ``(st_dev, st_ino)``, is none of the files the
+  follower knows: the one it reads, the rotated ones it still reads, and the finished ones
+  (closed rotated files; at the very first start, the backups already there, which are
+  history). Such files are read whole, oldest first (numbered backups by number, other names
+  by modification time), before the file at the path. The siblings are listed before and after
+  the path is opened; if a rotation happened in between, it looks again, so a file rotated
+  while we look is neither missed nor read out of order. Modification times never decide
+  whether a file is new (they tie on coarse file systems, and copies can set them back).
 - **truncation / copytruncate**: same inode, but the size is below our offset, or the bytes
   just before our offset no longer equal what we read there (truncated and refilled between
   two polls). With ``copytruncate`` logrotate first copies the file to a sibling
@@ -32,10 +40,14 @@ Each step compares the path's ``stat`` with the open file descriptor:
   ``on_data`` always receives whole lines, except a line longer than ``max_pending`` bytes,
   which is passed on in pieces (the pipeline caps line length itself).
 
-The checkpoint (``--state-file``) records, per path, the device, inode, offset of the last
-whole line delivered and the bytes before it; a restarted sidecar resumes there, and if
-the file was rotated while it was down it first finishes the rotated file (found by inode
-next to the path), so a restart neither loses nor double-counts lines.
+The checkpoint (``--state-file``) records, per path, all three kinds of files: for each its
+device, inode, the offset of the last whole line delivered and the 64 bytes before it (which
+tell a file from a later one that got the same inode number after a deletion). The sidecar
+writes it together with the state that exactly those lines produced. A restarted follower
+resumes the files it knew, finishes the one it was reading if it was rotated meanwhile, then
+reads every sibling it does not know and the file at the path: every byte written after the
+checkpoint is read once, in order, whichever file it is in now. Only files the writer itself
+deleted meanwhile (more rotations than backups) are lost, and that is logged.
 """
 
 from __future__ import annotations
@@ -57,7 +69,12 @@ OnData = Callable[[bytes], None]
 OnEnd = Callable[[], None]
 
 TAIL_BYTES = 64
-"""How many bytes before the read offset are kept to recognise truncate-and-refill."""
+"""How many bytes before the read offset are kept to recognise truncate-and-refill (and a
+file whose inode number was reused)."""
+MAX_SIBLINGS = 64
+"""Rotated files looked at next to a followed file (the newest)."""
+MAX_KNOWN = 2 * MAX_SIBLINGS
+"""Finished files remembered (and checkpointed) per followed file."""
 
 
 @dataclass
@@ -97,6 +114,16 @@ class LogFollower:
     checkpoint: a dict from :meth:`checkpoint` of a previous run (wins over from_start when
       it still applies).
     Not thread-safe: call :meth:`poll` from one thread (or under one lock).
+
+    Every file is known by its identity, ``(st_dev, st_ino)``, checked against the bytes
+    before the offset read in it (an inode number is reused once its file is deleted). The
+    follower knows three kinds of files: the current one (``_cur``, at the path when last
+    looked at), rotated ones still open for late lines (``_rotated``), and finished ones
+    (``_done``: closed rotated files, and the backups present at the very first start, which
+    are history). Any sibling that is none of these was created and rotated away since we
+    last looked (between two polls, or while we were down): it is read whole, oldest first,
+    before the file now at the path. The checkpoint holds all three, so a restart knows
+    exactly which files are new.
     """
 
     def __init__(
@@ -124,11 +151,9 @@ class LogFollower:
         self._cur: _Open | None = None
         self._pending = b""
         self._started = False
-        self._absent_at_start = False
         self._rotated_grace = rotated_grace
         self._rotated: dict[tuple[int, int], tuple[_Open, float]] = {}  # rotated files still read: (file, last growth)
-        self._done: dict[tuple[int, int], int] = {}  # (dev, ino) -> offset of rotated files closed since
-        self._last_poll_wall = time.time()
+        self._done: dict[tuple[int, int], tuple[int, bytes]] = {}  # finished files: (offset, tail before it)
 
     # -- public --------------------------------------------------------------------------
 
@@ -153,36 +178,32 @@ class LogFollower:
         writes a checkpoint between this and the first :meth:`poll`, so a kill before the first
         periodic checkpoint neither skips nor repeats a line). A no-op when a checkpoint applies
         (it already says where) or after the first poll. Never raises (errors are counted)."""
-        if self._started or (self._checkpoint and self._checkpoint.get("path", self.path) == self.path):
+        if self._started or self._checkpoint_applies():
             return
         try:
-            st = _stat(self.path)
-            if st is None:
-                self._started = self._absent_at_start = True
-                return
-            start = 0 if self._from_start or not stat_mod.S_ISREG(st.st_mode) else _last_line_end(self.path, st.st_size)
-            self._open(self.path, st, start)
+            self._fresh_start()
             self._started = True
         except OSError as exc:
             self.stats.errors += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
 
     def checkpoint(self) -> dict | None:
-        """The resume point: ``{"path", "dev", "ino", "offset", "tail"}`` where offset is
-        the end of the last whole line delivered; ``{"path", "absent": True}`` when the file did
-        not exist at start (it will be read from its beginning when it appears); None when no
-        file is open."""
+        """The resume point: ``{"path", "dev", "ino", "offset", "tail"}`` where offset is the end
+        of the last whole line delivered, or ``{"path", "absent": True}`` when no file is open
+        (whatever appears at the path is new: read from its beginning); plus ``rotated`` (files
+        rotated away, still read for late lines) and ``done`` (finished files), each
+        ``{"dev", "ino", "offset", "tail"}``. Before the first poll: the checkpoint it was given."""
+        if not self._started:
+            return self._checkpoint
         cur = self._cur
+        ck: dict = {"path": self.path}
         if cur is None:
-            if not self._started:
-                return self._checkpoint
-            return {"path": self.path, "absent": True} if self._absent_at_start else None
-        delivered = cur.offset - len(self._pending)
-        tail = self._tail_before(cur, delivered)
-        ck = {"path": self.path, "dev": cur.dev, "ino": cur.ino, "offset": delivered, "tail": tail.hex()}
-        if self._rotated:
-            ck["rotated"] = [{"dev": o.dev, "ino": o.ino, "offset": o.offset, "tail": o.tail.hex()}
-                             for o, _ in self._rotated.values()]
+            ck["absent"] = True
+        else:
+            delivered = cur.offset - len(self._pending)
+            ck.update(dev=cur.dev, ino=cur.ino, offset=delivered, tail=self._tail_before(cur, delivered).hex())
+        ck["rotated"] = [_entry(o.dev, o.ino, o.offset, o.tail) for o, _ in self._rotated.values()]
+        ck["done"] = [_entry(k[0], k[1], off, tail) for k, (off, tail) in self._done.items()]
         return ck
 
     def close(self, flush: bool = False) -> None:
@@ -200,41 +221,238 @@ class LogFollower:
     # -- the step -------------------------------------------------------------------------
 
     def _poll(self) -> int:
-        st = _stat(self.path)
         if not self._started:
             self._started = True
-            return self._start(st)
-        n_prev = self._read_rotated() if self._rotated else 0
-        since, self._last_poll_wall = self._last_poll_wall, time.time()
+            return self._start()
+        n = self._read_rotated() if self._rotated else 0
+        st = _stat(self.path)
         cur = self._cur
         self.stats.up = st is not None
         if cur is None:
             if st is None:
-                return 0
-            # appeared after start (or after a delete): everything in it is new
-            self._open(self.path, st, 0)
-            return self._read_available()
+                return n
+            return n + self._switch()  # appeared after start (or after a delete): all of it is new
         if st is None or (st.st_dev, st.st_ino) != (cur.dev, cur.ino):
             try:
-                n = self._read_available()  # drain what was written before the rename/delete
+                n += self._read_available(to_end=True)  # drain what was written before the rename/delete
             except OSError as exc:  # the old file cannot be read (it was a directory, EIO, ...)
                 self.stats.errors += 1
                 log.warning("following %s: the replaced file could not be drained: %s", self.path, exc)
-                n = 0
             if st is None:
-                return n_prev + n  # renamed or deleted; wait for the new file, keep draining the old
+                return n  # renamed or deleted; wait for the new file, keep draining the old
             self._end_file(keep_reading=True)
             self.stats.rotations += 1
             log.info("%s rotated (new inode); reading the new file from the start", self.path)
-            n += self._adopt_rotated_since(since - 1.0, (st.st_dev, st.st_ino))
-            self._open(self.path, st, 0)
-            return n_prev + n + self._read_available()
+            return n + self._switch()
         if st.st_size < cur.offset or not self._tail_matches(cur):
             self._truncated(cur)
-            return n_prev + self._read_available()
+            return n + self._read_available()
         if st.st_size == cur.offset:
-            return n_prev
-        return n_prev + self._read_available()
+            return n
+        return n + self._read_available()
+
+    def _checkpoint_applies(self) -> bool:
+        ck = self._checkpoint
+        return bool(ck) and ck.get("path", self.path) == self.path  # type: ignore[union-attr]
+
+    def _fresh_start(self) -> None:
+        """No checkpoint: open the file at its end (its start with ``from_start``); the backups
+        next to it are history."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            log.info("%s does not exist yet; it will be read from its start when it appears", self.path)
+            self._mark_history()
+            return
+        fst = os.fstat(fd)
+        regular = stat_mod.S_ISREG(fst.st_mode)
+        start = _last_line_end(fd, fst.st_size) if regular and not self._from_start else 0
+        self._cur = _Open(fd=fd, dev=fst.st_dev, ino=fst.st_ino, offset=start, path=self.path)
+        self._cur.tail = self._tail_before(self._cur, start)
+        self.stats.up = True
+        self._mark_history()
+
+    def _start(self) -> int:
+        if not self._checkpoint_applies():
+            self._fresh_start()
+            return self._read_available()
+        ck: dict = self._checkpoint  # type: ignore[assignment]
+        self._restore_known(ck)
+        n = self._read_rotated() if self._rotated else 0  # late lines of files rotated before the kill
+        if ck.get("absent"):  # no file was open: whatever is there now is new
+            return n + self._switch()
+        key, offset, tail = (ck["dev"], ck["ino"]), int(ck["offset"]), _unhex(ck.get("tail"))
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            fst = os.fstat(fd)
+            if (fst.st_dev, fst.st_ino) == key:
+                self._cur = cur = _Open(fd=fd, dev=key[0], ino=key[1], offset=offset, tail=tail, path=self.path)
+                self.stats.up = True
+                if fst.st_size >= offset and self._tail_matches(cur):
+                    log.info("%s: resuming at offset %d from the checkpoint", self.path, offset)
+                    return n + self._read_available()
+                self._truncated(cur)  # truncated while we were down: finish the copy if any, restart at 0
+                return n + self._read_available()
+            os.close(fd)
+        # rotated (or deleted) while we were down: finish that file, found by identity
+        old = self._open_known(key, offset, tail)
+        if old is not None:
+            self._cur = old
+            n += self._read_available(to_end=True)
+            self._end_file(keep_reading=True)
+            self.stats.rotations += 1
+        else:
+            log.warning("%s: the file being read at the last checkpoint is gone (deleted by rotation while "
+                        "we were down); its lines after offset %d are lost", self.path, offset)
+        return n + self._switch()
+
+    def _restore_known(self, ck: dict) -> None:
+        """The rotated and finished files of the checkpoint (a checkpoint of an older version
+        has no ``done``: the siblings not modified after the checkpointed file are taken as
+        finished)."""
+        for e in ck.get("rotated") or ():
+            try:
+                key, off, tail = (int(e["dev"]), int(e["ino"])), int(e.get("offset", 0)), _unhex(e.get("tail"))
+            except (KeyError, TypeError, ValueError):
+                continue
+            o = self._open_known(key, off, tail)
+            if o is not None:
+                self._keep_rotated(o)
+        if "done" in ck:
+            for e in ck.get("done") or ():
+                try:
+                    self._done[(int(e["dev"]), int(e["ino"]))] = (int(e["offset"]), _unhex(e.get("tail")))
+                except (KeyError, TypeError, ValueError):
+                    continue
+            self._cap_done()
+            return
+        newer: set[str] = set()
+        if not ck.get("absent"):
+            old = _find_by_inode(self.path, ck.get("dev"), ck.get("ino"))
+            newer = set(_rotated_after(self.path, old)) if old else set()
+        skip = {(ck.get("dev"), ck.get("ino"))} | set(self._rotated)
+        self._mark_history(lambda p, key: p not in newer and key not in skip)
+
+    def _switch(self) -> int:
+        """The file at the path is one we have not read. Read every sibling that is new to us
+        (created and rotated away since we last looked: between two polls or while we were
+        down) whole, oldest first, then the file at the path from its start.
+
+        The siblings are listed before and after the path is opened, and the new ones are opened
+        in between; until both lists agree (no rotation in between) it starts again, so a file
+        rotated away while we look is neither missed nor read before an older one."""
+        for attempt in range(8):
+            before = _scan(self.path)
+            try:
+                fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                fd = None
+            fst = os.fstat(fd) if fd is not None else None
+            new_key = (fst.st_dev, fst.st_ino) if fst is not None else None
+            opened, consistent = self._open_new(before, new_key)
+            after = _scan(self.path)
+            if (consistent and after.keys() == before.keys() and new_key not in after) or attempt == 7:
+                break
+            for o, _ in opened:
+                os.close(o.fd)
+            if fd is not None:
+                os.close(fd)
+        self._forget_missing(after.keys())
+        n = 0
+        for o, _ in _oldest_first(opened, os.path.basename(self.path)):
+            self._keep_rotated(o)
+            if o.offset == 0:
+                log.info("%s: reading %s, rotated before we read it", self.path, o.path)
+            n += self._read_whole_lines(o, limit=None)
+        if fd is None:
+            self.stats.up = False
+            return n
+        self._cur = _Open(fd=fd, dev=fst.st_dev, ino=fst.st_ino, offset=0, path=self.path)  # type: ignore[union-attr]
+        self.stats.up = True
+        return n + self._read_available()
+
+    def _open_new(self, scan: dict, new_key: tuple[int, int] | None) -> tuple[list, bool]:
+        """Open the siblings in ``scan`` that have lines we have not read: a file we do not know
+        (from 0), or a finished one that grew (from where we stopped). Returns ``([(file, stat)],
+        consistent)``; consistent is False when a name no longer held the file listed."""
+        out = []
+        for key, (p, st) in scan.items():
+            if key == new_key or key in self._rotated or (self._cur and key == (self._cur.dev, self._cur.ino)):
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:  # renamed by a rotation since the listing
+                return out, False
+            except OSError as exc:  # unreadable (permissions): counted, the others are still read
+                self.stats.errors += 1
+                log.warning("following %s: cannot read the rotated file %s: %s", self.path, p, exc)
+                continue
+            fst = os.fstat(fd)
+            if (fst.st_dev, fst.st_ino) != key:  # renamed by a rotation since the listing
+                os.close(fd)
+                return out, False
+            o = _Open(fd=fd, dev=key[0], ino=key[1], offset=0, path=p)
+            known = self._done.get(key)
+            if known is not None and fst.st_size >= known[0] and _bytes_before(fd, known[0], known[1]):
+                if fst.st_size == known[0]:
+                    os.close(fd)
+                    continue
+                o.offset, o.tail = known  # a late writer added lines after we closed it
+            out.append((o, fst))
+        return out, True
+
+    def _open_known(self, key: tuple[int, int], offset: int, tail: bytes) -> _Open | None:
+        """The sibling with identity ``key`` whose bytes before ``offset`` are ``tail``, opened
+        there; None when there is none (deleted, or its inode number now belongs to another file)."""
+        for p, st in _siblings(self.path):
+            if (st.st_dev, st.st_ino) != key:
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return None
+            fst = os.fstat(fd)
+            if (fst.st_dev, fst.st_ino) == key and fst.st_size >= offset and _bytes_before(fd, offset, tail):
+                return _Open(fd=fd, dev=key[0], ino=key[1], offset=offset, tail=tail, path=p)
+            os.close(fd)
+            return None
+        return None
+
+    def _mark_history(self, keep: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
+        """Every sibling we are not reading is finished as it is now (at the first start: the
+        backups before it are history; after a truncation: logrotate's copies of lines read)."""
+        scan = _scan(self.path)
+        self._forget_missing(scan.keys())
+        cur = (self._cur.dev, self._cur.ino) if self._cur is not None else None
+        for key, (p, st) in scan.items():
+            if key == cur or key in self._rotated or key in self._done or (keep and not keep(p, key)):
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                continue
+            try:
+                fst = os.fstat(fd)
+                if (fst.st_dev, fst.st_ino) == key:
+                    start = max(0, fst.st_size - TAIL_BYTES)
+                    self._done[key] = (fst.st_size, os.pread(fd, fst.st_size - start, start))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        self._cap_done()
+
+    def _forget_missing(self, present) -> None:
+        """Finished files no longer next to the path are forgotten (their inode numbers may be reused)."""
+        for key in [k for k in self._done if k not in present]:
+            del self._done[key]
+
+    def _cap_done(self) -> None:
+        while len(self._done) > MAX_KNOWN:
+            self._done.pop(next(iter(self._done)))
 
     def _read_rotated(self) -> int:
         """Whole lines appended to the rotated files still open (late writers); each is closed
@@ -242,7 +460,7 @@ class LogFollower:
         n = 0
         now = time.monotonic()
         for key, (o, seen) in list(self._rotated.items()):
-            got = self._read_whole_lines(o)
+            got = self._read_whole_lines(o, limit=self._max_read_per_poll)
             if got:
                 self._rotated[key] = (o, now)
                 n += got
@@ -250,119 +468,48 @@ class LogFollower:
                 self._close_rotated(key)
         return n
 
-    def _read_whole_lines(self, o: _Open) -> int:
-        got = b""
+    def _read_whole_lines(self, o: _Open, limit: int | None) -> int:
+        """Whole lines of a rotated file from ``o.offset`` (at most about ``limit`` bytes; None:
+        to its end); a partial last line stays unread (an over-long one passes in pieces)."""
+        n = 0
+        buf = b""
         try:
-            while len(got) < self._max_read_per_poll:
-                chunk = os.pread(o.fd, self._read_chunk, o.offset + len(got))
+            while limit is None or n < limit:
+                chunk = os.pread(o.fd, self._read_chunk, o.offset + len(buf))
                 if not chunk:
                     break
-                got += chunk
+                buf += chunk
+                cut = buf.rfind(b"\n") + 1
+                if not cut and len(buf) > self._max_pending:
+                    cut = len(buf)
+                if cut:
+                    data, buf = buf[:cut], buf[cut:]
+                    o.offset += cut
+                    o.tail = (o.tail + data[-TAIL_BYTES:])[-TAIL_BYTES:]
+                    n += cut
+                    self.on_data(data)
         except OSError:
-            return 0
-        cut = got.rfind(b"\n") + 1
-        if cut:
-            o.offset += cut
-            o.tail = (o.tail + got[:cut][-TAIL_BYTES:])[-TAIL_BYTES:]
-            self.stats.bytes_read += cut
-            self.stats.recovered_bytes += cut
-            self.on_data(got[:cut])
-        return cut
+            pass
+        if n:
+            self.stats.bytes_read += n
+            self.stats.recovered_bytes += n
+            self.stats.last_data_at = time.monotonic()
+        return n
 
     def _keep_rotated(self, o: _Open) -> None:
+        self._done.pop((o.dev, o.ino), None)
         self._rotated[(o.dev, o.ino)] = (o, time.monotonic())
 
     def _close_rotated(self, key: tuple[int, int]) -> None:
         o, _ = self._rotated.pop(key)
-        self._done[key] = o.offset
-        while len(self._done) > 64:
-            self._done.pop(next(iter(self._done)))
+        self._done[key] = (o.offset, o.tail)
+        self._cap_done()
         try:
             os.close(o.fd)
         except OSError:
             pass
 
-    def _adopt_rotated_since(self, since: float, new_key: tuple[int, int]) -> int:
-        """Siblings modified since ``since`` (wall time) that are not being read: files created and
-        rotated away between two polls by a second writer. Read from where they were left (a
-        file read before, by inode) or from the start, and kept open like the rotated file."""
-        n = 0
-        for p in _siblings(self.path):
-            st = _stat(p)
-            if st is None or st.st_mtime < since or not stat_mod.S_ISREG(st.st_mode):
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key == new_key or key in self._rotated:
-                continue
-            offset = self._done.pop(key, 0)
-            try:
-                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                continue
-            o = _Open(fd=fd, dev=st.st_dev, ino=st.st_ino, offset=offset, path=p)
-            self._keep_rotated(o)
-            n += self._read_whole_lines(o)
-        return n
-
-    def _start(self, st: os.stat_result | None) -> int:
-        ck = self._checkpoint
-        n = 0
-        if ck and ck.get("absent"):  # absent at the last start: whatever is there now is new
-            if st is None:
-                self._absent_at_start = True
-                return 0
-            self._open(self.path, st, 0)
-            return self._read_available()
-        handled: set[str] = set()
-        for pv in (ck or {}).get("rotated") or ():  # late lines of files rotated before the kill
-            old = _find_by_inode(self.path, pv.get("dev"), pv.get("ino")) if isinstance(pv, dict) else None
-            if old is not None:
-                handled.add(old)
-                n += self._read_rest_of(old, int(pv.get("offset", 0)), bytes.fromhex(pv.get("tail", "")),
-                                        whole_lines=True)
-        if ck and ck.get("path", self.path) == self.path:
-            if st is not None and (st.st_dev, st.st_ino) == (ck["dev"], ck["ino"]):
-                fd_stat_ok = st.st_size >= ck["offset"]
-                self._open(self.path, st, ck["offset"], tail=bytes.fromhex(ck.get("tail", "")))
-                if fd_stat_ok and self._tail_matches(self._cur):
-                    log.info("%s: resuming at offset %d from the checkpoint", self.path, ck["offset"])
-                    return self._read_available()
-                # truncated while we were down: finish the copy if there is one, restart at 0
-                self._truncated(self._cur)
-                return self._read_available()
-            # rotated while we were down: finish the old file (found by inode), then the new one
-            old = _find_by_inode(self.path, ck["dev"], ck["ino"])
-            if old is not None:
-                n += self._read_rest_of(old, ck["offset"], bytes.fromhex(ck.get("tail", "")))
-                # rotated more than once: the files rotated after it, oldest first, whole
-                for newer in _rotated_after(self.path, old):
-                    if newer not in handled:
-                        n += self._read_rest_of(newer, 0, b"")
-            if st is not None:
-                self._open(self.path, st, 0)
-                n += self._read_available()
-            return n
-        if st is None:
-            log.info("%s does not exist yet; it will be read from its start when it appears", self.path)
-            return 0
-        start = 0 if self._from_start else _last_line_end(self.path, st.st_size)
-        self._open(self.path, st, start)
-        return self._read_available()
-
     # -- helpers --------------------------------------------------------------------------
-
-    def _open(self, path: str, st: os.stat_result, offset: int, tail: bytes = b"") -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        fst = os.fstat(fd)
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):  # replaced between stat and open
-            st = fst
-            offset, tail = 0, b""
-        if not stat_mod.S_ISREG(fst.st_mode):
-            offset, tail = 0, b""  # a FIFO or device: no offsets to keep
-        self._cur = _Open(fd=fd, dev=st.st_dev, ino=st.st_ino, offset=offset, tail=tail, path=path)
-        if not tail and offset:
-            self._cur.tail = self._tail_before(self._cur, offset)
-        self.stats.up = True
 
     def _tail_before(self, cur: _Open, offset: int) -> bytes:
         if offset <= 0:
@@ -376,20 +523,18 @@ class LogFollower:
             return b""
 
     def _tail_matches(self, cur: _Open | None) -> bool:
-        if cur is None or not cur.tail:
+        if cur is None:
             return True
-        n = len(cur.tail)
-        try:
-            return os.pread(cur.fd, n, cur.offset - n) == cur.tail
-        except OSError:
-            return False
+        return _bytes_before(cur.fd, cur.offset, cur.tail)
 
-    def _read_available(self) -> int:
+    def _read_available(self, to_end: bool = False) -> int:
+        """Read the current file from its offset: at most ``max_read_per_poll`` bytes, or all
+        of it (``to_end``: a file rotated away is finished before the next one is read)."""
         cur = self._cur
         if cur is None:
             return 0
         total = 0
-        while total < self._max_read_per_poll:
+        while to_end or total < self._max_read_per_poll:
             chunk = os.pread(cur.fd, self._read_chunk, cur.offset)
             if not chunk:
                 break
@@ -437,20 +582,18 @@ class LogFollower:
         log.info("%s truncated (copytruncate?) at offset %d", self.path, cur.offset)
         copy = _find_copy(self.path, cur)
         if copy is not None:
-            got = self._read_rest_of(copy, cur.offset, cur.tail, keep_pending=True)
+            got = self._read_rest_of(copy, cur.offset)
             log.info("%s: read %d bytes written before the truncation from %s", self.path, got, copy)
         else:
             self._deliver_all()
             self.on_end()
         cur.offset, cur.tail = 0, b""
+        # the path kept its inode, so no file was rotated away: the siblings are copies of lines read
+        self._mark_history()
 
-    def _read_rest_of(self, path: str, offset: int, tail: bytes, keep_pending: bool = False,
-                      whole_lines: bool = False) -> int:
-        """Read ``path`` from ``offset`` to its end (a rotated file or a copytruncate copy),
-        continuing the pending partial line, then flush and call on_end (``whole_lines``: the
-        late lines of a rotated file: a partial last line is dropped, no on_end)."""
-        if not keep_pending:
-            self._pending = b""
+    def _read_rest_of(self, path: str, offset: int) -> int:
+        """Read the copytruncate copy ``path`` from ``offset`` (its bytes before it were checked)
+        to its end, continuing the pending partial line, then flush and call on_end."""
         total = 0
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -459,9 +602,6 @@ class LogFollower:
             self.on_end()
             return 0
         try:
-            n = len(tail)
-            if n and os.pread(fd, n, offset - n) != tail:
-                offset = 0  # the inode was reused by another file: all of it is new
             while True:
                 chunk = os.pread(fd, self._read_chunk, offset + total)
                 if not chunk:
@@ -472,12 +612,32 @@ class LogFollower:
             os.close(fd)
         self.stats.recovered_bytes += total
         self.stats.bytes_read += total
-        if whole_lines:
-            self._pending = b""
-            return total
         self._deliver_all()
         self.on_end()
         return total
+
+
+def _entry(dev: int, ino: int, offset: int, tail: bytes) -> dict:
+    return {"dev": dev, "ino": ino, "offset": offset, "tail": tail.hex()}
+
+
+def _unhex(s: object) -> bytes:
+    try:
+        return bytes.fromhex(s) if isinstance(s, str) else b""
+    except ValueError:
+        return b""
+
+
+def _bytes_before(fd: int, offset: int, tail: bytes) -> bool:
+    """True when the bytes of ``fd`` just before ``offset`` are ``tail`` (the file is the one
+    read up to there)."""
+    if not tail:
+        return True
+    n = len(tail)
+    try:
+        return offset >= n and os.pread(fd, n, offset - n) == tail
+    except OSError:
+        return False
 
 
 class PipeFollower:
@@ -792,22 +952,22 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def _last_line_end(path: str, size: int, look_back: int = 1 << 16) -> int:
-    """Offset just after the last newline in the final ``look_back`` bytes (so a partial last
-    line present at start is read whole once completed); ``size`` when there is none."""
+def _last_line_end(fd: int, size: int, look_back: int = 1 << 16) -> int:
+    """Offset just after the last newline in the final ``look_back`` bytes of ``fd`` (so a
+    partial last line present at start is read whole once completed); ``size`` when there is
+    none."""
     if size == 0:
         return 0
     start = max(0, size - look_back)
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        data = fh.read(size - start)
+    data = os.pread(fd, size - start, start)
     i = data.rfind(b"\n")
     return size if i < 0 else start + i + 1
 
 
-def _siblings(path: str) -> list[str]:
+def _siblings(path: str) -> list[tuple[str, os.stat_result]]:
     """Files next to ``path`` whose name starts with its name (``vllm.log.1``,
-    ``vllm.log-20261130``), newest first, compressed ones left out."""
+    ``vllm.log-20261130``), with their ``stat``, newest first (at most ``MAX_SIBLINGS``),
+    compressed ones left out."""
     d, base = os.path.split(path)
     out = []
     try:
@@ -816,36 +976,55 @@ def _siblings(path: str) -> list[str]:
                 if e.name != base and e.name.startswith(base) and not e.name.endswith(
                         (".gz", ".bz2", ".xz", ".zst")):
                     try:
-                        out.append((e.stat().st_mtime, e.path))
+                        out.append((e.path, e.stat()))
                     except OSError:
                         continue
     except OSError:
         return []
-    out.sort(reverse=True)
-    return [p for _, p in out[:32]]
+    out.sort(key=lambda ps: (ps[1].st_mtime_ns, ps[0]), reverse=True)
+    return out[:MAX_SIBLINGS]
 
 
-def _find_by_inode(path: str, dev: int, ino: int) -> str | None:
-    for p in _siblings(path):
-        st = _stat(p)
-        if st is not None and (st.st_dev, st.st_ino) == (dev, ino):
+def _scan(path: str) -> dict[tuple[int, int], tuple[str, os.stat_result]]:
+    """The regular sibling files of ``path`` by identity ``(st_dev, st_ino)``."""
+    out: dict[tuple[int, int], tuple[str, os.stat_result]] = {}
+    for p, st in _siblings(path):
+        if stat_mod.S_ISREG(st.st_mode):
+            out.setdefault((st.st_dev, st.st_ino), (p, st))
+    return out
+
+
+def _rotation_number(path: str, base: str) -> int | None:
+    """``N`` of ``<base>.N`` (RotatingFileHandler's and logrotate's numbered backups)."""
+    suffix = os.path.basename(path)[len(base):]
+    return int(suffix[1:]) if suffix[:1] == "." and suffix[1:].isdigit() else None
+
+
+def _oldest_first(files: list[tuple[_Open, os.stat_result]], base: str) -> list[tuple[_Open, os.stat_result]]:
+    """Rotated files in the order they were written. Numbered backups of ``base`` (``.1`` the
+    newest) are ordered by their number, which a rotation keeps exact; other names (dates) by
+    modification time, then name (timestamps can tie on a coarse file system)."""
+    nums = [_rotation_number(o.path, base) for o, _ in files]
+    if all(n is not None for n in nums):
+        return [f for _, f in sorted(zip(nums, files), key=lambda t: -t[0])]  # type: ignore[operator]
+    return sorted(files, key=lambda f: (f[1].st_mtime_ns, f[0].path))
+
+
+def _find_by_inode(path: str, dev: object, ino: object) -> str | None:
+    for p, st in _siblings(path):
+        if (st.st_dev, st.st_ino) == (dev, ino):
             return p
     return None
 
 
 def _rotated_after(path: str, old: str) -> list[str]:
-    """Rotated siblings of ``path`` written after ``old`` (by modification time), oldest first:
-    the files a log went through while the sidecar was down when it rotated more than once."""
+    """Rotated siblings of ``path`` written after ``old`` (by modification time): how a
+    checkpoint without a list of finished files (an older version's) tells new files."""
     try:
         since = os.stat(old).st_mtime_ns
     except OSError:
         return []
-    out = []
-    for p in _siblings(path):
-        st = _stat(p)
-        if p != old and st is not None and st.st_mtime_ns > since:
-            out.append((st.st_mtime_ns, p))
-    return [p for _, p in sorted(out)]
+    return [p for p, st in _siblings(path) if p != old and st.st_mtime_ns > since]
 
 
 def _find_copy(path: str, cur: _Open) -> str | None:
@@ -854,9 +1033,8 @@ def _find_copy(path: str, cur: _Open) -> str | None:
     if cur.offset == 0 or not cur.tail:
         return None
     n = len(cur.tail)
-    for p in _siblings(path):
-        st = _stat(p)
-        if st is None or st.st_size < cur.offset or (st.st_dev, st.st_ino) == (cur.dev, cur.ino):
+    for p, st in _siblings(path):
+        if st.st_size < cur.offset or (st.st_dev, st.st_ino) == (cur.dev, cur.ino):
             continue
         try:
             with open(p, "rb") as fh:

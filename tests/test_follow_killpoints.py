@@ -114,19 +114,21 @@ class Run:
         self.ck = (f.checkpoint(), len(self.delivered))
 
     def kill(self) -> None:
-        """kill -9: the follower is dropped unclosed (its descriptors leak like a dead
-        process's); the state goes back to the checkpoint's."""
+        """kill -9: the follower is dropped, its partial line undelivered (its descriptors are
+        closed, as the kernel closes a dead process's); the state goes back to the checkpoint's."""
         self.kills += 1
+        self.f.close(flush=False)
         ck, n = self.ck
         del self.delivered[n:]
         self._partial = b""
         self.f = self._new(ck)
 
     def catch_up(self) -> None:
-        meddle, self.meddle = self.meddle, 0.0
+        """The writer stops; the follower reads what is left, then is closed."""
+        self.meddle = 0.0
         for _ in range(3):
             self.f.poll()
-        self.meddle = meddle
+        self.f.close()
 
 
 def play(tmp_path: Path, seed: int, steps: int = 120, meddle: float = 0.15, coarse: bool = True) -> Run:
@@ -388,3 +390,34 @@ def test_checkpoint_of_an_older_version_without_finished_files(tmp_path):
     os.utime(b, ns=(t + 10**9, t + 10**9))
     run.catch_up()
     assert run.delivered == w.written[4:]
+
+
+def test_checkpointed_file_renamed_while_the_restarted_follower_looks_it_up(tmp_path, monkeypatch):
+    """At the restart the checkpointed file is found by identity among the siblings; a rotation
+    renames it between that listing and the open: it is looked up again (taking it for a new
+    file would read its first lines twice)."""
+    from vllm_doctor.sources import follow
+
+    log = tmp_path / "vllm.log"
+    w = Writer(log)
+    run = Run(log, w, random.Random(0), meddle=0)
+    w.write(6)
+    run.f.poll()
+    run.checkpoint()
+    run.kill()
+    w.write(2)
+    w.rotate()
+    w.write(3)  # B
+    real, calls = follow._siblings, []
+
+    def siblings_then_rotate(path):
+        out = real(path)
+        if not calls:
+            calls.append(1)
+            w.rotate()
+            w.write(1)
+        return out
+
+    monkeypatch.setattr(follow, "_siblings", siblings_then_rotate)
+    run.catch_up()
+    assert calls and run.delivered == w.written

@@ -71,7 +71,7 @@ OnEnd = Callable[[], None]
 TAIL_BYTES = 64
 """How many bytes before the read offset are kept to recognise truncate-and-refill (and a
 file whose inode number was reused)."""
-MAX_SIBLINGS = 64
+MAX_SIBLINGS = 128
 """Rotated files looked at next to a followed file (the newest)."""
 MAX_KNOWN = 2 * MAX_SIBLINGS
 """Finished files remembered (and checkpointed) per followed file."""
@@ -406,43 +406,60 @@ class LogFollower:
 
     def _open_known(self, key: tuple[int, int], offset: int, tail: bytes) -> _Open | None:
         """The sibling with identity ``key`` whose bytes before ``offset`` are ``tail``, opened
-        there; None when there is none (deleted, or its inode number now belongs to another file)."""
-        for p, st in _siblings(self.path):
-            if (st.st_dev, st.st_ino) != key:
-                continue
-            try:
-                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
+        there; None when there is none (deleted, or its inode number now belongs to another file).
+        A name that stops holding the file between the listing and the open (a rotation renamed
+        it) is looked up again: the file must not be taken for a new one."""
+        for _ in range(8):
+            path = next((p for p, st in _siblings(self.path) if (st.st_dev, st.st_ino) == key), None)
+            if path is None:
                 return None
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                continue
             fst = os.fstat(fd)
-            if (fst.st_dev, fst.st_ino) == key and fst.st_size >= offset and _bytes_before(fd, offset, tail):
-                return _Open(fd=fd, dev=key[0], ino=key[1], offset=offset, tail=tail, path=p)
+            if (fst.st_dev, fst.st_ino) != key:
+                os.close(fd)
+                continue
+            if fst.st_size >= offset and _bytes_before(fd, offset, tail):
+                return _Open(fd=fd, dev=key[0], ino=key[1], offset=offset, tail=tail, path=path)
             os.close(fd)
             return None
         return None
 
     def _mark_history(self, keep: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
         """Every sibling we are not reading is finished as it is now (at the first start: the
-        backups before it are history; after a truncation: logrotate's copies of lines read)."""
-        scan = _scan(self.path)
-        self._forget_missing(scan.keys())
+        backups before it are history; after a truncation: logrotate's copies of lines read).
+        Listed again until no rotation renamed one while we looked (else a backup of the past
+        would later be taken for a new file)."""
         cur = (self._cur.dev, self._cur.ino) if self._cur is not None else None
-        for key, (p, st) in scan.items():
-            if key == cur or key in self._rotated or key in self._done or (keep and not keep(p, key)):
-                continue
-            try:
-                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                continue
-            try:
-                fst = os.fstat(fd)
-                if (fst.st_dev, fst.st_ino) == key:
+        for _ in range(8):
+            scan, found, consistent = _scan(self.path), {}, True
+            for key, (p, _st) in scan.items():
+                if key == cur or key in self._rotated or key in self._done or (keep and not keep(p, key)):
+                    continue
+                try:
+                    fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except FileNotFoundError:
+                    consistent = False
+                    break
+                except OSError:
+                    continue
+                try:
+                    fst = os.fstat(fd)
+                    if (fst.st_dev, fst.st_ino) != key:
+                        consistent = False
+                        break
                     start = max(0, fst.st_size - TAIL_BYTES)
-                    self._done[key] = (fst.st_size, os.pread(fd, fst.st_size - start, start))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+                    found[key] = (fst.st_size, os.pread(fd, fst.st_size - start, start))
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+            if consistent and _scan(self.path).keys() == scan.keys():
+                break
+        self._forget_missing(scan.keys())
+        self._done.update(found)
         self._cap_done()
 
     def _forget_missing(self, present) -> None:
@@ -582,8 +599,9 @@ class LogFollower:
         log.info("%s truncated (copytruncate?) at offset %d", self.path, cur.offset)
         copy = _find_copy(self.path, cur)
         if copy is not None:
-            got = self._read_rest_of(copy, cur.offset)
-            log.info("%s: read %d bytes written before the truncation from %s", self.path, got, copy)
+            fd, name = copy
+            got = self._read_rest_of(fd, cur.offset)
+            log.info("%s: read %d bytes written before the truncation from %s", self.path, got, name)
         else:
             self._deliver_all()
             self.on_end()
@@ -591,16 +609,11 @@ class LogFollower:
         # the path kept its inode, so no file was rotated away: the siblings are copies of lines read
         self._mark_history()
 
-    def _read_rest_of(self, path: str, offset: int) -> int:
-        """Read the copytruncate copy ``path`` from ``offset`` (its bytes before it were checked)
-        to its end, continuing the pending partial line, then flush and call on_end."""
+    def _read_rest_of(self, fd: int, offset: int) -> int:
+        """Read the copytruncate copy open as ``fd`` from ``offset`` (its bytes before it were
+        checked) to its end, continuing the pending partial line, then flush, call on_end and
+        close it."""
         total = 0
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            self._deliver_all()
-            self.on_end()
-            return 0
         try:
             while True:
                 chunk = os.pread(fd, self._read_chunk, offset + total)
@@ -1027,20 +1040,19 @@ def _rotated_after(path: str, old: str) -> list[str]:
     return [p for p, st in _siblings(path) if p != old and st.st_mtime_ns > since]
 
 
-def _find_copy(path: str, cur: _Open) -> str | None:
-    """The copytruncate copy: a sibling at least ``cur.offset`` long whose bytes before that
-    offset equal the tail we read."""
+def _find_copy(path: str, cur: _Open) -> tuple[int, str] | None:
+    """The copytruncate copy, opened: a sibling at least ``cur.offset`` long whose bytes before
+    that offset equal the tail we read. Returns (descriptor, name)."""
     if cur.offset == 0 or not cur.tail:
         return None
-    n = len(cur.tail)
     for p, st in _siblings(path):
         if st.st_size < cur.offset or (st.st_dev, st.st_ino) == (cur.dev, cur.ino):
             continue
         try:
-            with open(p, "rb") as fh:
-                fh.seek(cur.offset - n)
-                if fh.read(n) == cur.tail:
-                    return p
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             continue
+        if _bytes_before(fd, cur.offset, cur.tail):
+            return fd, p
+        os.close(fd)
     return None

@@ -65,6 +65,11 @@ class Writer:
         self._in_file[name] = []
         self.rotations += 1
 
+    def do(self, script: str) -> None:
+        """``"3 R 5"``: write 3 lines, rotate, write 5 lines."""
+        for step in script.split():
+            self.rotate() if step == "R" else self.write(int(step))
+
     def coarse_mtimes(self) -> None:
         """Every file gets the same modification time (1-second or 2-second timestamps)."""
         t = int(os.stat(self.log).st_mtime)
@@ -123,6 +128,23 @@ class Run:
         self._partial = b""
         self.f = self._new(ck)
 
+    def during_read(self, call: int, script: str) -> list[int]:
+        """The writer runs ``script`` inside the follower's ``call``-th delivery (1-based) of the
+        next poll. Returns the list of calls seen."""
+        calls: list[int] = []
+        on_data = self.f.on_data
+
+        def hooked(b: bytes) -> None:
+            on_data(b)
+            calls.append(1)
+            if len(calls) == call:
+                self.writer.do(script)
+
+        self.f.on_data = hooked
+        self.f.poll()
+        self.f.on_data = on_data
+        return calls
+
     def catch_up(self) -> None:
         """The writer stops; the follower reads what is left, then is closed."""
         self.meddle = 0.0
@@ -164,89 +186,48 @@ def test_any_interleaving_of_writes_rotations_polls_checkpoints_and_kills(tmp_pa
         seed, len(run.delivered), len(w.written))
 
 
+def started(tmp_path: Path, read: int = 10, kill: bool = True) -> tuple[Path, Writer, Run]:
+    """A follower that has read ``read`` lines; with ``kill``: checkpointed there and killed."""
+    log = tmp_path / "vllm.log"
+    w = Writer(log)
+    run = Run(log, w, random.Random(0), meddle=0)
+    w.write(read)
+    run.f.poll()
+    if kill:
+        run.checkpoint()
+        run.kill()
+    return log, w, run
+
+
 def test_rotated_again_while_the_restarted_follower_reads_the_old_file(tmp_path):
     """The kill loop's lost file: killed on file A; while down the log rotates once (B); the
     restarted follower finishes A, and while it does the log rotates again (B -> .1, C). B was
     at the path when the follower looked and is a backup when it opens the path."""
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(10)
-    run.f.poll()
-    run.checkpoint()
-    w.write(5)
-    run.kill()  # the new follower holds the checkpoint; it has not polled yet
-    w.write(3)
-    w.rotate()
-    w.write(7)  # B
-    fired = []
-
-    def rotate_once():
-        if not fired:
-            fired.append(1)
-            w.write(2)
-            w.rotate()
-            w.write(4)  # C
-
-    on_data = run.f.on_data
-    run.f.on_data = lambda b: (on_data(b), rotate_once())
-    run.f.poll()
-    run.f.on_data = on_data
+    _, w, run = started(tmp_path)
+    w.do("3 R 7")  # A's last lines, B
+    assert run.during_read(1, "2 R 4")  # B's last lines, C
     run.catch_up()
-    assert fired and run.delivered == w.written
+    assert run.delivered == w.written
 
 
 def test_rotated_again_while_a_poll_reads_a_file_rotated_between_polls(tmp_path):
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(10)
-    run.f.poll()
-    w.write(3)
-    w.rotate()
-    w.write(7)  # B, never seen by the follower
-    w.rotate()
-    w.write(2)  # C
-    calls = []
-
-    def rotate_on_second_call():  # 1: draining A; 2: reading B
-        calls.append(1)
-        if len(calls) == 2:
-            w.write(1)
-            w.rotate()
-            w.write(4)  # D
-
-    on_data = run.f.on_data
-    run.f.on_data = lambda b: (on_data(b), rotate_on_second_call())
-    run.f.poll()
-    run.f.on_data = on_data
+    _, w, run = started(tmp_path, kill=False)
+    w.do("3 R 7 R 2")  # B was never seen by the follower; C
+    assert len(run.during_read(2, "1 R 4")) >= 2  # 1: draining A; 2: reading B
     run.catch_up()
-    assert len(calls) >= 2 and run.delivered == w.written
+    assert run.delivered == w.written
 
 
 def test_files_read_at_restart_are_not_read_again_at_the_next_rotation(tmp_path):
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(10)
-    run.f.poll()
-    run.checkpoint()
-    run.kill()
-    w.write(3)
-    w.rotate()
-    w.write(5)
-    w.rotate()
-    w.write(6)
+    _, w, run = started(tmp_path)
+    w.do("3 R 5 R 6")
     run.f.poll()  # finishes A, reads B whole, then C
     assert run.delivered == w.written
-    w.write(2)
-    w.rotate()
-    w.write(1)
+    w.do("2 R 1")
     run.f.poll()
     run.checkpoint()
     run.kill()
-    w.rotate()
-    w.write(3)
+    w.do("R 3")
     run.catch_up()
     assert run.delivered == w.written
 
@@ -255,21 +236,10 @@ def test_files_read_at_restart_are_not_read_again_at_the_next_rotation(tmp_path)
 def test_modification_times_do_not_decide_which_files_are_new(tmp_path, tie):
     """Rotated twice while down, on a file system whose timestamps tie (or a copy tool that set
     them back): the file between the checkpointed one and the current one is still read."""
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(10)
-    run.f.poll()
-    run.checkpoint()
-    run.kill()
-    w.write(3)
-    w.rotate()
-    w.write(5)
-    w.rotate()
-    w.write(6)
-    a, b = log.with_name("vllm.log.2"), log.with_name("vllm.log.1")
-    t = a.stat().st_mtime_ns
-    os.utime(b, ns=(t, t if tie == "equal" else t - 10**9))
+    log, w, run = started(tmp_path)
+    w.do("3 R 5 R 6")
+    t = log.with_name("vllm.log.2").stat().st_mtime_ns
+    os.utime(log.with_name("vllm.log.1"), ns=(t, t if tie == "equal" else t - 10**9))
     run.catch_up()
     assert run.delivered == w.written
 
@@ -296,29 +266,23 @@ def test_history_present_at_start_is_not_read(tmp_path):
     """Backups present at the very first start are history: a rotation later does not read them."""
     log = tmp_path / "vllm.log"
     w = Writer(log)
-    w.write(5)
-    w.rotate()
-    w.write(5)
-    w.rotate()
-    w.write(3)
+    w.do("5 R 5 R 3")
     before = len(w.written)
     run = Run(log, w, random.Random(0), meddle=0)
     w.write(4)
     run.f.poll()
-    w.rotate()
-    w.write(2)
+    w.do("R 2")
     run.f.poll()
     run.kill()
-    w.rotate()
-    w.write(1)
+    w.do("R 1")
     run.catch_up()
     assert run.delivered == w.written[before:]
 
 
 def test_more_rotations_than_backups_while_down_loses_only_the_deleted_files(tmp_path):
     """Rotated more often than there are backups while the sidecar was down: the writer itself
-    deleted the checkpointed file and the next ones; every line that still exists is read once,
-    in order, and nothing else."""
+    deleted the checkpointed file and the next one; every line that still exists is read once,
+    in order, and nothing else. (Say so in a test's truth, or keep enough backups.)"""
     log = tmp_path / "vllm.log"
     w = Writer(log, backups=2)
     run = Run(log, w, random.Random(0), meddle=0)
@@ -326,41 +290,48 @@ def test_more_rotations_than_backups_while_down_loses_only_the_deleted_files(tmp
     run.f.poll()
     run.checkpoint()
     run.kill()
-    for _ in range(4):
-        w.write(3)
-        w.rotate()
-    w.write(2)
+    w.do("3 R 3 R 3 R 3 R 2")
     run.catch_up()
-    gone = {line for lines in w.deleted for line in lines}
-    assert len(w.deleted) == 2 and len(gone) == 12
+    assert [len(x) for x in w.deleted] == [9, 3]
     # lines 0-5 were read before the checkpoint; 6-11 went with the deleted files
     assert run.delivered == w.written[:6] + w.written[12:]
+
+
+def rotate_after_first(monkeypatch, name: str, w: Writer, script: str) -> list[int]:
+    """Make the follower's ``name`` (a directory listing) run ``script`` right after its first
+    call returns: a rotation between looking and opening."""
+    from vllm_doctor.sources import follow
+
+    real, calls = getattr(follow, name), []
+
+    def listing_then_rotate(path):
+        out = real(path)
+        if not calls:
+            calls.append(1)
+            w.do(script)
+        return out
+
+    monkeypatch.setattr(follow, name, listing_then_rotate)
+    return calls
 
 
 def test_rotated_between_listing_the_siblings_and_opening_the_path(tmp_path, monkeypatch):
     """The follower lists the siblings, then opens the path: a rotation in between makes it look
     again, so the file that was at the path is read, and before the newer one."""
-    from vllm_doctor.sources import follow
+    _, w, run = started(tmp_path, read=5, kill=False)
+    w.do("R 3")  # B: at the path when the follower lists the siblings
+    calls = rotate_after_first(monkeypatch, "_scan", w, "2 R 4")
+    run.catch_up()
+    assert calls and run.delivered == w.written
 
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(5)
-    run.f.poll()
-    w.rotate()
-    w.write(3)  # B: at the path when the follower lists the siblings
-    real_scan, calls = follow._scan, []
 
-    def scan_then_rotate(path):
-        out = real_scan(path)
-        if not calls:
-            calls.append(1)
-            w.write(2)
-            w.rotate()
-            w.write(4)  # C
-        return out
-
-    monkeypatch.setattr(follow, "_scan", scan_then_rotate)
+def test_checkpointed_file_renamed_while_the_restarted_follower_looks_it_up(tmp_path, monkeypatch):
+    """At the restart the checkpointed file is found by identity among the siblings; a rotation
+    renames it between that listing and the open: it is looked up again (taking it for a new
+    file would read its first lines twice)."""
+    _, w, run = started(tmp_path, read=6)
+    w.do("2 R 3")
+    calls = rotate_after_first(monkeypatch, "_siblings", w, "R 1")
     run.catch_up()
     assert calls and run.delivered == w.written
 
@@ -371,8 +342,7 @@ def test_checkpoint_of_an_older_version_without_finished_files(tmp_path):
     read again."""
     log = tmp_path / "vllm.log"
     w = Writer(log)
-    w.write(4)
-    w.rotate()  # a backup from before: history
+    w.do("4 R")  # a backup from before: history
     run = Run(log, w, random.Random(0), meddle=0)
     w.write(6)
     run.f.poll()
@@ -380,44 +350,8 @@ def test_checkpoint_of_an_older_version_without_finished_files(tmp_path):
     ck, n = run.ck
     run.ck = ({k: v for k, v in ck.items() if k not in ("done", "rotated")}, n)
     run.kill()
-    w.write(1)
-    w.rotate()
-    w.write(3)  # B
-    w.rotate()
-    w.write(2)
-    a, b = log.with_name("vllm.log.2"), log.with_name("vllm.log.1")
-    t = a.stat().st_mtime_ns
-    os.utime(b, ns=(t + 10**9, t + 10**9))
+    w.do("1 R 3 R 2")
+    t = log.with_name("vllm.log.2").stat().st_mtime_ns
+    os.utime(log.with_name("vllm.log.1"), ns=(t + 10**9, t + 10**9))
     run.catch_up()
     assert run.delivered == w.written[4:]
-
-
-def test_checkpointed_file_renamed_while_the_restarted_follower_looks_it_up(tmp_path, monkeypatch):
-    """At the restart the checkpointed file is found by identity among the siblings; a rotation
-    renames it between that listing and the open: it is looked up again (taking it for a new
-    file would read its first lines twice)."""
-    from vllm_doctor.sources import follow
-
-    log = tmp_path / "vllm.log"
-    w = Writer(log)
-    run = Run(log, w, random.Random(0), meddle=0)
-    w.write(6)
-    run.f.poll()
-    run.checkpoint()
-    run.kill()
-    w.write(2)
-    w.rotate()
-    w.write(3)  # B
-    real, calls = follow._siblings, []
-
-    def siblings_then_rotate(path):
-        out = real(path)
-        if not calls:
-            calls.append(1)
-            w.rotate()
-            w.write(1)
-        return out
-
-    monkeypatch.setattr(follow, "_siblings", siblings_then_rotate)
-    run.catch_up()
-    assert calls and run.delivered == w.written

@@ -182,6 +182,21 @@ def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
 
 
 @pytest.mark.parametrize("case", [c for c in KV_CASES if c.get("hybrid")], ids=lambda c: f"{c['model']}:{c['log']}")
+def test_hybrid_models_print_vllms_own_capacity_lines(case):
+    """Every hybrid log: plan's capacity line is vLLM's, character for character, and where vLLM logged
+    its block-size decision ("Setting attention block size to N tokens", "Padding mamba page size by
+    X%"), plan made the same one."""
+    text = (MODELS / case["model"] / case["log"]).read_text()
+    p = case_plan(case)
+    tokens, conc = p.pool["vllm_prints"].split(", ")
+    assert tokens in text and conc in text
+    if m := re.search(r"Setting attention block size to (\d+) tokens", text):
+        assert p.settings["block_size"] == int(m.group(1))
+    if m := re.search(r"Padding mamba page size by ([\d.]+)%", text):
+        assert f"Mamba page padded by {m.group(1)}%" in p.pool["block_size_arithmetic"]
+
+
+@pytest.mark.parametrize("case", [c for c in KV_CASES if c["model"] == "qwen3.6-35b-a3b"], ids=lambda c: c["log"])
 def test_hybrid_gdn_model_prints_vllms_own_capacity_line(case):
     """Qwen3.6-35B-A3B (10 full-attention + 30 gated-delta-net layers, fp8 KV, prefix caching, vLLM
     0.24): the GDN state (conv 3 x 8,192 x 2 B + SSM 32 x 128 x 128 x 4 B, float32 from the config's
@@ -201,9 +216,11 @@ def test_hybrid_gdn_model_prints_vllms_own_capacity_line(case):
 
 @pytest.mark.parametrize("case", W_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
 def test_weights_within_5_percent_of_real_gpu_logs(case):
+    """Within 5 %; a miss cases.json explains (weights_known_miss) must still be one, so the note cannot
+    outlive a fix."""
     lg = logged(case)
     _, w = predicted(case)
-    assert _rel(w / cap.GiB, lg["weights_gib"]) < 0.05
+    assert (_rel(w / cap.GiB, lg["weights_gib"]) < 0.05) is not bool(case.get("weights_known_miss"))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "kv_gib_column" in c], ids=lambda c: c["model"])
@@ -226,7 +243,7 @@ def accuracy_rows() -> list[dict]:
         row = {"model": c["model"], "kind": c.get("kind", ""), "vllm": c.get("vllm", "-"), "gpu": c.get("gpu", "-"),
                "tp": f"{lg['tp']}" + (f" x PP {lg['pp']}" if lg["pp"] > 1 else ""), "log": c["source"],
                "predicted_bytes_per_token": round(per_tok), "predicted_weights_gib": round(w / cap.GiB, 3),
-               "logged_weights_gib": lg.get("weights_gib")}
+               "logged_weights_gib": lg.get("weights_gib"), "weights_known_miss": c.get("weights_known_miss")}
         if "tokens" in lg and "avail_gib" in lg:
             row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
         if c.get("vllm") and {"avail_gib", "tokens", "concurrency"} <= set(lg):
@@ -253,6 +270,7 @@ def accuracy_markdown() -> str:
               if "tokens" in r else "-")
         wt = (f"{r['predicted_weights_gib']} / {r['logged_weights_gib']} | "
               f"{_err(r['predicted_weights_gib'], r['logged_weights_gib'])}"
+              + (" (known miss: see below)" if r["weights_known_miss"] else "")
               if r["logged_weights_gib"] else f"{r['predicted_weights_gib']} / - | -")
         out.append(f"| {r['model']} | {r['kind']} | {r['vllm']} | {r['gpu']} | {r['tp']} | {kv} | {tk} | {wt} | {r['log']} |")
     out += ["", "Per model (a model counts when some real log checks each figure; the worst error over its logs):", "",
@@ -260,7 +278,8 @@ def accuracy_markdown() -> str:
             "|---|---|---|---|---|"]
     for m in accuracy_by_model():
         kv = f"{m['kv_logs']}, {m['kv_worst']:+.2f} %" if m["kv_logs"] else "none"
-        wt = f"{m['w_logs']}, {m['w_worst']:+.2f} %" if m["w_logs"] else "none"
+        wt = (f"{m['w_logs']}, {m['w_worst']:+.2f} %" if m["w_logs"] else "none") + (
+            f"; known miss: {'; '.join(m['w_known_miss'])}" if m.get("w_known_miss") else "")
         out.append(f"| {m['model']} | {m['kind']} | {kv} | {wt} | {'yes' if m['both'] else 'no'} |")
     return "\n".join(out) + "\n"
 
@@ -274,7 +293,9 @@ def accuracy_by_model() -> list[dict]:
             e = (r["predicted_bytes_per_token"] / r["logged_bytes_per_token"] - 1) * 100
             m["kv_logs"] += 1
             m["kv_worst"] = max(m["kv_worst"], e, key=abs)
-        if r["logged_weights_gib"]:
+        if r["logged_weights_gib"] and r["weights_known_miss"]:
+            m.setdefault("w_known_miss", []).append(r["weights_known_miss"])
+        elif r["logged_weights_gib"]:
             e = (r["predicted_weights_gib"] / r["logged_weights_gib"] - 1) * 100
             m["w_logs"] += 1
             m["w_worst"] = max(m["w_worst"], e, key=abs)

@@ -305,8 +305,8 @@ class LogFollower:
             self._end_file(keep_reading=True)
             self.stats.rotations += 1
         else:
-            log.warning("%s: the file being read at the last checkpoint is gone (deleted by rotation while "
-                        "we were down); its lines after offset %d are lost", self.path, offset)
+            log.warning("%s: the file being read at the last checkpoint is gone (deleted, or moved out of "
+                        "its directory, while we were down); its lines after offset %d are lost", self.path, offset)
         return n + self._switch()
 
     def _restore_known(self, ck: dict) -> None:

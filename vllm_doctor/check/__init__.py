@@ -18,7 +18,7 @@ import yaml
 
 from .. import versions
 from .findings import RULES, CheckFinding
-from .launch import (Launch, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+from .launch import (Launch, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
 from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
@@ -126,7 +126,20 @@ def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str,
     return NEWEST, "unknown: judged as the newest examined release", found
 
 
-def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None) -> list[CheckFinding]:
+def _flag_line(la: Launch, text: str, *flags: str) -> int:
+    """The line of the first of ``flags`` the launch sets (a .env variable's own line, a YAML key's, the
+    continuation line of a long command), else the launch's line."""
+    for fl in flags:
+        extra = getattr(la, "extra_lines", None) or {}
+        if fl in extra:
+            return extra[fl]
+        if any(a == fl or a.startswith(fl + "=") for a in la.argv):
+            return _line_of(la, text, fl)
+    return la.line
+
+
+def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None,
+              text: str = "") -> list[CheckFinding]:
     """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
     from ..plan import PlanInputs, make_plan, parse_size
 
@@ -160,9 +173,12 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
     out = []
     if p.startup["fails"]:
         fixes = [f for f in p.fixes if not f.get("informational")]
-        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, la.line,
-                                fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"],
-                                     "alternatives": [f"{f['flag']} {f['value']}" for f in fixes[1:]]} if fixes else None))
+        alts = [f"{f['flag']} {f['value']}" if f.get("flag") else f.get("hardware", "") for f in fixes[1:]]
+        line = _flag_line(la, text, "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
+                          "--tensor-parallel-size", "--max-num-seqs")
+        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, line,
+                                fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"], "alternatives": alts}
+                                if fixes and fixes[0].get("flag") else None))
         return out
     conc = p.concurrency["at_max_model_len"]
     seqs = p.settings["max_num_seqs"]
@@ -174,7 +190,8 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
         out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but the KV cache holds {p.pool['kv_cache_tokens']:,} "
                                 f"tokens = {conc:.2f} requests of {mml:,} tokens ({p.kv_per_token['bytes_per_token']:,} "
                                 f"B/token, {p.pool['num_gpu_blocks']:,} blocks); once long requests fill it, vLLM "
-                                f"preempts (RECOMPUTE) instead of admitting more", la.file, la.line, level="warning",
+                                f"preempts (RECOMPUTE) instead of admitting more", la.file,
+                                _flag_line(la, text, "--max-num-seqs"), level="warning",
                                 fix={"setting": "--max-num-seqs", "value": max(1, fit),
                                      "alternatives": [f"--max-model-len {fit_len}"] if fit_len >= bs else []}))
     return out
@@ -182,6 +199,10 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
                gpu_memory: int | None = None, kind: str | None = None) -> CheckResult:
+    if model_config is not None:
+        from ..plan import validate_config
+
+        validate_config(model_config)       # a bad config.json is one line (exit 2), never silently no finding
     kind_, doc = detect(text, name) if kind is None else (kind, None)
     if kind is not None and kind not in ("shell", "promql", "dotenv", "dockerfile"):
         _, doc = detect(text, name)
@@ -219,7 +240,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         findings += lint_launch(la, version, text)
         flags = parsed_flags(la, version)
         findings += lint_shm(la, flags)
-        findings += _capacity(la, flags, version, model_config, gpu_memory)
+        findings += _capacity(la, flags, version, model_config, gpu_memory, text)
     seen, uniq = set(), []
     for f in sorted(findings, key=lambda f: (f.line, f.rule_id)):
         key = (f.rule_id, f.line, f.message)

@@ -159,10 +159,7 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
     """vLLM launches inside one command (recursing into ``sh -c``)."""
     inner = _shell_c(argv)
     if inner is not None:
-        try:
-            toks = shlex.split(_expand(inner, env), comments=False)
-        except ValueError:
-            return []
+        toks, _err = lex_partial(_expand(inner, env))
         return _from_command(toks, env, line, file, image, image_line, gpus, shm_ok, shm_hint)
     hit = _split_vllm(argv)
     envs = {k: (v, line) for k, v in env.items()}
@@ -207,6 +204,22 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def lex_partial(s: str) -> tuple[list[str], str | None]:
+    """``shlex.split`` (comments dropped); on an unbalanced quote, the error and the line lexed with the
+    unmatched quote removed (the last quote whose removal lets the rest lex), else split on blanks."""
+    try:
+        return shlex.split(s, comments=True), None
+    except ValueError as e:
+        err = str(e)
+    quotes = [i for i, ch in enumerate(s) if ch in "'\""][-64:]
+    for i in reversed(quotes):
+        try:
+            return shlex.split(s[:i] + s[i + 1:], comments=True), err
+        except ValueError:
+            continue
+    return [t.strip("'\"") for t in s.split()], err
+
+
 def _env_line(text: str, key: str, start: int) -> int:
     return locate(text, key + "=", start)
 
@@ -229,11 +242,11 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if s.startswith("export") or m.group(1).startswith("VLLM_"):
                 exported[m.group(1)] = (val, line)
             continue
-        try:
-            argv = shlex.split(s, comments=True)
-        except ValueError as e:
-            findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({e})", file, line))
-            continue
+        argv, err = lex_partial(s)
+        if err:
+            findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({err}): the shell reads "
+                                         "past the end of the line; the flags on it are still checked, the quote "
+                                         "dropped", file, line, snippet=s[:120]))
         # leading VAR=value assignments of one command
         pre: dict[str, str] = {}
         while argv and re.match(r"^[A-Za-z_]\w*=", argv[0]):

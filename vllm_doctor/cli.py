@@ -434,9 +434,7 @@ def check(
     try:
         cfg = planmod.load_config(model_config)[0] if model_config else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None
-        results = []
-        for path in paths:
-            results.append(chk.check_file(path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+        results = chk.check_files(paths, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem)
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(chk.FORMATS[format](results))

@@ -632,54 +632,69 @@ def _tidy_alternatives(out: list[dict]) -> list[dict]:
     return out
 
 
+_SEARCHING = False   # a plan made to test a fix computes no fixes of its own
+
+
+def _starts(inp: PlanInputs, **change) -> bool:
+    """Whether the plan with ``change`` applied starts (the fixes below are tried, never guessed)."""
+    from dataclasses import replace as _replace
+
+    global _SEARCHING
+    _SEARCHING = True
+    try:
+        return not make_plan(_replace(inp, target_concurrency=None, **change)).startup["fails"]
+    except InputError:
+        return False
+    finally:
+        _SEARCHING = False
+
+
 def _weight_fixes(inp, shape, w, overhead, one_request_kv, util, wbytes, version, mml) -> list[dict]:
     """The weights (with the overhead and one request's KV cache) do not fit ``gpu_memory_utilization x
     total``: the fixes that shrink the weights per GPU, as alternatives to one another. Each is the smallest
-    that leaves room for one ``max_model_len`` request: a larger TP size (the attention heads must divide),
-    a PP size, fp8 weights (``--quantization fp8``, an unquantized checkpoint only), or a GPU with more memory."""
+    with which the plan starts (tried by planning again): a larger TP size (the attention heads must
+    divide), a PP size, fp8 weights (``--quantization fp8``, an unquantized checkpoint only), a GPU with
+    more memory (whole GiB; the version's defaults for that GPU, e.g. max_num_seqs, apply)."""
+    if _SEARCHING:
+        return []
     total, tp, pp = inp.gpu_memory_bytes, inp.tensor_parallel_size, inp.pipeline_parallel_size
-    budget = total * util
     out: list[dict] = []
-
-    def fits(w2: int, split: int) -> bool:
-        return w2 + overhead + one_request_kv // split <= budget
 
     def add(flag, value, why):
         if flag_exists(flag, version):
             out.append({"flag": flag, "value": value, "why": why,
                         **({"alternative_to": out[0]["flag"]} if out else {})})
-    now = f"weights {_gib(w)} per GPU at TP {tp} x PP {pp} + {_gib(overhead)} overhead + one {mml:,}-token request"
+    now = (f"weights {_gib(w)} per GPU at TP {tp} x PP {pp} + {_gib(overhead)} overhead + one {mml:,}-token "
+           f"request exceed {_gib(total)} x {util} = {_gib(total * util)}")
     for t in (2, 4, 8, 16):
         tp2 = tp * t
         if shape.num_heads and shape.num_heads % tp2:
             continue
-        w2 = cap.weight_bytes_per_gpu(shape, wbytes, tp2, pp)
-        if fits(w2, t):
-            add("--tensor-parallel-size", tp2, f"{now} exceed {_gib(total)} x {util} = {_gib(budget)}; "
-                f"at TP {tp2}: {_gib(w2)} weights per GPU ({tp2} GPUs)")
+        if _starts(inp, tensor_parallel_size=tp2):
+            add("--tensor-parallel-size", tp2, f"{now}; at TP {tp2}: "
+                f"{_gib(cap.weight_bytes_per_gpu(shape, wbytes, tp2, pp))} weights per GPU ({tp2 * pp} GPUs)")
             break
     for t in (2, 4, 8, 16):
         pp2 = pp * t
         if pp2 > shape.num_layers:
             break
-        w2 = cap.weight_bytes_per_gpu(shape, wbytes, tp, pp2)
-        if fits(w2, t):
-            add("--pipeline-parallel-size", pp2, f"at PP {pp2}: {_gib(w2)} weights on the busiest GPU "
-                f"({cap.cdiv(shape.num_layers, pp2)} of {shape.num_layers} layers; {tp * pp2} GPUs)")
+        if _starts(inp, pipeline_parallel_size=pp2):
+            add("--pipeline-parallel-size", pp2, f"at PP {pp2}: {_gib(cap.weight_bytes_per_gpu(shape, wbytes, tp, pp2))} "
+                f"weights on the busiest GPU ({cap.cdiv(shape.num_layers, pp2)} of {shape.num_layers} layers; {tp * pp2} GPUs)")
             break
-    if not shape.quant_method and wbytes > 1:
+    if not shape.quant_method and wbytes > 1 and _starts(inp, quantization="fp8"):
         from dataclasses import replace as _replace
 
-        w8 = cap.weight_bytes_per_gpu(_replace(shape, quant_method="fp8", quant_bits=8, quant_group_size=None),
-                                      wbytes, tp, pp)
-        if fits(w8, 1):
-            add("--quantization", "fp8", f"fp8 weights: {_gib(w8)} per GPU (linear layers at 1 B/param; "
-                "check the model's accuracy, or serve a pre-quantized checkpoint)")
-    need = math.ceil((w + overhead + one_request_kv) / util / cap.GiB)
-    out.append({"flag": None, "value": None, "hardware": f"a GPU with at least {need} GiB",
-                "why": f"({_gib(w)} weights + {_gib(overhead)} overhead + {_gib(one_request_kv)} KV cache for one "
-                       f"{mml:,}-token request) / gpu_memory_utilization {util} = {need} GiB per GPU",
-                **({"alternative_to": out[0]["flag"]} if out else {})})
+        w8 = cap.weight_bytes_per_gpu(_replace(shape, quant_method="fp8", quant_bits=8, quant_group_size=None), wbytes, tp, pp)
+        add("--quantization", "fp8", f"fp8 weights: {_gib(w8)} per GPU (linear layers at 1 B/param; check the "
+            "model's accuracy, or serve a pre-quantized checkpoint)")
+    lo = math.ceil((w + overhead + one_request_kv) / util / cap.GiB)
+    need = next((g for g in range(max(lo, 1), 4 * max(lo, 1) + 1) if _starts(inp, gpu_memory_bytes=g * cap.GiB)), None)
+    if need:
+        out.append({"flag": None, "value": None, "hardware": f"a GPU with at least {need} GiB",
+                    "why": f"{_gib(w)} weights + activations, non-torch memory and one {mml:,}-token request's KV "
+                           f"cache within gpu_memory_utilization {util} x {need} GiB",
+                    **({"alternative_to": out[0]["flag"]} if out else {})})
     return out
 
 

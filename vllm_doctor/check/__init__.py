@@ -198,7 +198,10 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
-               gpu_memory: int | None = None, kind: str | None = None) -> CheckResult:
+               gpu_memory: int | None = None, kind: str | None = None,
+               recorded: frozenset[str] = frozenset()) -> CheckResult:
+    """Findings for one file. ``recorded``: series that Prometheus rule files checked in the same run
+    record (a dashboard that queries them queries no vLLM series)."""
     if model_config is not None:
         from ..plan import validate_config
 
@@ -231,11 +234,11 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     findings += vf
     known = source != "unknown: judged as the newest examined release"
     if kind_ == "prometheus-rules":
-        findings += lint_rules_file(doc, text, name, version, known)
+        findings += lint_rules_file(doc, text, name, version, known, recorded)
     elif kind_ == "grafana":
-        findings += lint_grafana(doc, text, name, version, known)
+        findings += lint_grafana(doc, text, name, version, known, recorded)
     elif kind_ == "promql":
-        findings += lint_promql_text(text, name, version, known)
+        findings += lint_promql_text(text, name, version, known, recorded)
     for la in launches:
         findings += lint_launch(la, version, text)
         flags = parsed_flags(la, version)
@@ -253,9 +256,9 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
 MAX_BYTES = 16 << 20   # a launch config, rule file or dashboard is far smaller; memory stays bounded
 
 
-def check_file(path: str, **kw) -> CheckResult:
-    """``check_text`` on a file (``-``: stdin). InputError (exit 2, one line) for what is no config:
-    unreadable, a directory, binary data, over MAX_BYTES, nested too deeply to parse."""
+def read_input(path: str) -> str:
+    """A file's text (``-``: stdin). InputError (exit 2, one line) for what is no config: unreadable, a
+    directory, binary data, over MAX_BYTES."""
     import sys
 
     from ..errors import InputError
@@ -272,10 +275,36 @@ def check_file(path: str, **kw) -> CheckResult:
         raise InputError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a launch config or monitoring file")
     if b"\0" in raw[:65536]:
         raise InputError(f"{path}: binary data, not a launch config or monitoring file")
-    try:
-        return check_text(raw.decode("utf-8", "replace"), path, **kw)
-    except RecursionError:
-        raise InputError(f"{path}: nested too deeply to read") from None
+    return raw.decode("utf-8", "replace")
+
+
+def check_file(path: str, **kw) -> CheckResult:
+    """``check_text`` on a file (``-``: stdin); see ``read_input`` for what is refused."""
+    return check_files([path], **kw)[0]
+
+
+def check_files(paths: list[str], **kw) -> list[CheckResult]:
+    """``check_text`` on each file, after reading them all: the series that any Prometheus rule file among
+    them records are known to the dashboards and rule files among them."""
+    from ..errors import InputError
+    from .monitoring import recorded_names
+
+    texts = [(p, read_input(p)) for p in paths]
+    recorded: set[str] = set(kw.pop("recorded", ()))
+    for p, text in texts:
+        try:
+            kind, doc = detect(text, p)
+        except RecursionError:
+            raise InputError(f"{p}: nested too deeply to read") from None
+        if kind == "prometheus-rules":
+            recorded |= recorded_names(doc)
+    out = []
+    for p, text in texts:
+        try:
+            out.append(check_text(text, p, recorded=frozenset(recorded), **kw))
+        except RecursionError:
+            raise InputError(f"{p}: nested too deeply to read") from None
+    return out
 
 
 # ---------------------------------------------------------------- output

@@ -206,11 +206,17 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 def lex_partial(s: str) -> tuple[list[str], str | None]:
     """``shlex.split`` (comments dropped); on an unbalanced quote, the error and the line lexed with the
-    unmatched quote removed (the last quote whose removal lets the rest lex), else split on blanks."""
+    quote closed at its end (what was meant, most often), else with the unmatched quote removed (the last
+    quote whose removal lets the rest lex), else split on blanks."""
     try:
         return shlex.split(s, comments=True), None
     except ValueError as e:
         err = str(e)
+    for q in ('"', "'"):
+        try:
+            return shlex.split(s + q, comments=True), err
+        except ValueError:
+            continue
     quotes = [i for i, ch in enumerate(s) if ch in "'\""][-64:]
     for i in reversed(quotes):
         try:
@@ -245,8 +251,8 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
         argv, err = lex_partial(s)
         if err:
             findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({err}): the shell reads "
-                                         "past the end of the line; the flags on it are still checked, the quote "
-                                         "dropped", file, line, snippet=s[:120]))
+                                         "past the end of the line; the flags on it are still checked, as if the "
+                                         "quote were closed there", file, line, snippet=s[:120]))
         # leading VAR=value assignments of one command
         pre: dict[str, str] = {}
         while argv and re.match(r"^[A-Za-z_]\w*=", argv[0]):

@@ -140,3 +140,102 @@ def test_cli_checks_all_shipped_files_in_one_run():
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:]
     assert r.stdout.count(" 0 finding(s)") == len(SHIPPED)
+
+
+# ---------------------------------------------------------------- what a newcomer feeds it
+
+HELM = """---
+# Source: vllm/templates/service.yaml
+apiVersion: v1
+kind: Service
+metadata: {name: vllm}
+spec:
+  ports: [{port: 8000}]
+---
+# Source: vllm/templates/deployment.yaml
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm}
+spec:
+  template:
+    spec:
+      containers:
+        - name: vllm
+          image: "vllm/vllm-openai:v0.10.1"
+          command: ["vllm", "serve"]
+          args:
+            - "meta-llama/Llama-3.1-8B"
+            - "--tensor-parallel-size=4"
+            - "--kv-cache"
+            - "fp8"
+          resources: {limits: {nvidia.com/gpu: 4}}
+---
+"""
+
+
+def test_helm_rendered_multi_doc_on_stdin_is_kubernetes_not_shell():
+    """`helm template ... | vllm-doctor check -`: no file name, a first line of `---`."""
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", "-", "-f", "github"], input=HELM,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert [ln.split("::")[1].split(",title=")[1] for ln in lines] == ["VC009 no-shared-memory", "VC003 abbreviated-flag"]
+    assert lines[0].startswith("::error file=-,line=20,") and lines[1].startswith("::error file=-,line=23,")
+    assert "Fix: --kv-cache-dtype fp8" in lines[1]
+
+
+def test_a_kubernetes_list_is_read_item_by_item():
+    text = """apiVersion: v1
+kind: List
+items:
+- apiVersion: apps/v1
+  kind: Deployment
+  metadata: {name: vllm}
+  spec:
+    template:
+      spec:
+        containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.11.0
+          args: ["--model", "m", "--chunked-prefill-size", "4096", "--max-model-len", "abc"]
+          env:
+          - {name: VLLM_LOG_LEVEL, value: DEBUG}
+"""
+    r = check_text(text, "list.yaml")
+    assert r.kind == "kubernetes" and r.launches == 1
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC001", 13), ("VC006", 13), ("VC007", 15)]
+
+
+def test_compose_anchor_env_is_reported_once_on_the_anchor():
+    text = """x-vllm: &vllm
+  image: vllm/vllm-openai:v0.11.0
+  ipc: host
+  environment: &env
+    VLLM_LOG_LEVEL: debug
+services:
+  a:
+    <<: *vllm
+    command: ["--model", "m", "--max-num-seqs", "abc"]
+  b:
+    <<: *vllm
+    command: --model m --max-num-seqs 8
+"""
+    r = check_text(text, "compose.yml")
+    assert r.kind == "compose" and r.launches == 2
+    assert [(f.rule_id, f.line) for f in r.findings] == [("VC007", 5), ("VC006", 9)]
+
+
+def test_a_file_without_a_launch_says_so(tmp_path):
+    (tmp_path / "empty.sh").write_text("")
+    (tmp_path / "notes.sh").write_text("echo hello\nls -l\n")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(tmp_path / "empty.sh"), str(tmp_path / "notes.sh")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert r.stdout.count("0 finding(s); no vLLM launch found in it") == 2
+
+
+def test_yaml_nested_beyond_libyaml_depth_is_one_line_exit_2(tmp_path):
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(tmp_path / "deep.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nested too deeply" in r.stderr

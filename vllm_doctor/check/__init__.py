@@ -23,7 +23,10 @@ from .launch import (Launch, _line_of, image_version, lint_launch, lint_shm, par
 from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
 NEWEST = "0.33.0"
+#: libyaml's safe loader when PyYAML was built with it (25x faster on a multi-megabyte manifest bundle)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 LEVEL_ORDER = {"note": 0, "warning": 1, "error": 2}
+MONITORING_KINDS = ("prometheus-rules", "grafana", "promql")
 
 
 @dataclass
@@ -43,17 +46,33 @@ class CheckResult:
 
 def _yaml_docs(text: str) -> list[dict] | None:
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError:
+        docs = [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if d is not None]
+    except yaml.YAMLError as e:
+        if "maximum nesting depth" in str(e):      # libyaml's limit; the pure-Python loader recurses instead
+            raise RecursionError(str(e)) from None
         return None
     return docs if docs and all(isinstance(d, (dict, list)) for d in docs) else None
+
+
+def _k8s_items(docs: list, depth: int = 0) -> list:
+    """Kubernetes objects, with the items of a ``List`` (``kubectl get -o yaml``, ``DeploymentList``)
+    taken out of it."""
+    out: list = []
+    for d in docs:
+        if isinstance(d, dict) and str(d.get("kind", "")).endswith("List") and isinstance(d.get("items"), list) \
+                and depth < 4:
+            out += _k8s_items(d["items"], depth + 1)
+        else:
+            out.append(d)
+    return out
 
 
 def _mostly_promql(text: str) -> bool:
     """Whether most paragraphs of a plain file look like PromQL (not shell): a selector with a
     range, braces or a function call, and no command-line options."""
-    paras = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"(?m)^\s*#.*$", "", text)) if p.strip()]
-    looks = [p for p in paras if re.search(r"[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
+    paras = [p.strip()[:4096] for p in re.split(r"\n\s*\n", re.sub(r"(?m)^\s*#.*$", "", text[:1 << 20])) if p.strip()][:500]
+    # (?<![\w:]) starts a name only at its first character: linear, not quadratic, on long words
+    looks = [p for p in paras if re.search(r"(?<![\w:])[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
              and not re.match(r"^(docker|vllm|python|curl|sudo|export|echo|set|for|if|kubectl)\b", p)]
     return bool(paras) and len(looks) * 2 >= len(paras)
 
@@ -77,7 +96,8 @@ def detect(text: str, name: str) -> tuple[str, object]:
         return "promql", None
     if base.endswith(".env") or base == ".env" or base.startswith(".env"):
         return "dotenv", None
-    if low.endswith((".yml", ".yaml", ".json")) or ":" in s.split("\n", 1)[0]:
+    yamlish = re.search(r"(?m)^(---\s*$|[A-Za-z_][\w.-]*:(\s|$))", text[:65536]) is not None
+    if low.endswith((".yml", ".yaml", ".json")) or (yamlish and not low.endswith((".sh", ".bash"))):
         docs = _yaml_docs(text)
         if docs:
             d0 = docs[0]
@@ -89,7 +109,7 @@ def detect(text: str, name: str) -> tuple[str, object]:
                 if "services" in d0:
                     return "compose", d0
                 if any(isinstance(d, dict) and d.get("apiVersion") and d.get("kind") for d in docs):
-                    return "kubernetes", docs
+                    return "kubernetes", _k8s_items(docs)
                 if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
                         or "jobs" in d0:
                     return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
@@ -199,16 +219,16 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
                gpu_memory: int | None = None, kind: str | None = None,
-               recorded: frozenset[str] = frozenset()) -> CheckResult:
+               recorded: frozenset[str] = frozenset(), detected: tuple[str, object] | None = None) -> CheckResult:
     """Findings for one file. ``recorded``: series that Prometheus rule files checked in the same run
     record (a dashboard that queries them queries no vLLM series)."""
     if model_config is not None:
         from ..plan import validate_config
 
         validate_config(model_config)       # a bad config.json is one line (exit 2), never silently no finding
-    kind_, doc = detect(text, name) if kind is None else (kind, None)
+    kind_, doc = (detected or detect(text, name)) if kind is None else (kind, None)
     if kind is not None and kind not in ("shell", "promql", "dotenv", "dockerfile"):
-        _, doc = detect(text, name)
+        _, doc = detected or detect(text, name)
     findings: list[CheckFinding] = []
     launches: list[Launch] = []
     if kind_ == "shell":
@@ -291,17 +311,18 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
 
     texts = [(p, read_input(p)) for p in paths]
     recorded: set[str] = set(kw.pop("recorded", ()))
+    detected = []
     for p, text in texts:
         try:
-            kind, doc = detect(text, p)
+            detected.append(detect(text, p))
         except RecursionError:
             raise InputError(f"{p}: nested too deeply to read") from None
-        if kind == "prometheus-rules":
-            recorded |= recorded_names(doc)
+        if detected[-1][0] == "prometheus-rules":
+            recorded |= recorded_names(detected[-1][1])
     out = []
-    for p, text in texts:
+    for (p, text), det in zip(texts, detected):
         try:
-            out.append(check_text(text, p, recorded=frozenset(recorded), **kw))
+            out.append(check_text(text, p, recorded=frozenset(recorded), detected=det, **kw))
         except RecursionError:
             raise InputError(f"{p}: nested too deeply to read") from None
     return out
@@ -312,7 +333,8 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
 def to_text(results: list[CheckResult]) -> str:
     out = []
     for r in results:
-        out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s)")
+        empty = "" if r.launches or r.kind in MONITORING_KINDS else "; no vLLM launch found in it"
+        out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s){empty}")
         for f in r.findings:
             fix = ""
             if f.fix and f.fix.get("setting"):

@@ -226,6 +226,17 @@ def lex_partial(s: str) -> tuple[list[str], str | None]:
     return [t.strip("'\"") for t in s.split()], err
 
 
+def locate_key(text: str, key: str, start: int) -> int:
+    """The line of ``key`` at or after ``start``, else anywhere in the file (a YAML anchor defined above the
+    service that merges it: ``<<: *vllm``), else ``start``."""
+    lines = text.splitlines()
+    for rng in (range(max(0, start - 1), len(lines)), range(0, max(0, start - 1))):
+        for i in rng:
+            if key in lines[i]:
+                return i + 1
+    return start
+
+
 def _env_line(text: str, key: str, start: int) -> int:
     return locate(text, key + "=", start)
 
@@ -248,6 +259,8 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if s.startswith("export") or m.group(1).startswith("VLLM_"):
                 exported[m.group(1)] = (val, line)
             continue
+        if "vllm" not in (_expand(s, env) if "$" in s else s) and not s.startswith("--"):
+            continue        # no vLLM launch, image or flag fragment can be on this line: not lexed (shlex is slow)
         argv, err = lex_partial(s)
         if err:
             findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({err}): the shell reads "
@@ -340,7 +353,7 @@ def read_compose(doc: dict, text: str, file: str) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm_ok, hint)]
         for la in ls:
-            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+            la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
 
@@ -383,7 +396,7 @@ def read_k8s(doc: dict, text: str, file: str, start: int) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm, hint)]
         for la in ls:
-            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+            la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
 
@@ -563,7 +576,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if not tok.startswith("--") or tok == "--":
+        if not tok.startswith("--") or not tok.strip("-"):
             i += 1
             continue
         name, eq, val = tok.partition("=")

@@ -239,3 +239,50 @@ def test_yaml_nested_beyond_libyaml_depth_is_one_line_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(tmp_path / "deep.yaml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nested too deeply" in r.stderr
+
+
+# ---------------------------------------------------------------- Markdown, the whole tuning note
+
+def test_markdown_checks_tagged_code_blocks_on_the_files_lines():
+    text = ("# Runbook\n\nStart it like this (prose with --kv-cache is not checked):\n\n"
+            "```console\n$ docker run --gpus all vllm/vllm-openai:v0.11.0 \\\n    --model m --chunked-prefill-size 4096\n"
+            "INFO output line --kv-cache\n```\n\n```\nvllm serve m --kv-cache fp8\n```\n\n"
+            "```promql\nrate(vllm:num_preemptions[5m])\n```\n")
+    r = check_text(text, "runbook.md")
+    assert r.kind == "markdown" and r.vllm_version == "0.11.0" and r.version_source == "image tag (a code block)"
+    assert [(f.rule_id, f.line, f.file) for f in r.findings] == [("VC001", 7, "runbook.md"), ("VM001", 16, "runbook.md")]
+
+
+def test_our_own_docs_have_no_findings():
+    results = check_files([str(p) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]])
+    assert [(f.file, f.line, f.rule_id) for r in results for f in r.findings] == []
+
+
+def test_vllm_variables_no_launch_receives_are_still_checked():
+    text = "export VLLM_LOG_LEVEL=debug\nVLLM_USE_PREFILL=1 ./start.sh\nVLLM_MODEL=m docker compose up -d\n"
+    assert [(r, l) for r, l, _ in found(text)] == [("VC007", 1), ("VC007", 2)]
+
+
+def test_flags_continuing_a_benchmark_line_are_not_server_flags():
+    text = ("    - python -m vllm.bench_serving --model m\n      --max-concurrency 16 --num-prompts 50\n"
+            "vllm serve m\n  --max-concurrency 4\n")
+    assert [(r, l) for r, l, _ in found(text)] == [("VC011", 1), ("VC001", 4)]
+
+
+NOTE = ROOT.parent / "shared" / "reference" / "tuning-note.txt"
+
+
+def test_the_whole_tuning_note_names_every_invented_setting_with_the_real_one():
+    if not NOTE.is_file():
+        pytest.skip("../shared/reference/tuning-note.txt is not next to this checkout")
+    r = check_text(NOTE.read_text(), str(NOTE), vllm_version="0.11.0")
+    fixes: dict[str, set] = {}
+    for f in r.findings:
+        fixes.setdefault(f.snippet.split("=")[0].split()[0] if f.rule_id == "VC007" else f.rule_id, set()).add(
+            (f.fix or {}).get("setting"))
+    assert fixes["VLLM_USE_PREFILL"] == {"--no-enable-chunked-prefill"}
+    assert fixes["VLLM_LOG_LEVEL"] == {"VLLM_LOGGING_LEVEL"}
+    assert fixes["VC011"] == {"vllm bench serve"}                                  # python -m vllm.bench_serving
+    assert {(f.fix or {}).get("setting") for f in r.findings if "--chunked-prefill-size" in f.message} == {"--max-num-batched-tokens"}
+    assert {f.rule_id for f in r.findings if f.message.startswith("--kv-cache:")} == {"VC002"}   # ambiguous in 0.11
+    assert not [f for f in r.findings if f.rule_id == "VC001" and "--chunked-prefill-size" not in f.message]

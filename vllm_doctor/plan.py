@@ -100,6 +100,9 @@ def load_config(path: str) -> tuple[dict, str]:
         raise InputError(f"{cands[0]}: not a readable JSON config: {e}") from None
     validate_config(cfg, str(cands[0]))
     name = p.name
+    hub = [part for part in cands[0].parts if part.startswith("models--")]
+    if hub and not name.startswith("models--") and cands[0].parent.parent.name == "snapshots":
+        name = hub[-1]                          # the hub folder: the model's own name, not the folder's
     if name.startswith("models--"):
         name = name[len("models--"):].replace("--", "/")
     elif name == "config.json":

@@ -26,7 +26,7 @@ NEWEST = "0.33.0"
 #: libyaml's safe loader when PyYAML was built with it (25x faster on a multi-megabyte manifest bundle)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 LEVEL_ORDER = {"note": 0, "warning": 1, "error": 2}
-MONITORING_KINDS = ("prometheus-rules", "grafana", "promql")
+MONITORING_KINDS = ("prometheus-rules", "grafana", "promql", "markdown")
 
 
 @dataclass
@@ -94,6 +94,8 @@ def detect(text: str, name: str) -> tuple[str, object]:
         return "dockerfile", None
     if low.endswith((".promql", ".pql")):
         return "promql", None
+    if low.endswith((".md", ".markdown")):
+        return "markdown", None
     if base.endswith(".env") or base == ".env" or base.startswith(".env"):
         return "dotenv", None
     yamlish = re.search(r"(?m)^(---\s*$|[A-Za-z_][\w.-]*:(\s|$))", text[:65536]) is not None
@@ -125,6 +127,45 @@ def detect(text: str, name: str) -> tuple[str, object]:
     if lines and _mostly_promql(text):
         return "promql", None
     return "shell", None
+
+
+_FENCE_RE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w.+-]*)[^\n]*$")
+_FENCE_NAMES = {"sh": "block.sh", "bash": "block.sh", "shell": "block.sh", "console": "block.sh", "zsh": "block.sh",
+                "yaml": "block.yaml", "yml": "block.yaml", "json": "block.json", "promql": "block.promql",
+                "dockerfile": "Dockerfile", "docker": "Dockerfile", "env": "block.env", "dotenv": "block.env"}
+
+
+def markdown_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(first line, pseudo file name from the info string, text) of each fenced code block of a Markdown
+    file tagged with a language (sh, bash, console, yaml, json, promql, dockerfile, env): the prose
+    around them, and untagged blocks, are no launch config. A ``console`` block keeps its ``$ `` commands (and
+    their backslash continuations) and blanks the output, so line numbers stay those of the file."""
+    out, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE_RE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m.group(2), m.group(3).lower(), i + 2
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if info == "console":
+            kept, cont = [], False
+            for ln in body:
+                if ln.startswith("$ ") or cont:
+                    kept.append(ln[2:] if ln.startswith("$ ") and not cont else ln)
+                    cont = ln.rstrip().endswith("\\")
+                else:
+                    kept.append("")
+            body = kept
+        if info in _FENCE_NAMES:          # an untagged block may be prose, a diagram or a template: not checked
+            out.append((start, _FENCE_NAMES[info], "\n".join(body) + "\n"))
+    return out
 
 
 def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str, str, list[CheckFinding]]:
@@ -231,6 +272,8 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         _, doc = detected or detect(text, name)
     findings: list[CheckFinding] = []
     launches: list[Launch] = []
+    if kind_ == "markdown":
+        return _check_markdown(text, name, vllm_version, model_config, gpu_memory, recorded)
     if kind_ == "shell":
         launches = read_shell(text, name, findings)
         _scan_modules(text, name, 1, findings)
@@ -271,6 +314,25 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
             seen.add(key)
             uniq.append(f)
     return CheckResult(name, kind_, version, source, uniq, len([la for la in launches if la.argv or la.env]))
+
+
+def _check_markdown(text: str, name: str, vllm_version, model_config, gpu_memory, recorded) -> CheckResult:
+    """Each fenced code block checked as what it holds, its findings on the Markdown file's lines."""
+    res = CheckResult(name, "markdown", vllm_version or NEWEST,
+                      "--vllm-version" if vllm_version else "unknown: judged as the newest examined release")
+    versions_seen = []
+    for start, pseudo, body in markdown_blocks(text):
+        det = detect(body, pseudo)
+        r = check_text(body, pseudo, vllm_version, model_config, gpu_memory, recorded=recorded, detected=det)
+        if r.version_source == "image tag":
+            versions_seen.append(r.vllm_version)
+        res.launches += r.launches
+        for f in r.findings:
+            f.file, f.line = name, f.line + start - 1
+            res.findings.append(f)
+    if versions_seen and not vllm_version:
+        res.vllm_version, res.version_source = versions_seen[0], "image tag (a code block)"
+    return res
 
 
 MAX_BYTES = 16 << 20   # a launch config, rule file or dashboard is far smaller; memory stays bounded

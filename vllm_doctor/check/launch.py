@@ -241,10 +241,17 @@ def _env_line(text: str, key: str, start: int) -> int:
     return locate(text, key + "=", start)
 
 
+#: commands whose VAR=value prefixes fill their own templates (compose files, charts, Makefiles), not vLLM's env
+TEMPLATING = {"docker-compose", "podman-compose", "envsubst", "helm", "make", "kustomize", "ansible-playbook"}
+
+
 def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launch]:
     env: dict[str, str] = {}
     exported: dict[str, tuple[str, int]] = {}
+    loose: dict[str, tuple[str, int]] = {}          # VLLM_X=1 some-command: set for one command
+    attached: set[str] = set()
     launches: list[Launch] = []
+    last_entry: str | None = None
     for line, src in _logical_lines(text):
         s = src.strip()
         if not s or s.startswith("#"):
@@ -259,8 +266,9 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if s.startswith("export") or m.group(1).startswith("VLLM_"):
                 exported[m.group(1)] = (val, line)
             continue
-        if "vllm" not in (_expand(s, env) if "$" in s else s) and not s.startswith("--"):
-            continue        # no vLLM launch, image or flag fragment can be on this line: not lexed (shlex is slow)
+        if "vllm" not in (_expand(s, env) if "$" in s else s).lower() and not s.startswith("--"):
+            last_entry = None
+            continue        # no vLLM launch, image, variable or flag fragment on this line: not lexed (shlex is slow)
         argv, err = lex_partial(s)
         if err:
             findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({err}): the shell reads "
@@ -272,8 +280,13 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             k, _, v = argv.pop(0).partition("=")
             pre[k] = v
         argv = [_expand(a, env) for a in argv]
+        if not (argv and (argv[0].rsplit("/", 1)[-1] in TEMPLATING or argv[:2] in (["docker", "compose"], ["podman", "compose"]))):
+            loose.update({k: (v, line) for k, v in pre.items() if k.startswith("VLLM_")})
         if argv and argv[0].startswith("--"):          # a fragment of flags (a snippet, a continuation)
-            launches.append(Launch(argv, "fragment", line, file))
+            # the continuation of a `vllm bench` / `python -m ...` line (a folded YAML scalar in a document)
+            # carries that command's flags, not the server's
+            cont = last_entry is not None and (last_entry == "vllm bench" or last_entry.startswith("module:"))
+            launches.append(Launch(argv, "continuation" if cont else "fragment", line, file))
             continue
         d = _docker_run(argv)
         if d:
@@ -287,11 +300,19 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if not ls and IMAGE_RE.search(d["image"]):
                 ls = [Launch([], "", line, file, dict(denv), d["image"], il, d["gpus"], shm_ok, hint)]
             launches += ls
+            last_entry = ls[-1].entry if ls else None
             continue
         ls = _from_command(argv, env, line, file)
         for la in ls:
             la.env = {**exported, **{k: (v, line) for k, v in pre.items()}}
+            attached.update(la.env)
         launches += ls
+        last_entry = ls[-1].entry if ls else None
+    # VLLM_* variables set in the file that no vLLM launch in it receives are still checked (a script that
+    # exports them for a server started elsewhere, a table of variables in a document)
+    left = {k: v for k, v in {**exported, **loose}.items() if k.startswith("VLLM_") and k not in attached}
+    if left:
+        launches.append(Launch([], "env", min(ln for _, ln in left.values()), file, left))
     return launches
 
 
@@ -567,7 +588,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
             out.append(CheckFinding("VC011", f"`python -m {mod}`: {why}", f, locate(text, mod, la.line),
                                     fix={"setting": real, "value": None}))
         return out
-    if la.entry == "vllm bench":
+    if la.entry in ("vllm bench", "continuation"):
         return out
     if la.entry == "vllm serve" and pv < Version("0.5.4"):
         out.append(CheckFinding("VC011", f"`vllm serve` does not exist in {version} (console script from 0.5.4)", f,

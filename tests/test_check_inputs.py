@@ -286,3 +286,11 @@ def test_the_whole_tuning_note_names_every_invented_setting_with_the_real_one():
     assert {(f.fix or {}).get("setting") for f in r.findings if "--chunked-prefill-size" in f.message} == {"--max-num-batched-tokens"}
     assert {f.rule_id for f in r.findings if f.message.startswith("--kv-cache:")} == {"VC002"}   # ambiguous in 0.11
     assert not [f for f in r.findings if f.rule_id == "VC001" and "--chunked-prefill-size" not in f.message]
+
+
+def test_model_config_without_gpu_memory_says_the_capacity_check_is_skipped():
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(HERE / "fixtures/launch/tuning-note/s8-docker-run.sh"),
+                        "--model-config", str(MODELS / "llama-3.1-8b")], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/nonexistent"})
+    assert r.returncode == 1 and "VC010" not in r.stdout
+    assert r.stderr.count("\n") == 1 and "the capacity check (VC010) runs only on launches that set" in r.stderr

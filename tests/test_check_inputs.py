@@ -35,7 +35,7 @@ def found(text: str, name: str = "run.sh", version: str | None = "0.32.0", **kw)
     ("--gpu-memory-utilization", "90%", "not a number"),
 ])
 def test_every_value_argparse_rejects_is_vc006_naming_flag_value_and_type(flag, value, words):
-    spec = _values()["flags"]
+    spec = _values()["versions"]["0.32.0"]
     if words is None:                                  # a flag not in 0.32's parser: judged by VC004, not here
         assert flag not in spec
         return
@@ -54,17 +54,19 @@ def test_values_argparse_accepts_are_no_finding(flag, value):
 
 
 def test_the_value_table_is_vllms_own_parser():
-    d = _values()
-    assert d["examined"] == "0.32.0"
-    assert d["flags"]["--max-model-len"] == {"type": "human_int", "none": False, "auto": True}
-    assert d["flags"]["--gpu-memory-utilization"]["type"] == "float"
-    assert d["flags"]["--tensor-parallel-size"]["type"] == "int"
-    assert {"auto", "fp8", "fp8_e5m2"} <= set(d["flags"]["--kv-cache-dtype"]["choices"])
+    d = _values()["versions"]
+    assert {"0.32.0", "0.33.0"} <= set(d)
+    assert d["0.32.0"]["--max-model-len"] == {"type": "human_int", "none": False, "auto": True}
+    assert d["0.32.0"]["--gpu-memory-utilization"]["type"] == "float"
+    assert d["0.32.0"]["--tensor-parallel-size"]["type"] == "int"
+    assert {"auto", "fp8", "fp8_e5m2"} <= set(d["0.32.0"]["--kv-cache-dtype"]["choices"])
+    assert "--kv-cache-dtype" not in d["0.33.0"]              # 0.33 passes any string to later validation
 
 
-def test_choices_are_judged_only_in_the_examined_release_line():
+def test_choices_are_judged_where_the_release_has_them():
     # 0.33.0 passes any --kv-cache-dtype string to later validation; 0.32's choices do not apply there
     assert [x for x in found("vllm serve m --kv-cache-dtype fp9\n", version="0.33.0") if x[0] == "VC006"] == []
+    assert [x[0] for x in found("vllm serve m --kv-cache-dtype fp9\n", version="0.32.1")] == ["VC006"]
     # a type is judged in every version that has the flag
     assert [x[0] for x in found("vllm serve m --seed x1\n", version="0.11.0")] == ["VC006"]
 

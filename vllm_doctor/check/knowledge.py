@@ -81,15 +81,37 @@ def _parses(kind: str, v: str) -> bool:
 _KIND_WORDS = {"int": "an integer", "float": "a number", "human_int": "an integer (or 32k, 1M: vLLM's human-readable form)"}
 
 
+def _value_spec(flag: str, version: str) -> tuple[dict | None, bool]:
+    """(the flag's type/choices as the parser of the nearest extracted release at or below ``version``
+    holds them, whether its choices apply). Before the oldest extracted release: that release's types
+    (a flag's type rarely changes; ``human_int`` is lenient there, where some flags were plain ``int``),
+    no choices. Choices apply when ``version`` is that release's own line (same X.Y), or the next
+    extracted release has the same choices (they did not change in between)."""
+    from packaging.version import Version
+
+    from ..versions import parse_version
+
+    vers = _values()["versions"]
+    keys = sorted(vers, key=Version)
+    pv = parse_version(version) or Version(keys[-1])
+    below = [k for k in keys if Version(k) <= pv]
+    if not below:
+        spec = vers[keys[0]].get(flag)
+        return ({k: v for k, v in spec.items() if k != "choices"} if spec else None), False
+    at = below[-1]
+    spec = vers[at].get(flag)
+    if not spec or "choices" not in spec:
+        return spec, False
+    nxt = next((k for k in keys if Version(k) > Version(at)), None)
+    same_line = Version(at).release[:2] == pv.release[:2]
+    stable = nxt is not None and (vers[nxt].get(flag) or {}).get("choices") == spec["choices"]
+    return spec, same_line or stable
+
+
 def argparse_problem(flag: str, value: str, version: str) -> tuple[str, object] | None:
     """What vLLM's argparse says about ``flag value``: ``invalid int value`` / ``invalid choice``, per the
-    examined parser's type and choices. Types are judged in every version that has the flag (a flag's type
-    does not change across releases; ``human_int`` is judged leniently before the examined release, where
-    some of these flags were plain ``int``); choices only in the examined release line (they grow)."""
-    from ..versions import nearest_examined
-
-    d = _values()
-    spec = d["flags"].get(flag)
+    type and choices of that flag in the parser of the release (``vllm_flag_values.json``)."""
+    spec, choices_apply = _value_spec(flag, version)
     if not spec:
         return None
     v = value.strip()
@@ -104,7 +126,7 @@ def argparse_problem(flag: str, value: str, version: str) -> tuple[str, object] 
         return (f"{flag} {value}: argument {flag}: invalid {argp} value: {value!r} (vLLM's argparse exits at "
                 f"start-up; it takes {word})", None)
     ch = spec.get("choices")
-    if ch and nearest_examined(version) == d["examined"] and v not in ch:
+    if ch and choices_apply and v not in ch:
         shown = ", ".join(repr(c) for c in ch[:12]) + (", ..." if len(ch) > 12 else "")
         return (f"{flag} {value}: argument {flag}: invalid choice: {value!r} (choose from {shown})", None)
     return None
@@ -114,7 +136,7 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     """(message, suggested value) when ``version`` rejects ``value`` for ``flag``; None when fine."""
     from packaging.version import Version
 
-    from ..versions import nearest_examined, parse_version
+    from ..versions import parse_version
 
     pv = parse_version(version) or Version("0.33.0")
     v = value.strip().strip("'\"")
@@ -123,7 +145,7 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     if flag == "--kv-cache-dtype":
         if pv < Version("0.4.3") and v not in KV_DTYPES_OLD:
             return (f"--kv-cache-dtype {v}: invalid choice in {version} (choose from 'auto', 'fp8_e5m2')", "fp8_e5m2")
-        if v not in KV_DTYPES and pv < Version("0.33.0") and nearest_examined(version) != _values()["examined"]:
+        if v not in KV_DTYPES and pv < Version("0.33.0") and not _value_spec(flag, version)[1]:
             return (f"--kv-cache-dtype {v}: not a KV cache dtype vLLM knows", "fp8")
     if flag == "--dtype" and v not in DTYPES:
         return (f"--dtype {v}: invalid choice (choose from {', '.join(sorted(DTYPES))})", "auto")

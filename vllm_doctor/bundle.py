@@ -696,8 +696,9 @@ def dashboard(t: dict[str, float] | None = None):
             "KV cache usage",
             [
                 target(f"vllm_kv_cache_usage_ratio{{{SEL}}}", "{{pod}} (vllm-doctor)", "A"),
-                target(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{pod}} engine {{engine}} (vLLM >= 0.9.2)", "B"),
-                target(f"vllm:gpu_cache_usage_perc{{{SEL}}}", "{{pod}} (vLLM < 0.9.2)", "C"),
+                # one query for every version: the name since 0.9.2, or the name up to 0.11.2 where that is all there is
+                target(f"vllm:kv_cache_usage_perc{{{SEL}}} or vllm:gpu_cache_usage_perc{{{SEL}}}",
+                       "{{pod}} engine {{engine}} (vLLM)", "B"),
             ],
             (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]],
             description="Fraction (0..1) of GPU KV cache blocks in use. Not running sequences "
@@ -1003,8 +1004,8 @@ def replicas_dashboard(t: dict[str, float] | None = None):
     panels = [
         RowPanel(title="Per replica and engine", gridPos=GridPos(1, 24, 0, 0)),
         _series("KV cache usage", [
-            _target(f"vllm:kv_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}}", "A"),
-            _target(f"vllm:gpu_cache_usage_perc{{{RSEL}}}", "{{pod}} engine {{engine}} (vLLM < 0.9.2)", "B"),
+            _target(f"vllm:kv_cache_usage_perc{{{RSEL}}} or vllm:gpu_cache_usage_perc{{{RSEL}}}",
+                    "{{pod}} engine {{engine}}", "A"),
         ], (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
         _series("Waiting", [_target(f"vllm:num_requests_waiting{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
                 (8, 12, 12, 1), unit="short", min_=0),

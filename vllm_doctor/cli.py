@@ -434,9 +434,13 @@ def check(
     try:
         cfg = planmod.load_config(model_config)[0] if model_config else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None
-        results = []
-        for path in paths:
-            results.append(chk.check_file(path, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem))
+        if cfg is not None and mem is None:
+            try:
+                mem = planmod.nvml_total_memory()       # as plan does; on a machine without a GPU, say what is skipped
+            except VllmDoctorError:
+                print("vllm-doctor: --model-config without --gpu-memory (and no GPU through NVML): the capacity "
+                      "check (VC010) runs only on launches that set --kv-cache-memory-bytes", file=sys.stderr)
+        results = chk.check_files(paths, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem)
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(chk.FORMATS[format](results))

@@ -93,13 +93,16 @@ def load_config(path: str) -> tuple[dict, str]:
     if not cands:
         raise InputError(f"{path}: no config.json (a file, a model directory or a Hugging Face cache directory)")
     try:
+        if cands[0].stat().st_size > 16 << 20:      # a config.json is kilobytes; memory stays bounded
+            raise InputError(f"{cands[0]}: larger than 16 MiB: not a model's config.json")
         cfg = json.loads(cands[0].read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"{cands[0]}: not a readable JSON config: {e}") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{cands[0]}: not a JSON object")
-    _check_sizes(cfg, str(cands[0]))
+    validate_config(cfg, str(cands[0]))
     name = p.name
+    hub = [part for part in cands[0].parts if part.startswith("models--")]
+    if hub and not name.startswith("models--") and cands[0].parent.parent.name == "snapshots":
+        name = hub[-1]                          # the hub folder: the model's own name, not the folder's
     if name.startswith("models--"):
         name = name[len("models--"):].replace("--", "/")
     elif name == "config.json":
@@ -107,27 +110,103 @@ def load_config(path: str) -> tuple[dict, str]:
     return cfg, name
 
 
-# config.json fields the capacity arithmetic reads as counts: when present (not null) each must be
-# a non-negative integer of sane size, else one line names it (never a TypeError from deep inside)
-_SIZE_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "hidden_size", "d_model", "n_embd",
-              "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
-              "intermediate_size", "ffn_dim", "max_position_embeddings", "kv_lora_rank", "q_lora_rank",
-              "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "moe_intermediate_size", "num_experts",
-              "n_routed_experts", "num_local_experts", "moe_num_experts", "n_shared_experts",
-              "shared_expert_intermediate_size", "first_k_dense_replace")
+# config.json fields the capacity arithmetic reads, with the range a real model has. A value outside it
+# (0 layers, -8 heads, "32", 1e30, a list) gets one line naming the field, never a traceback from deep
+# inside the arithmetic and never a plan sized on nonsense. (min, max); None: the field may be absent/null.
+_K, _M = 1 << 10, 1 << 20
+_COUNTS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 4 * _K), "num_layers": (1, 4 * _K), "n_layer": (1, 4 * _K),
+    "hidden_size": (1, 1 * _M), "d_model": (1, 1 * _M), "n_embd": (1, 1 * _M),
+    "num_attention_heads": (1, 64 * _K), "n_head": (1, 64 * _K), "num_key_value_heads": (1, 64 * _K),
+    "head_dim": (1, 64 * _K), "vocab_size": (1, 64 * _M), "intermediate_size": (1, 16 * _M), "ffn_dim": (1, 16 * _M),
+    "max_position_embeddings": (1, 1 << 34), "kv_lora_rank": (0, 1 * _M), "q_lora_rank": (0, 1 * _M),
+    "qk_rope_head_dim": (0, 64 * _K), "qk_nope_head_dim": (0, 64 * _K), "v_head_dim": (0, 64 * _K),
+    "moe_intermediate_size": (0, 16 * _M), "num_experts": (0, 64 * _K), "n_routed_experts": (0, 64 * _K),
+    "num_local_experts": (0, 64 * _K), "moe_num_experts": (0, 64 * _K), "n_shared_experts": (0, 64 * _K),
+    "shared_expert_intermediate_size": (0, 16 * _M), "first_k_dense_replace": (0, 4 * _K),
+    "sliding_window": (0, 1 << 34), "sliding_window_pattern": (1, 4 * _K), "full_attention_interval": (1, 4 * _K),
+    "attn_layer_period": (1, 4 * _K), "attn_layer_offset": (0, 4 * _K),
+    "mamba_d_state": (1, 64 * _K), "mamba_d_conv": (1, 64 * _K), "mamba_n_heads": (1, 64 * _K),
+    "mamba_num_heads": (1, 64 * _K), "mamba_head_dim": (1, 64 * _K), "mamba_d_head": (1, 64 * _K),
+    "mamba_headdim": (1, 64 * _K), "mamba_n_groups": (1, 64 * _K), "mamba_ngroups": (1, 64 * _K),
+    "mamba_d_ssm": (1, 16 * _M), "mamba_chunk_size": (1, 1 * _M), "chunk_size": (1, 1 * _M),
+    "ssm_state_size": (1, 64 * _K), "conv_kernel": (1, 64 * _K), "n_groups": (1, 64 * _K), "state_size": (1, 64 * _K),
+    "linear_num_key_heads": (1, 64 * _K), "linear_num_value_heads": (1, 64 * _K), "linear_key_head_dim": (1, 64 * _K),
+    "linear_value_head_dim": (1, 64 * _K), "linear_conv_kernel_dim": (1, 64 * _K),
+}
+_NUMBERS = {"mamba_expand": (0.0, 64.0), "expand": (0.0, 64.0)}        # multipliers, may be fractional
+_STRINGS = ("model_type", "torch_dtype", "dtype", "hybrid_override_pattern", "mamba_ssm_dtype")
+_LISTS = ("architectures", "layer_types", "attn_layer_indices", "attn_type_list")
+_OBJECTS = ("quantization_config", "text_config", "llm_config", "language_config")
+_QUANT_COUNTS = {"bits": (1, 64), "w_bit": (1, 64), "weight_bits": (1, 64), "group_size": (-1, 1 * _M),
+                 "q_group_size": (-1, 1 * _M)}
 
 
-def _check_sizes(cfg: dict, where: str, depth: int = 0) -> None:
-    for k in _SIZE_KEYS:
+def _field_error(where: str, key: str, v: object, want: str) -> InputError:
+    return InputError(f"{where}: {key} is {json.dumps(v)[:40] if not isinstance(v, float) or math.isfinite(v) else v}, "
+                      f"not {want}")
+
+
+def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> None:
+    """Raise InputError (one line naming the field) unless ``cfg`` is a JSON object whose sizing fields are
+    what a real Hugging Face config holds: counts in range, strings, lists, objects."""
+    if not isinstance(cfg, dict):
+        raise InputError(f"{where}: not a JSON object (a model's config.json is one)")
+    for k, (lo, hi) in _COUNTS.items():
         v = cfg.get(k)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 40:
-            raise InputError(f"{where}: {k} is {json.dumps(v)[:40]}, not a count (a non-negative integer)")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _field_error(where, k, v, "an integer")
+        if not lo <= v <= hi:
+            raise _field_error(where, k, v, f"a count in {lo}..{hi:,}" if lo else f"a count in 0..{hi:,}")
+    for k, (lo, hi) in _NUMBERS.items():
+        v = cfg.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v <= hi):
+            raise _field_error(where, k, v, f"a number in ({lo:g}, {hi:g}]")
+    for k in _STRINGS:
+        if cfg.get(k) is not None and not isinstance(cfg[k], str):
+            raise _field_error(where, k, cfg[k], "a string")
+    for k in _LISTS:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, list):
+            raise _field_error(where, k, v, "a list")
+    for k in ("attn_layer_indices", "attn_type_list"):
+        for x in cfg.get(k) or []:
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 1 << 20:
+                raise _field_error(where, k, x, "a list of layer numbers")
+    for x in cfg.get("architectures") or []:
+        if not isinstance(x, str):
+            raise _field_error(where, "architectures", x, "a list of class names")
+    for k in _OBJECTS:
+        if cfg.get(k) is not None and not isinstance(cfg[k], dict):
+            raise _field_error(where, k, cfg[k], "an object")
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        for k, (lo, hi) in _QUANT_COUNTS.items():
+            v = q.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+                raise _field_error(where, f"quantization_config.{k}", v, f"an integer in {lo}..{hi:,}")
     if depth < 2:
         for sub in ("text_config", "llm_config", "language_config"):
             if isinstance(cfg.get(sub), dict):
-                _check_sizes(cfg[sub], f"{where} {sub}", depth + 1)
+                validate_config(cfg[sub], f"{where} {sub}", depth + 1)
+    if depth == 0:
+        from .capacity import _text_config
+
+        c = _text_config(cfg)
+        if not any(c.get(k) for k in ("num_hidden_layers", "n_layer", "num_layers")):
+            raise InputError(f"{where}: no num_hidden_layers (nor n_layer / num_layers): not a transformer model's config.json")
+        if not any(c.get(k) for k in ("hidden_size", "d_model", "n_embd")):
+            raise InputError(f"{where}: no hidden_size (nor d_model / n_embd): not a transformer model's config.json")
+        heads = c.get("num_attention_heads") or c.get("n_head")
+        hidden = c.get("hidden_size") or c.get("d_model") or c.get("n_embd")
+        if heads and not c.get("head_dim") and hidden % heads:
+            raise InputError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                             "(and no head_dim is given)")
+        kv = c.get("num_key_value_heads")
+        if heads and kv and kv > heads:
+            raise InputError(f"{where}: num_key_value_heads {kv} is more than num_attention_heads {heads}")
 
 
 def nvml_total_memory(index: int = 0) -> int:
@@ -225,10 +304,12 @@ def _gib(n: float) -> str:
 
 def make_plan(inp: PlanInputs) -> Plan:
     """The whole plan from the inputs. Raises InputError on a config it cannot read."""
+    validate_config(inp.config)
     try:
         shape = cap.model_shape(inp.config)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
+        # validate_config covers the fields the arithmetic reads; this is the last line for what it cannot
+        raise InputError(f"config.json: cannot size the model: {type(e).__name__}: {str(e)[:80]}") from None
     version, engine = inp.vllm_version, _engine(inp.vllm_version)
     tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
     cpu = inp.device == "cpu"
@@ -244,7 +325,8 @@ def make_plan(inp: PlanInputs) -> Plan:
         kv_dtype = model_dtype if inp.kv_cache_dtype == "auto" else inp.kv_cache_dtype
         kvbytes = cap.dtype_bytes(kv_dtype)
     except KeyError as e:
-        raise InputError(f"unknown dtype {e.args[0]!r}") from None
+        raise InputError(f"unknown dtype {e.args[0]!r} (from --dtype, --kv-cache-dtype, --mamba-*-cache-dtype or the "
+                         "config's torch_dtype / mamba_ssm_dtype)") from None
     if inp.quantization and not shape.quant_method:
         shape.quant_method = inp.quantization
         shape.quant_bits = {"fp8": 8, "awq": 4, "gptq": 4, "bitsandbytes": 4, "mxfp4": 4, "nvfp4": 4}.get(inp.quantization)
@@ -271,6 +353,12 @@ def make_plan(inp: PlanInputs) -> Plan:
     weights = {"params_total": sum(params.values()), "params_by_part": params, "bytes_per_gpu": w,
                "arithmetic": f"{sum(params.values()):,} params; {qdesc}; linear+vocab / TP {tp}, layers / PP {pp} "
                              f"= {w:,} B = {_gib(w)} per GPU"}
+    if inp.gpu_memory_bytes and not cpu:
+        weights["budget_arithmetic"] = (f"{_gib(w)} weights vs GPU total {_gib(inp.gpu_memory_bytes)} and gpu_memory_utilization "
+                                        f"{util} x {_gib(inp.gpu_memory_bytes)} = {_gib(inp.gpu_memory_bytes * util)}"
+                                        + ("" if w <= inp.gpu_memory_bytes * util else
+                                           ": the weights alone exceed the budget" if w <= inp.gpu_memory_bytes else
+                                           ": the weights do not fit the GPU (CUDA out of memory while loading)"))
 
     # KV per token
     try:
@@ -281,7 +369,8 @@ def make_plan(inp: PlanInputs) -> Plan:
         ssm_bytes = None if ssm_name == "auto" else cap.dtype_bytes(ssm_name)
         groups = cap.kv_layer_groups(shape, kvbytes, tp, pp, state_bytes, ssm_bytes)
     except KeyError as e:
-        raise InputError(f"unknown dtype {e.args[0]!r}") from None
+        raise InputError(f"unknown dtype {e.args[0]!r} (from --dtype, --kv-cache-dtype, --mamba-*-cache-dtype or the "
+                         "config's torch_dtype / mamba_ssm_dtype)") from None
     except ValueError as e:   # a Mamba dimension not divisible by TP: vLLM refuses it too
         raise InputError(f"Mamba state: {e}") from None
     per_tok = cap.kv_bytes_per_token(groups)
@@ -396,7 +485,7 @@ def make_plan(inp: PlanInputs) -> Plan:
 
     # start-up
     startup = _startup(inp, shape, pool_groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
-                       mamba_mode)
+                       mamba_mode, wbytes)
     fixes = _fixes(inp, shape, pool_groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
                    startup, version, util, wbytes)
     if shape.quant_method and not shape.quant_bits:
@@ -406,8 +495,16 @@ def make_plan(inp: PlanInputs) -> Plan:
                 not_sized=list(shape.unsized), notes=notes)
 
 
+def _util_of(inp, version, engine) -> float:
+    if inp.gpu_memory_utilization is not None:
+        return inp.gpu_memory_utilization
+    d = version_defaults(version, engine, inp.gpu_memory_bytes, device="CPU" if inp.device == "cpu" else None,
+                         world_size=inp.tensor_parallel_size * inp.pipeline_parallel_size)
+    return float(d.get("gpu_memory_utilization") or 0.9)
+
+
 def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
-             mamba_mode="none") -> dict:
+             mamba_mode="none", wbytes: int = 2) -> dict:
     reasons = []
     tp = inp.tensor_parallel_size
     if shape.num_heads and tp > 1 and shape.num_heads % tp:
@@ -418,8 +515,19 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
     if inp.max_model_len and mpe and inp.max_model_len > mpe:
         reasons.append(f"User-specified max_model_len ({inp.max_model_len}) is greater than the derived max_model_len "
                        f"(max_position_embeddings={mpe} or model_max_length=None in model's config.json).")
+    total, util = inp.gpu_memory_bytes, _util_of(inp, version, engine)
+    w = cap.weight_bytes_per_gpu(shape, wbytes, tp, inp.pipeline_parallel_size)
+    if not reasons and total and inp.device != "cpu" and w > total:
+        # the weights alone do not fit the GPU: model loading dies before any profiling or KV cache check
+        reasons.append(f"Loading the weights fails: torch.OutOfMemoryError: CUDA out of memory. The weights need "
+                       f"{_gib(w)} per GPU (TP {tp} x PP {inp.pipeline_parallel_size}), more than the GPU's "
+                       f"{_gib(total)} total (and its budget gpu_memory_utilization {util} x {_gib(total)} = "
+                       f"{_gib(total * util)}).")
+        return {"fails": True, "stage": "load", "messages": reasons, "checked": True}
     if shape.unsized and not any(g.bytes_per_token_per_layer or g.state_bytes_per_layer for g in groups):
-        return {"fails": bool(reasons), "messages": reasons, "checked": False}
+        return {"fails": bool(reasons), "stage": "config" if reasons else None, "messages": reasons, "checked": False}
+    stage = "config" if reasons else None
+    weights_over_budget = bool(total and inp.kv_cache_memory_bytes is None and w > total * util)
     if engine == "v0":
         if blocks <= 0:
             reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
@@ -443,7 +551,13 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
                                f"cache memory ({cap.format_gib(check)} GiB). "
                                + (f"Based on the available memory, the estimated maximum model length is {est}. " if est else "")
                                + "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-    return {"fails": bool(reasons), "messages": reasons, "checked": True}
+    if reasons and stage is None:
+        stage = "kv_cache"
+    if weights_over_budget and any(m.startswith("No available memory") for m in reasons):
+        reasons[reasons.index(next(m for m in reasons if m.startswith("No available memory")))] += (
+            f" (The weights, {_gib(w)} per GPU, load, but they alone exceed gpu_memory_utilization {util} x "
+            f"{_gib(total)} = {_gib(total * util)}: nothing is left for activations and the KV cache.)")
+    return {"fails": bool(reasons), "stage": stage, "messages": reasons, "checked": True}
 
 
 def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
@@ -480,6 +594,8 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
         out.append({"flag": "--max-num-seqs", "value": max_num_seqs, "why":
                     f"informational: {max_num_seqs} sequences admitted but only {cap_seqs} fit at {mml} tokens each; "
                     "longer ones are preempted (RECOMPUTE) when the cache fills", "informational": True})
+    if startup.get("stage") == "load":
+        return out + _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version, mml)
     if startup.get("fails") and startup.get("checked"):
         size_flag = "--kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "--gpu-memory-utilization"
         if blocks * block_size >= block_size:
@@ -496,18 +612,92 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
         no_memory = any(m.startswith("No available memory") for m in startup.get("messages", ()))
         if no_memory and inp.gpu_memory_bytes and inp.kv_cache_memory_bytes is None:
             # weights + overhead exceed the budget: a smaller KV cache dtype cannot help; more GPUs split the weights
-            for t in (2, 4, 8, 16):
-                tp2 = inp.tensor_parallel_size * t
-                if shape.num_heads and shape.num_heads % tp2:
-                    continue
-                w2 = cap.weight_bytes_per_gpu(shape, wbytes, tp2, inp.pipeline_parallel_size)
-                if w2 + overhead + (per_req + 1) * block_bytes // t < inp.gpu_memory_bytes * util:
-                    add("--tensor-parallel-size", tp2, f"weights {_gib(w)} per GPU at TP {inp.tensor_parallel_size} + "
-                        f"{_gib(overhead)} overhead exceed {inp.gpu_memory_bytes / cap.GiB:.2f} GiB x {util}; at TP {tp2}: "
-                        f"{_gib(w2)} weights per GPU, leaving room for the KV cache")
-                    break
+            first = out[0]["flag"] if out else None
+            out += [dict(f, alternative_to=f.get("alternative_to") or first) if first else f
+                    for f in _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version,
+                                           mml)]
         elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
             add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
+    return _tidy_alternatives(out)
+
+
+def _tidy_alternatives(out: list[dict]) -> list[dict]:
+    """``alternative_to`` must name a fix that is listed: the first listed fix of a failure otherwise."""
+    listed = [f["flag"] for f in out if f.get("flag") and not f.get("informational")]
+    for f in out:
+        alt = f.get("alternative_to")
+        if alt and alt not in listed:
+            others = [x for x in listed if x != f.get("flag")]
+            if others and (f.get("flag") not in listed or listed.index(others[0]) < listed.index(f["flag"])):
+                f["alternative_to"] = others[0]
+            else:
+                f.pop("alternative_to")
+    return out
+
+
+_SEARCHING = False   # a plan made to test a fix computes no fixes of its own
+
+
+def _starts(inp: PlanInputs, **change) -> bool:
+    """Whether the plan with ``change`` applied starts (the fixes below are tried, never guessed)."""
+    from dataclasses import replace as _replace
+
+    global _SEARCHING
+    _SEARCHING = True
+    try:
+        return not make_plan(_replace(inp, target_concurrency=None, **change)).startup["fails"]
+    except InputError:
+        return False
+    finally:
+        _SEARCHING = False
+
+
+def _weight_fixes(inp, shape, w, overhead, one_request_kv, util, wbytes, version, mml) -> list[dict]:
+    """The weights (with the overhead and one request's KV cache) do not fit ``gpu_memory_utilization x
+    total``: the fixes that shrink the weights per GPU, as alternatives to one another. Each is the smallest
+    with which the plan starts (tried by planning again): a larger TP size (the attention heads must
+    divide), a PP size, fp8 weights (``--quantization fp8``, an unquantized checkpoint only), a GPU with
+    more memory (whole GiB; the version's defaults for that GPU, e.g. max_num_seqs, apply)."""
+    if _SEARCHING:
+        return []
+    total, tp, pp = inp.gpu_memory_bytes, inp.tensor_parallel_size, inp.pipeline_parallel_size
+    out: list[dict] = []
+
+    def add(flag, value, why):
+        if flag_exists(flag, version):
+            out.append({"flag": flag, "value": value, "why": why,
+                        **({"alternative_to": out[0]["flag"]} if out else {})})
+    now = (f"weights {_gib(w)} per GPU at TP {tp} x PP {pp} + {_gib(overhead)} overhead + one {mml:,}-token "
+           f"request exceed {_gib(total)} x {util} = {_gib(total * util)}")
+    for t in (2, 4, 8, 16):
+        tp2 = tp * t
+        if shape.num_heads and shape.num_heads % tp2:
+            continue
+        if _starts(inp, tensor_parallel_size=tp2):
+            add("--tensor-parallel-size", tp2, f"{now}; at TP {tp2}: "
+                f"{_gib(cap.weight_bytes_per_gpu(shape, wbytes, tp2, pp))} weights per GPU ({tp2 * pp} GPUs)")
+            break
+    for t in (2, 4, 8, 16):
+        pp2 = pp * t
+        if pp2 > shape.num_layers:
+            break
+        if _starts(inp, pipeline_parallel_size=pp2):
+            add("--pipeline-parallel-size", pp2, f"at PP {pp2}: {_gib(cap.weight_bytes_per_gpu(shape, wbytes, tp, pp2))} "
+                f"weights on the busiest GPU ({cap.cdiv(shape.num_layers, pp2)} of {shape.num_layers} layers; {tp * pp2} GPUs)")
+            break
+    if not shape.quant_method and wbytes > 1 and _starts(inp, quantization="fp8"):
+        from dataclasses import replace as _replace
+
+        w8 = cap.weight_bytes_per_gpu(_replace(shape, quant_method="fp8", quant_bits=8, quant_group_size=None), wbytes, tp, pp)
+        add("--quantization", "fp8", f"fp8 weights: {_gib(w8)} per GPU (linear layers at 1 B/param; check the "
+            "model's accuracy, or serve a pre-quantized checkpoint)")
+    lo = math.ceil((w + overhead + one_request_kv) / util / cap.GiB)
+    need = next((g for g in range(max(lo, 1), 4 * max(lo, 1) + 1) if _starts(inp, gpu_memory_bytes=g * cap.GiB)), None)
+    if need:
+        out.append({"flag": None, "value": None, "hardware": f"a GPU with at least {need} GiB",
+                    "why": f"{_gib(w)} weights + activations, non-torch memory and one {mml:,}-token request's KV "
+                           f"cache within gpu_memory_utilization {util} x {need} GiB",
+                    **({"alternative_to": out[0]["flag"]} if out else {})})
     return out
 
 
@@ -517,18 +707,52 @@ def to_json(p: Plan) -> str:
     return json.dumps(p.to_dict(), indent=2) + "\n"
 
 
+def verdict(p: Plan) -> list[str]:
+    """The answer first: whether start-up fails and why, else the max concurrency (at max_model_len and at
+    the mean request length)."""
+    c, st = p.concurrency, p.startup
+    if st["fails"]:
+        where = {"load": "while loading the weights", "config": "at config validation, before loading",
+                 "kv_cache": "at the KV cache check, after loading and profiling"}.get(st.get("stage") or "", "")
+        return [f"start-up FAILS {where}".rstrip() + ":"] + [f"  {m}" for m in st["messages"]]
+    out = [f"starts; max concurrency {c['at_max_model_len']:.2f}x requests of {p.settings['max_model_len']:,} tokens "
+           f"({p.pool['kv_cache_tokens']:,} KV cache tokens, {p.pool['num_gpu_blocks']:,} blocks per GPU)"
+           + ("" if st.get("checked", True) else " (KV check skipped: nothing sized)")]
+    if c.get("at_mean_request_length") is not None:
+        out.append(f"  at a mean request of {c['mean_request_tokens']:,} tokens: {c['at_mean_request_length']:,} requests at once")
+    if c["max_num_seqs"] > c["at_max_model_len"] and c["at_max_model_len"] >= 1:
+        out.append(f"  max_num_seqs {c['max_num_seqs']} admits more than fit at max_model_len: long requests are "
+                   "preempted (RECOMPUTE) when the cache fills")
+    return out
+
+
+def _fix_line(f: dict, code) -> str:
+    alt = f" (alternative to {f['alternative_to']})" if f.get("alternative_to") else ""
+    what = code(str(f["flag"]) + " " + str(f["value"])) if f.get("flag") else f.get("hardware", "")
+    return f"{what}{alt}: {f['why']}"
+
+
 def _lines(p: Plan, md: bool) -> list[str]:
     h = (lambda s: f"## {s}") if md else (lambda s: f"{s}")
     b = "- " if md else "  "
     code = (lambda s: f"`{s}`") if md else (lambda s: s)
     s = p.settings
-    out = [f"# vllm-doctor plan: {p.model}" if md else f"vllm-doctor plan: {p.model}",
-           "",
-           f"{b}vLLM {p.vllm_version} ({p.engine.upper()} engine), {s['device']}, TP {s['tensor_parallel_size']} x PP {s['pipeline_parallel_size']}, "
-           f"dtype {s['dtype']}, kv_cache_dtype {s['kv_cache_dtype']}, block_size {s['block_size']}, max_model_len {s['max_model_len']:,}, "
-           f"gpu_memory_utilization {s['gpu_memory_utilization']}, max_num_seqs {s['max_num_seqs']}", ""]
-    out += [h("Weights (per GPU)"), f"{b}{p.weights['arithmetic']}", ""]
-    out += [h("KV cache bytes per token (per GPU)")]
+    v = verdict(p)
+    out = [f"# vllm-doctor plan: {p.model}" if md else f"vllm-doctor plan: {p.model}", "",
+           h("Verdict"), f"{b}{v[0]}"]
+    out += [(f"  {x.strip()}" if md else f"{b}{x}") for x in v[1:]]
+    if p.fixes:
+        alts = sum(1 for f in p.fixes if f.get("alternative_to"))
+        out += ["", h("Flags" + (" (alternatives marked; apply one of them)" if alts else ""))]
+        out += [f"{b}{_fix_line(f, code)}" for f in p.fixes]
+    out += ["", h("Settings"),
+            f"{b}vLLM {p.vllm_version} ({p.engine.upper()} engine), {s['device']}, TP {s['tensor_parallel_size']} x PP {s['pipeline_parallel_size']}, "
+            f"dtype {s['dtype']}, kv_cache_dtype {s['kv_cache_dtype']}, block_size {s['block_size']}, max_model_len {s['max_model_len']:,}, "
+            f"gpu_memory_utilization {s['gpu_memory_utilization']}, max_num_seqs {s['max_num_seqs']}", ""]
+    out += [h("Weights (per GPU)"), f"{b}{p.weights['arithmetic']}"]
+    if p.startup.get("stage") == "load" or p.weights.get("budget_arithmetic"):
+        out.append(f"{b}{p.weights['budget_arithmetic']}")
+    out += ["", h("KV cache bytes per token (per GPU)")]
     for g in p.kv_per_token["by_kind"]:
         out.append(f"{b}{g['kind']}: {g['arithmetic']}")
     out.append(f"{b}total: {p.kv_per_token['arithmetic']}")
@@ -549,18 +773,6 @@ def _lines(p: Plan, md: bool) -> list[str]:
     out += [h("Concurrency"), f"{b}at max_model_len: {c['arithmetic']}"]
     if c.get("mean_arithmetic"):
         out.append(f"{b}at a mean request of {c['mean_request_tokens']:,} tokens: {c['mean_arithmetic']}")
-    out.append("")
-    out.append(h("Start-up"))
-    if p.startup["fails"]:
-        for m in p.startup["messages"]:
-            out.append(f"{b}FAILS: {m}")
-    else:
-        out.append(f"{b}starts" + ("" if p.startup.get("checked", True) else " (KV check skipped: nothing sized)"))
-    if p.fixes:
-        out += ["", h("Flags")]
-        for f in p.fixes:
-            alt = f" (alternative to {f['alternative_to']})" if f.get("alternative_to") else ""
-            out.append(f"{b}{code(str(f['flag']) + ' ' + str(f['value']))}{alt}: {f['why']}")
     if p.notes:
         out += ["", h("Notes")] + [f"{b}{n}" for n in p.notes]
     return out + [""]

@@ -18,12 +18,15 @@ import yaml
 
 from .. import versions
 from .findings import RULES, CheckFinding
-from .launch import (Launch, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+from .launch import (Launch, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
 from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
 NEWEST = "0.33.0"
+#: libyaml's safe loader when PyYAML was built with it (25x faster on a multi-megabyte manifest bundle)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 LEVEL_ORDER = {"note": 0, "warning": 1, "error": 2}
+MONITORING_KINDS = ("prometheus-rules", "grafana", "promql", "markdown")
 
 
 @dataclass
@@ -43,17 +46,33 @@ class CheckResult:
 
 def _yaml_docs(text: str) -> list[dict] | None:
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError:
+        docs = [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if d is not None]
+    except yaml.YAMLError as e:
+        if "maximum nesting depth" in str(e):      # libyaml's limit; the pure-Python loader recurses instead
+            raise RecursionError(str(e)) from None
         return None
     return docs if docs and all(isinstance(d, (dict, list)) for d in docs) else None
+
+
+def _k8s_items(docs: list, depth: int = 0) -> list:
+    """Kubernetes objects, with the items of a ``List`` (``kubectl get -o yaml``, ``DeploymentList``)
+    taken out of it."""
+    out: list = []
+    for d in docs:
+        if isinstance(d, dict) and str(d.get("kind", "")).endswith("List") and isinstance(d.get("items"), list) \
+                and depth < 4:
+            out += _k8s_items(d["items"], depth + 1)
+        else:
+            out.append(d)
+    return out
 
 
 def _mostly_promql(text: str) -> bool:
     """Whether most paragraphs of a plain file look like PromQL (not shell): a selector with a
     range, braces or a function call, and no command-line options."""
-    paras = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"(?m)^\s*#.*$", "", text)) if p.strip()]
-    looks = [p for p in paras if re.search(r"[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
+    paras = [p.strip()[:4096] for p in re.split(r"\n\s*\n", re.sub(r"(?m)^\s*#.*$", "", text[:1 << 20])) if p.strip()][:500]
+    # (?<![\w:]) starts a name only at its first character: linear, not quadratic, on long words
+    looks = [p for p in paras if re.search(r"(?<![\w:])[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
              and not re.match(r"^(docker|vllm|python|curl|sudo|export|echo|set|for|if|kubectl)\b", p)]
     return bool(paras) and len(looks) * 2 >= len(paras)
 
@@ -75,9 +94,12 @@ def detect(text: str, name: str) -> tuple[str, object]:
         return "dockerfile", None
     if low.endswith((".promql", ".pql")):
         return "promql", None
+    if low.endswith((".md", ".markdown")):
+        return "markdown", None
     if base.endswith(".env") or base == ".env" or base.startswith(".env"):
         return "dotenv", None
-    if low.endswith((".yml", ".yaml", ".json")) or ":" in s.split("\n", 1)[0]:
+    yamlish = re.search(r"(?m)^(---\s*$|[A-Za-z_][\w.-]*:(\s|$))", text[:65536]) is not None
+    if low.endswith((".yml", ".yaml", ".json")) or (yamlish and not low.endswith((".sh", ".bash"))):
         docs = _yaml_docs(text)
         if docs:
             d0 = docs[0]
@@ -89,7 +111,7 @@ def detect(text: str, name: str) -> tuple[str, object]:
                 if "services" in d0:
                     return "compose", d0
                 if any(isinstance(d, dict) and d.get("apiVersion") and d.get("kind") for d in docs):
-                    return "kubernetes", docs
+                    return "kubernetes", _k8s_items(docs)
                 if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
                         or "jobs" in d0:
                     return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
@@ -105,6 +127,45 @@ def detect(text: str, name: str) -> tuple[str, object]:
     if lines and _mostly_promql(text):
         return "promql", None
     return "shell", None
+
+
+_FENCE_RE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w.+-]*)[^\n]*$")
+_FENCE_NAMES = {"sh": "block.sh", "bash": "block.sh", "shell": "block.sh", "console": "block.sh", "zsh": "block.sh",
+                "yaml": "block.yaml", "yml": "block.yaml", "json": "block.json", "promql": "block.promql",
+                "dockerfile": "Dockerfile", "docker": "Dockerfile", "env": "block.env", "dotenv": "block.env"}
+
+
+def markdown_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(first line, pseudo file name from the info string, text) of each fenced code block of a Markdown
+    file tagged with a language (sh, bash, console, yaml, json, promql, dockerfile, env): the prose
+    around them, and untagged blocks, are no launch config. A ``console`` block keeps its ``$ `` commands (and
+    their backslash continuations) and blanks the output, so line numbers stay those of the file."""
+    out, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE_RE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m.group(2), m.group(3).lower(), i + 2
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if info == "console":
+            kept, cont = [], False
+            for ln in body:
+                if ln.startswith("$ ") or cont:
+                    kept.append(ln[2:] if ln.startswith("$ ") and not cont else ln)
+                    cont = ln.rstrip().endswith("\\")
+                else:
+                    kept.append("")
+            body = kept
+        if info in _FENCE_NAMES:          # an untagged block may be prose, a diagram or a template: not checked
+            out.append((start, _FENCE_NAMES[info], "\n".join(body) + "\n"))
+    return out
 
 
 def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str, str, list[CheckFinding]]:
@@ -126,7 +187,20 @@ def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str,
     return NEWEST, "unknown: judged as the newest examined release", found
 
 
-def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None) -> list[CheckFinding]:
+def _flag_line(la: Launch, text: str, *flags: str) -> int:
+    """The line of the first of ``flags`` the launch sets (a .env variable's own line, a YAML key's, the
+    continuation line of a long command), else the launch's line."""
+    for fl in flags:
+        extra = getattr(la, "extra_lines", None) or {}
+        if fl in extra:
+            return extra[fl]
+        if any(a == fl or a.startswith(fl + "=") for a in la.argv):
+            return _line_of(la, text, fl)
+    return la.line
+
+
+def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None,
+              text: str = "") -> list[CheckFinding]:
     """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
     from ..plan import PlanInputs, make_plan, parse_size
 
@@ -160,9 +234,12 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
     out = []
     if p.startup["fails"]:
         fixes = [f for f in p.fixes if not f.get("informational")]
-        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, la.line,
-                                fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"],
-                                     "alternatives": [f"{f['flag']} {f['value']}" for f in fixes[1:]]} if fixes else None))
+        alts = [f"{f['flag']} {f['value']}" if f.get("flag") else f.get("hardware", "") for f in fixes[1:]]
+        line = _flag_line(la, text, "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
+                          "--tensor-parallel-size", "--max-num-seqs")
+        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, line,
+                                fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"], "alternatives": alts}
+                                if fixes and fixes[0].get("flag") else None))
         return out
     conc = p.concurrency["at_max_model_len"]
     seqs = p.settings["max_num_seqs"]
@@ -174,19 +251,29 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
         out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but the KV cache holds {p.pool['kv_cache_tokens']:,} "
                                 f"tokens = {conc:.2f} requests of {mml:,} tokens ({p.kv_per_token['bytes_per_token']:,} "
                                 f"B/token, {p.pool['num_gpu_blocks']:,} blocks); once long requests fill it, vLLM "
-                                f"preempts (RECOMPUTE) instead of admitting more", la.file, la.line, level="warning",
+                                f"preempts (RECOMPUTE) instead of admitting more", la.file,
+                                _flag_line(la, text, "--max-num-seqs"), level="warning",
                                 fix={"setting": "--max-num-seqs", "value": max(1, fit),
                                      "alternatives": [f"--max-model-len {fit_len}"] if fit_len >= bs else []}))
     return out
 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
-               gpu_memory: int | None = None, kind: str | None = None) -> CheckResult:
-    kind_, doc = detect(text, name) if kind is None else (kind, None)
+               gpu_memory: int | None = None, kind: str | None = None,
+               recorded: frozenset[str] = frozenset(), detected: tuple[str, object] | None = None) -> CheckResult:
+    """Findings for one file. ``recorded``: series that Prometheus rule files checked in the same run
+    record (a dashboard that queries them queries no vLLM series)."""
+    if model_config is not None:
+        from ..plan import validate_config
+
+        validate_config(model_config)       # a bad config.json is one line (exit 2), never silently no finding
+    kind_, doc = (detected or detect(text, name)) if kind is None else (kind, None)
     if kind is not None and kind not in ("shell", "promql", "dotenv", "dockerfile"):
-        _, doc = detect(text, name)
+        _, doc = detected or detect(text, name)
     findings: list[CheckFinding] = []
     launches: list[Launch] = []
+    if kind_ == "markdown":
+        return _check_markdown(text, name, vllm_version, model_config, gpu_memory, recorded)
     if kind_ == "shell":
         launches = read_shell(text, name, findings)
         _scan_modules(text, name, 1, findings)
@@ -210,16 +297,16 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     findings += vf
     known = source != "unknown: judged as the newest examined release"
     if kind_ == "prometheus-rules":
-        findings += lint_rules_file(doc, text, name, version, known)
+        findings += lint_rules_file(doc, text, name, version, known, recorded)
     elif kind_ == "grafana":
-        findings += lint_grafana(doc, text, name, version, known)
+        findings += lint_grafana(doc, text, name, version, known, recorded)
     elif kind_ == "promql":
-        findings += lint_promql_text(text, name, version, known)
+        findings += lint_promql_text(text, name, version, known, recorded)
     for la in launches:
         findings += lint_launch(la, version, text)
         flags = parsed_flags(la, version)
         findings += lint_shm(la, flags)
-        findings += _capacity(la, flags, version, model_config, gpu_memory)
+        findings += _capacity(la, flags, version, model_config, gpu_memory, text)
     seen, uniq = set(), []
     for f in sorted(findings, key=lambda f: (f.line, f.rule_id)):
         key = (f.rule_id, f.line, f.message)
@@ -229,12 +316,31 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     return CheckResult(name, kind_, version, source, uniq, len([la for la in launches if la.argv or la.env]))
 
 
+def _check_markdown(text: str, name: str, vllm_version, model_config, gpu_memory, recorded) -> CheckResult:
+    """Each fenced code block checked as what it holds, its findings on the Markdown file's lines."""
+    res = CheckResult(name, "markdown", vllm_version or NEWEST,
+                      "--vllm-version" if vllm_version else "unknown: judged as the newest examined release")
+    versions_seen = []
+    for start, pseudo, body in markdown_blocks(text):
+        det = detect(body, pseudo)
+        r = check_text(body, pseudo, vllm_version, model_config, gpu_memory, recorded=recorded, detected=det)
+        if r.version_source == "image tag":
+            versions_seen.append(r.vllm_version)
+        res.launches += r.launches
+        for f in r.findings:
+            f.file, f.line = name, f.line + start - 1
+            res.findings.append(f)
+    if versions_seen and not vllm_version:
+        res.vllm_version, res.version_source = versions_seen[0], "image tag (a code block)"
+    return res
+
+
 MAX_BYTES = 16 << 20   # a launch config, rule file or dashboard is far smaller; memory stays bounded
 
 
-def check_file(path: str, **kw) -> CheckResult:
-    """``check_text`` on a file (``-``: stdin). InputError (exit 2, one line) for what is no config:
-    unreadable, a directory, binary data, over MAX_BYTES, nested too deeply to parse."""
+def read_input(path: str) -> str:
+    """A file's text (``-``: stdin). InputError (exit 2, one line) for what is no config: unreadable, a
+    directory, binary data, over MAX_BYTES."""
     import sys
 
     from ..errors import InputError
@@ -251,10 +357,37 @@ def check_file(path: str, **kw) -> CheckResult:
         raise InputError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a launch config or monitoring file")
     if b"\0" in raw[:65536]:
         raise InputError(f"{path}: binary data, not a launch config or monitoring file")
-    try:
-        return check_text(raw.decode("utf-8", "replace"), path, **kw)
-    except RecursionError:
-        raise InputError(f"{path}: nested too deeply to read") from None
+    return raw.decode("utf-8", "replace")
+
+
+def check_file(path: str, **kw) -> CheckResult:
+    """``check_text`` on a file (``-``: stdin); see ``read_input`` for what is refused."""
+    return check_files([path], **kw)[0]
+
+
+def check_files(paths: list[str], **kw) -> list[CheckResult]:
+    """``check_text`` on each file, after reading them all: the series that any Prometheus rule file among
+    them records are known to the dashboards and rule files among them."""
+    from ..errors import InputError
+    from .monitoring import recorded_names
+
+    texts = [(p, read_input(p)) for p in paths]
+    recorded: set[str] = set(kw.pop("recorded", ()))
+    detected = []
+    for p, text in texts:
+        try:
+            detected.append(detect(text, p))
+        except RecursionError:
+            raise InputError(f"{p}: nested too deeply to read") from None
+        if detected[-1][0] == "prometheus-rules":
+            recorded |= recorded_names(detected[-1][1])
+    out = []
+    for (p, text), det in zip(texts, detected):
+        try:
+            out.append(check_text(text, p, recorded=frozenset(recorded), detected=det, **kw))
+        except RecursionError:
+            raise InputError(f"{p}: nested too deeply to read") from None
+    return out
 
 
 # ---------------------------------------------------------------- output
@@ -262,7 +395,8 @@ def check_file(path: str, **kw) -> CheckResult:
 def to_text(results: list[CheckResult]) -> str:
     out = []
     for r in results:
-        out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s)")
+        empty = "" if r.launches or r.kind in MONITORING_KINDS else "; no vLLM launch found in it"
+        out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s){empty}")
         for f in r.findings:
             fix = ""
             if f.fix and f.fix.get("setting"):

@@ -42,6 +42,96 @@ KV_DTYPES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bf
              "nvfp4", "turboquant"}
 
 
+_VALUES: dict | None = None
+
+
+def _values() -> dict:
+    """vllm_doctor/data/vllm_flag_values.json (tools/extract_flag_values.py): each flag's argparse type and
+    choices as vLLM's own parser of the examined release holds them."""
+    global _VALUES
+    if _VALUES is None:
+        import json
+        from importlib import resources
+
+        _VALUES = json.loads(resources.files("vllm_doctor.data").joinpath("vllm_flag_values.json").read_text())
+    return _VALUES
+
+
+_HUMAN_INT_RE = __import__("re").compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+
+
+def _parses(kind: str, v: str) -> bool:
+    """Whether argparse's ``type`` callable of this kind accepts ``v`` (int(), float(), vLLM's
+    ``human_readable_int``: ``25.6k``, ``1K``; decimals with a binary suffix are rejected)."""
+    try:
+        if kind == "int":
+            int(v)
+        elif kind == "float":
+            float(v)
+        elif kind == "human_int":
+            m = _HUMAN_INT_RE.fullmatch(v.strip())
+            if m:
+                return m.group(2) in "kmgt" or "." not in m.group(1)
+            int(v)
+        return True
+    except ValueError:
+        return False
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "human_int": "an integer (or 32k, 1M: vLLM's human-readable form)"}
+
+
+def _value_spec(flag: str, version: str) -> tuple[dict | None, bool]:
+    """(the flag's type/choices as the parser of the nearest extracted release at or below ``version``
+    holds them, whether its choices apply). Before the oldest extracted release: that release's types
+    (a flag's type rarely changes; ``human_int`` is lenient there, where some flags were plain ``int``),
+    no choices. Choices apply when ``version`` is that release's own line (same X.Y), or the next
+    extracted release has the same choices (they did not change in between)."""
+    from packaging.version import Version
+
+    from ..versions import parse_version
+
+    vers = _values()["versions"]
+    keys = sorted(vers, key=Version)
+    pv = parse_version(version) or Version(keys[-1])
+    below = [k for k in keys if Version(k) <= pv]
+    if not below:
+        spec = vers[keys[0]].get(flag)
+        return ({k: v for k, v in spec.items() if k != "choices"} if spec else None), False
+    at = below[-1]
+    spec = vers[at].get(flag)
+    if not spec or "choices" not in spec:
+        return spec, False
+    nxt = next((k for k in keys if Version(k) > Version(at)), None)
+    same_line = Version(at).release[:2] == pv.release[:2]
+    stable = nxt is not None and (vers[nxt].get(flag) or {}).get("choices") == spec["choices"]
+    return spec, same_line or stable
+
+
+def argparse_problem(flag: str, value: str, version: str) -> tuple[str, object] | None:
+    """What vLLM's argparse says about ``flag value``: ``invalid int value`` / ``invalid choice``, per the
+    type and choices of that flag in the parser of the release (``vllm_flag_values.json``)."""
+    spec, choices_apply = _value_spec(flag, version)
+    if not spec:
+        return None
+    v = value.strip()
+    if spec.get("none") and v in ("", "None"):
+        return None
+    if spec.get("auto") and (v.lower() == "auto" or v == "-1"):
+        return None
+    kind = spec.get("type")
+    if kind and not _parses(kind, v):
+        word = _KIND_WORDS[kind] + (" or auto" if spec.get("auto") else "") + (" or None" if spec.get("none") else "")
+        argp = {"int": "int", "float": "float", "human_int": "human_readable_int"}[kind]
+        return (f"{flag} {value}: argument {flag}: invalid {argp} value: {value!r} (vLLM's argparse exits at "
+                f"start-up; it takes {word})", None)
+    ch = spec.get("choices")
+    if ch and choices_apply and v not in ch:
+        shown = ", ".join(repr(c) for c in ch[:12]) + (", ..." if len(ch) > 12 else "")
+        return (f"{flag} {value}: argument {flag}: invalid choice: {value!r} (choose from {shown})", None)
+    return None
+
+
 def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | None:
     """(message, suggested value) when ``version`` rejects ``value`` for ``flag``; None when fine."""
     from packaging.version import Version
@@ -55,7 +145,7 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     if flag == "--kv-cache-dtype":
         if pv < Version("0.4.3") and v not in KV_DTYPES_OLD:
             return (f"--kv-cache-dtype {v}: invalid choice in {version} (choose from 'auto', 'fp8_e5m2')", "fp8_e5m2")
-        if v not in KV_DTYPES and pv < Version("0.33.0"):
+        if v not in KV_DTYPES and pv < Version("0.33.0") and not _value_spec(flag, version)[1]:
             return (f"--kv-cache-dtype {v}: not a KV cache dtype vLLM knows", "fp8")
     if flag == "--dtype" and v not in DTYPES:
         return (f"--dtype {v}: invalid choice (choose from {', '.join(sorted(DTYPES))})", "auto")
@@ -75,4 +165,4 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     if flag in ("--max-num-seqs", "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size"):
         if not v.isdigit() or int(v) < 1:
             return (f"{flag} {v}: must be a positive integer", None)
-    return None
+    return argparse_problem(flag, v, version)

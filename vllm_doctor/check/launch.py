@@ -159,10 +159,7 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
     """vLLM launches inside one command (recursing into ``sh -c``)."""
     inner = _shell_c(argv)
     if inner is not None:
-        try:
-            toks = shlex.split(_expand(inner, env), comments=False)
-        except ValueError:
-            return []
+        toks, _err = lex_partial(_expand(inner, env))
         return _from_command(toks, env, line, file, image, image_line, gpus, shm_ok, shm_hint)
     hit = _split_vllm(argv)
     envs = {k: (v, line) for k, v in env.items()}
@@ -207,14 +204,54 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def lex_partial(s: str) -> tuple[list[str], str | None]:
+    """``shlex.split`` (comments dropped); on an unbalanced quote, the error and the line lexed with the
+    quote closed at its end (what was meant, most often), else with the unmatched quote removed (the last
+    quote whose removal lets the rest lex), else split on blanks."""
+    try:
+        return shlex.split(s, comments=True), None
+    except ValueError as e:
+        err = str(e)
+    for q in ('"', "'"):
+        try:
+            return shlex.split(s + q, comments=True), err
+        except ValueError:
+            continue
+    quotes = [i for i, ch in enumerate(s) if ch in "'\""][-64:]
+    for i in reversed(quotes):
+        try:
+            return shlex.split(s[:i] + s[i + 1:], comments=True), err
+        except ValueError:
+            continue
+    return [t.strip("'\"") for t in s.split()], err
+
+
+def locate_key(text: str, key: str, start: int) -> int:
+    """The line of ``key`` at or after ``start``, else anywhere in the file (a YAML anchor defined above the
+    service that merges it: ``<<: *vllm``), else ``start``."""
+    lines = text.splitlines()
+    for rng in (range(max(0, start - 1), len(lines)), range(0, max(0, start - 1))):
+        for i in rng:
+            if key in lines[i]:
+                return i + 1
+    return start
+
+
 def _env_line(text: str, key: str, start: int) -> int:
     return locate(text, key + "=", start)
+
+
+#: commands whose VAR=value prefixes fill their own templates (compose files, charts, Makefiles), not vLLM's env
+TEMPLATING = {"docker-compose", "podman-compose", "envsubst", "helm", "make", "kustomize", "ansible-playbook"}
 
 
 def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launch]:
     env: dict[str, str] = {}
     exported: dict[str, tuple[str, int]] = {}
+    loose: dict[str, tuple[str, int]] = {}          # VLLM_X=1 some-command: set for one command
+    attached: set[str] = set()
     launches: list[Launch] = []
+    last_entry: str | None = None
     for line, src in _logical_lines(text):
         s = src.strip()
         if not s or s.startswith("#"):
@@ -229,19 +266,27 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if s.startswith("export") or m.group(1).startswith("VLLM_"):
                 exported[m.group(1)] = (val, line)
             continue
-        try:
-            argv = shlex.split(s, comments=True)
-        except ValueError as e:
-            findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({e})", file, line))
-            continue
+        if "vllm" not in (_expand(s, env) if "$" in s else s).lower() and not s.startswith("--"):
+            last_entry = None
+            continue        # no vLLM launch, image, variable or flag fragment on this line: not lexed (shlex is slow)
+        argv, err = lex_partial(s)
+        if err:
+            findings.append(CheckFinding("VC012", f"cannot lex this line as shell ({err}): the shell reads "
+                                         "past the end of the line; the flags on it are still checked, as if the "
+                                         "quote were closed there", file, line, snippet=s[:120]))
         # leading VAR=value assignments of one command
         pre: dict[str, str] = {}
         while argv and re.match(r"^[A-Za-z_]\w*=", argv[0]):
             k, _, v = argv.pop(0).partition("=")
             pre[k] = v
         argv = [_expand(a, env) for a in argv]
+        if not (argv and (argv[0].rsplit("/", 1)[-1] in TEMPLATING or argv[:2] in (["docker", "compose"], ["podman", "compose"]))):
+            loose.update({k: (v, line) for k, v in pre.items() if k.startswith("VLLM_")})
         if argv and argv[0].startswith("--"):          # a fragment of flags (a snippet, a continuation)
-            launches.append(Launch(argv, "fragment", line, file))
+            # the continuation of a `vllm bench` / `python -m ...` line (a folded YAML scalar in a document)
+            # carries that command's flags, not the server's
+            cont = last_entry is not None and (last_entry == "vllm bench" or last_entry.startswith("module:"))
+            launches.append(Launch(argv, "continuation" if cont else "fragment", line, file))
             continue
         d = _docker_run(argv)
         if d:
@@ -255,11 +300,19 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             if not ls and IMAGE_RE.search(d["image"]):
                 ls = [Launch([], "", line, file, dict(denv), d["image"], il, d["gpus"], shm_ok, hint)]
             launches += ls
+            last_entry = ls[-1].entry if ls else None
             continue
         ls = _from_command(argv, env, line, file)
         for la in ls:
             la.env = {**exported, **{k: (v, line) for k, v in pre.items()}}
+            attached.update(la.env)
         launches += ls
+        last_entry = ls[-1].entry if ls else None
+    # VLLM_* variables set in the file that no vLLM launch in it receives are still checked (a script that
+    # exports them for a server started elsewhere, a table of variables in a document)
+    left = {k: v for k, v in {**exported, **loose}.items() if k.startswith("VLLM_") and k not in attached}
+    if left:
+        launches.append(Launch([], "env", min(ln for _, ln in left.values()), file, left))
     return launches
 
 
@@ -321,7 +374,7 @@ def read_compose(doc: dict, text: str, file: str) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm_ok, hint)]
         for la in ls:
-            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+            la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
 
@@ -364,7 +417,7 @@ def read_k8s(doc: dict, text: str, file: str, start: int) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm, hint)]
         for la in ls:
-            la.env = {k: (v, locate(text, k, line)) for k, v in env.items()}
+            la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
 
@@ -535,7 +588,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
             out.append(CheckFinding("VC011", f"`python -m {mod}`: {why}", f, locate(text, mod, la.line),
                                     fix={"setting": real, "value": None}))
         return out
-    if la.entry == "vllm bench":
+    if la.entry in ("vllm bench", "continuation"):
         return out
     if la.entry == "vllm serve" and pv < Version("0.5.4"):
         out.append(CheckFinding("VC011", f"`vllm serve` does not exist in {version} (console script from 0.5.4)", f,
@@ -544,7 +597,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if not tok.startswith("--") or tok == "--":
+        if not tok.startswith("--") or not tok.strip("-"):
             i += 1
             continue
         name, eq, val = tok.partition("=")

@@ -65,8 +65,29 @@ def _inner_selectors(e) -> list[str]:
     return names
 
 
+def _fallbacks(tree, version: str) -> set[str]:
+    """Names that are the older leg of an ``or``: ``new or old`` (either order), where every vLLM series of
+    one side exists in ``version`` and the other side's names existed in some vLLM release (a rename:
+    ``vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc``). Such a leg is how one query serves several
+    versions: it matches on the versions that export it, and never hides a missing series on the others."""
+    out: set[str] = set()
+
+    def side_ok(names: list[str]) -> bool:
+        vllm = [n for n in names if n.startswith("vllm:")]
+        return bool(vllm) and all(mn.exported(n, version) for n in vllm)
+
+    def visit(e, _p) -> None:
+        if isinstance(e, pq.BinaryExpr) and str(e.op) == "or":
+            lhs, rhs = _inner_selectors(e.lhs), _inner_selectors(e.rhs)
+            for have, other in ((lhs, rhs), (rhs, lhs)):
+                if side_ok(have):
+                    out.update(n for n in other if n.startswith("vllm:") and mn.lookup(n) and not mn.exported(n, version))
+    _walk(tree, visit)
+    return out
+
+
 def lint_promql(expr: str, version: str, file: str, line: int, context: str = "",
-                version_known: bool = True) -> list[CheckFinding]:
+                version_known: bool = True, recorded: frozenset[str] = frozenset()) -> list[CheckFinding]:
     """Findings for one PromQL expression. ``context`` "sidecar": the file is written for
     vllm-doctor's sidecar too (its own series are fine). ``version_known`` False: a series that
     exists in other vLLM versions is a warning, not an error (the file may serve several)."""
@@ -85,8 +106,12 @@ def lint_promql(expr: str, version: str, file: str, line: int, context: str = ""
                                 file, line, fix=fix, snippet=src))
         return out
 
+    fallback = _fallbacks(tree, version)
+
     def visit(e, parent) -> None:
         name = _selector_name(e)
+        if name in fallback or name in recorded:
+            name = None
         if name and not isinstance(parent, pq.MatrixSelector):
             looks_vllm = name.startswith(("vllm:", "vllm_"))
             sidecar_ok = context == "sidecar" and name in mn.SIDECAR_SERIES
@@ -176,8 +201,20 @@ def _context(text: str) -> str:
     return "sidecar" if "vllm_doctor_" in text else ""
 
 
-def lint_rules_file(doc: dict, text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
+def recorded_names(doc: object) -> set[str]:
+    """The series a Prometheus rule file records (``record:``): queries of them are not vLLM series."""
+    out: set[str] = set()
+    for g in (doc.get("groups") or []) if isinstance(doc, dict) else []:
+        for r in (g or {}).get("rules") or [] if isinstance(g, dict) else []:
+            if isinstance(r, dict) and isinstance(r.get("record"), str):
+                out.add(r["record"])
+    return out
+
+
+def lint_rules_file(doc: dict, text: str, file: str, version: str, version_known: bool = True,
+                    recorded: frozenset[str] = frozenset()) -> list[CheckFinding]:
     out = []
+    recorded = frozenset(recorded | recorded_names(doc))
     for g in doc.get("groups") or []:
         for r in (g or {}).get("rules") or []:
             expr = (r or {}).get("expr")
@@ -185,7 +222,7 @@ def lint_rules_file(doc: dict, text: str, file: str, version: str, version_known
                 continue
             name = r.get("alert") or r.get("record") or ""
             line = _line_of_expr(text, str(expr), name)
-            out += lint_promql(str(expr), version, file, line, _context(text), version_known)
+            out += lint_promql(str(expr), version, file, line, _context(text), version_known, recorded)
     return out
 
 
@@ -204,7 +241,8 @@ def _line_of_expr(text: str, expr: str, name: str) -> int:
     return start + 1
 
 
-def lint_grafana(doc: dict, text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
+def lint_grafana(doc: dict, text: str, file: str, version: str, version_known: bool = True,
+                 recorded: frozenset[str] = frozenset()) -> list[CheckFinding]:
     out = []
     dash = doc.get("dashboard", doc)
     dash = dash if isinstance(dash, dict) else {}
@@ -224,11 +262,12 @@ def lint_grafana(doc: dict, text: str, file: str, version: str, version_known: b
                 expr_v = re.sub(r"\$\{?\w+\}?", "x", expr_v) if "$" in expr_v else expr_v
                 # the file holds the expression JSON-escaped (\" for "): find that form
                 line = _line_of_expr(text, json.dumps(expr.strip().splitlines()[0][:60])[1:-1], "")
-                out += lint_promql(expr_v, version, file, line, _context(text), version_known)
+                out += lint_promql(expr_v, version, file, line, _context(text), version_known, recorded)
     return out
 
 
-def lint_promql_text(text: str, file: str, version: str, version_known: bool = True) -> list[CheckFinding]:
+def lint_promql_text(text: str, file: str, version: str, version_known: bool = True,
+                     recorded: frozenset[str] = frozenset()) -> list[CheckFinding]:
     """A raw PromQL file: one expression per paragraph or line; ``#`` comments."""
     out = []
     buf, start = [], 0
@@ -236,7 +275,7 @@ def lint_promql_text(text: str, file: str, version: str, version_known: bool = T
         s = raw.strip()
         if not s or s.startswith("#"):
             if buf:
-                out += lint_promql(" ".join(buf), version, file, start, _context(text), version_known)
+                out += lint_promql(" ".join(buf), version, file, start, _context(text), version_known, recorded)
                 buf = []
             continue
         if not buf:

@@ -1,0 +1,155 @@
+"""plan: the verdict first, a model whose weights do not fit the GPU, and config.json input that is not a
+real model's (every sizing field mutated to what a hand-edited or corrupted config holds)."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor import capacity as cap
+from vllm_doctor.check import check_text
+from vllm_doctor.errors import InputError
+from vllm_doctor.plan import PlanInputs, load_config, make_plan, to_markdown, to_text, validate_config
+
+HERE = Path(__file__).parent
+MODELS = HERE / "fixtures" / "models"
+
+
+def _plan(model: str, **kw):
+    cfg, _ = load_config(str(MODELS / model))
+    return make_plan(PlanInputs(config=cfg, **kw))
+
+
+# ---------------------------------------------------------------- weights larger than the GPU
+
+def test_weights_larger_than_the_gpu_fail_at_load_with_the_arithmetic():
+    p = _plan("qwen3-32b", gpu_memory_bytes=48 * cap.GiB, max_model_len=32768)   # 61.02 GiB of bf16 weights
+    assert p.startup["fails"] and p.startup["stage"] == "load"
+    msg = p.startup["messages"][0]
+    assert "CUDA out of memory" in msg and "61.02 GiB per GPU" in msg and "48.00 GiB total" in msg
+    assert "0.92 x 48.00 GiB = 44.16 GiB" in msg                                    # gpu_memory_utilization x total
+    assert not any("No available memory" in m for m in p.startup["messages"])       # not the KV cache message
+    fixes = {f["flag"]: f for f in p.fixes}
+    assert fixes["--tensor-parallel-size"]["value"] == 2 and "alternative_to" not in fixes["--tensor-parallel-size"]
+    assert fixes["--pipeline-parallel-size"]["value"] == 2
+    assert fixes["--pipeline-parallel-size"]["alternative_to"] == "--tensor-parallel-size"
+    assert fixes[None]["hardware"] == "a GPU with at least 82 GiB"
+    # every fix it names is the smallest that starts: apply it and the plan starts
+    assert not _plan("qwen3-32b", gpu_memory_bytes=48 * cap.GiB, max_model_len=32768, tensor_parallel_size=2).startup["fails"]
+    assert not _plan("qwen3-32b", gpu_memory_bytes=48 * cap.GiB, max_model_len=32768, pipeline_parallel_size=2).startup["fails"]
+    assert not _plan("qwen3-32b", gpu_memory_bytes=82 * cap.GiB, max_model_len=32768).startup["fails"]
+    assert _plan("qwen3-32b", gpu_memory_bytes=81 * cap.GiB, max_model_len=32768).startup["fails"]
+
+
+def test_fp8_weights_are_offered_when_they_fit():
+    # Qwen3-14B: 27.5 GiB of bf16 weights on a 24 GiB GPU; fp8 linear layers bring them to ~14.6 GiB
+    p = _plan("qwen3-14b", gpu_memory_bytes=24 * cap.GiB, max_model_len=8192)
+    assert p.startup["stage"] == "load"
+    q = next(f for f in p.fixes if f["flag"] == "--quantization")
+    assert q["value"] == "fp8" and q["alternative_to"] == "--tensor-parallel-size"
+    assert not _plan("qwen3-14b", gpu_memory_bytes=24 * cap.GiB, max_model_len=8192, quantization="fp8").startup["fails"]
+
+
+def test_weights_that_load_but_exceed_the_budget_are_explained():
+    p = _plan("qwen3-32b", gpu_memory_bytes=64 * cap.GiB, max_model_len=32768)
+    assert p.startup["stage"] == "kv_cache"
+    assert p.startup["messages"][0].startswith("No available memory for the cache blocks.")
+    assert "they alone exceed gpu_memory_utilization 0.92 x 64.00 GiB = 58.88 GiB" in p.startup["messages"][0]
+
+
+# ---------------------------------------------------------------- the verdict comes first
+
+def test_text_and_markdown_start_with_the_verdict():
+    p = _plan("llama-3.1-8b", gpu_memory_bytes=80 * cap.GiB, mean_request_tokens=2000)
+    text, md = to_text(p), to_markdown(p)
+    lines = text.splitlines()
+    assert lines[2] == "Verdict"
+    assert lines[3] == ("  starts; max concurrency 3.36x requests of 131,072 tokens (439,856 KV cache tokens, "
+                        "27,491 blocks per GPU)")
+    assert lines[4] == "    at a mean request of 2,000 tokens: 219 requests at once"
+    assert text.index("Verdict") < text.index("Weights (per GPU)") < text.index("KV cache pool")
+    assert md.splitlines()[2] == "## Verdict" and md.index("## Verdict") < md.index("## Weights (per GPU)")
+    bad = _plan("qwen3-32b", gpu_memory_bytes=48 * cap.GiB, max_model_len=32768)
+    t = to_text(bad).splitlines()
+    assert t[3] == "  start-up FAILS while loading the weights:"
+    assert t[4].startswith("    Loading the weights fails: torch.OutOfMemoryError: CUDA out of memory.")
+    assert t[6].startswith("Flags (alternatives marked; apply one of them)")
+    assert to_text(bad).index("a GPU with at least 82 GiB (alternative to --tensor-parallel-size)") < to_text(bad).index("Weights")
+
+
+# ---------------------------------------------------------------- config.json that is not a model's
+
+BAD = [0, -1, "32", 1.5, 1e30, 10 ** 12, True, [], {}]
+FIELDS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+          "vocab_size", "intermediate_size", "max_position_embeddings"]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_each_sizing_field_out_of_range_is_one_line_naming_it(field):
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    for bad in BAD:
+        c = copy.deepcopy(cfg)
+        c[field] = bad
+        with pytest.raises(InputError) as e:
+            make_plan(PlanInputs(config=c, gpu_memory_bytes=80 * cap.GiB))
+        assert f"config.json: {field} is {json.dumps(bad)}" in str(e.value), (field, bad)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ([], "not a JSON object"), ("llama", "not a JSON object"), (None, "not a JSON object"),
+    ({}, "no num_hidden_layers"), ({"num_hidden_layers": 32}, "no hidden_size"),
+    ({"num_hidden_layers": 2, "hidden_size": 100, "num_attention_heads": 3}, "hidden_size 100 is not divisible by num_attention_heads 3"),
+    ({"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 4},
+     "num_key_value_heads 4 is more than num_attention_heads 2"),
+    ({"num_hidden_layers": 2, "hidden_size": 128, "architectures": "LlamaForCausalLM"}, "architectures is \"LlamaForCausalLM\", not a list"),
+    ({"num_hidden_layers": 2, "hidden_size": 128, "text_config": 5}, "text_config is 5, not an object"),
+    ({"num_hidden_layers": 2, "hidden_size": 128, "quantization_config": {"quant_method": "awq", "bits": "4"}},
+     "quantization_config.bits is \"4\""),
+    ({"text_config": {"num_hidden_layers": -2, "hidden_size": 128}}, "text_config: num_hidden_layers is -2"),
+])
+def test_configs_that_are_no_model_are_refused(cfg, words):
+    with pytest.raises(InputError) as e:
+        validate_config(cfg)
+    assert words in str(e.value)
+
+
+def test_every_field_of_real_configs_mutated_never_raises_anything_but_input_error():
+    """Each key of each fixture config set to each bad value: a plan, or one InputError; never a TypeError,
+    ZeroDivisionError or MemoryError from inside the arithmetic."""
+    n_err = 0
+    for path in sorted(MODELS.glob("*/config.json")):
+        cfg = json.loads(path.read_text())
+        tc = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) and cfg["text_config"].get("num_hidden_layers") else cfg
+        for key in list(tc):
+            for bad in BAD:
+                c = copy.deepcopy(cfg)
+                (c["text_config"] if tc is not cfg else c)[key] = bad
+                try:
+                    make_plan(PlanInputs(config=c, gpu_memory_bytes=80 * cap.GiB))
+                except InputError as e:
+                    n_err += 1
+                    assert "\n" not in str(e)
+    assert n_err > 500
+
+
+def test_cli_plan_and_check_refuse_a_bad_config_with_exit_2(tmp_path):
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    cfg["num_key_value_heads"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "run.sh").write_text("vllm serve m --max-num-seqs 64\n")
+    for args in (["plan", str(tmp_path), "--gpu-memory", "80GiB"],
+                 ["check", str(tmp_path / "run.sh"), "--model-config", str(tmp_path), "--gpu-memory", "80GiB"]):
+        r = subprocess.run([sys.executable, "-m", "vllm_doctor", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stdout == "", args
+        assert r.stderr.count("\n") == 1 and "num_key_value_heads is 0, not a count in 1..65,536" in r.stderr
+    with pytest.raises(InputError):            # the library entry point too, not only the CLI's loader
+        check_text("vllm serve m --max-num-seqs 64\n", "run.sh", model_config=cfg, gpu_memory=80 * cap.GiB)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(tmp_path), "--gpu-memory", "80GiB"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a JSON object" in r.stderr

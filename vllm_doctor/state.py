@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
+from .state_windows import GpuMemory, WindowAggregate
 from .timeline import Timeline
 from .versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
@@ -152,6 +153,13 @@ class State:
         self.preemptions_trimmed = False
         self.worker_pids: set[tuple[str, int | None]] = set()
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/timeline.py)
+        # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
+        self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
+
+    def add_window(self, series: str, agg: WindowAggregate) -> WindowAggregate:
+        """Keep ``agg`` up to date with every new line of ``series`` ("stats", "engine_metrics", "gpu")."""
+        self.windows[series].append(agg)
+        return agg
 
     # ---- intake --------------------------------------------------------------------------
     def apply(self, e: Any) -> None:
@@ -298,6 +306,8 @@ class State:
         if len(self.stats) > self.max_items:
             self.stats.popleft()
         self.last_stats = e
+        for agg in self.windows["stats"]:
+            agg.add(e, e.meta.ts)
         if e.engine_index in self.last_stats_by_engine or len(self.last_stats_by_engine) < 256:
             self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
@@ -350,6 +360,10 @@ class State:
         if len(self.metrics) > self.max_items:
             self.metrics.popleft()
         self.last_metrics = e
+        if self.windows["engine_metrics"]:
+            for m in e.engines or (e,):
+                for agg in self.windows["engine_metrics"]:
+                    agg.add(m, m.meta.ts)
         if e.num_preemptions_total is not None:
             v = e.num_preemptions_total
             if self._metrics_last is not None and v < self._metrics_last:  # vLLM restarted
@@ -391,6 +405,10 @@ class State:
             used = sum(g.memory_used_bytes or 0 for g in self.gpus.values())
             total = sum(g.memory_total_bytes or 0 for g in self.gpus.values()) or None
             self.gpu_series.append((e.meta.ts, used, total))
+            if self.windows["gpu"]:
+                point = GpuMemory(e.meta.ts, used, total)
+                for agg in self.windows["gpu"]:
+                    agg.add(point, e.meta.ts)
             if len(self.gpu_series) > self.max_items:
                 self.gpu_series.popleft()
 

@@ -182,6 +182,25 @@ class _BoundedEval(EvalWithCompoundTypes):
             simpleeval.MAX_COMPREHENSION_LENGTH = saved
 
 
+class LineEval:
+    """One expression evaluated on one line after another (a window's ``where`` or computed
+    field, see vllm_doctor/state_windows.py): parsed once; missing data (None in a comparison or
+    arithmetic, an attribute of None) gives None. Any other error is raised to the caller, which
+    counts it as the rule's error."""
+
+    def __init__(self, expr: str, functions: dict[str, Callable] | None = None) -> None:
+        self._ev = _BoundedEval(names={}, functions={**FUNCTIONS, **(functions or {})})
+        self._tree = self._ev.parse(expr)
+        self.expr = expr
+
+    def __call__(self, names: dict[str, Any]) -> Any:
+        self._ev.names = names
+        try:
+            return self._ev.eval(self.expr, previously_parsed=self._tree)
+        except (TypeError, _MissingData, ZeroDivisionError):
+            return None
+
+
 class Evaluator:
     """Evaluates rule expressions against a namespace; missing data (None in arithmetic, an
     attribute of an event that did not happen) becomes None: the rule does not fire. Anything

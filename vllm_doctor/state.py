@@ -11,7 +11,10 @@ the events' own timestamps: log time in ``diagnose``, wall time for collector sa
   ``first_event`` read them); an OOM flood grows nothing;
 * the periodic series (stats lines, /metrics samples, GPU samples) keep at most
   ``max_window_seconds`` of history and at most ``max_items`` entries each;
-* peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima.
+* peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima;
+* the rules' window aggregates (``windows``, :mod:`vllm_doctor.state_windows`) are updated with
+  each stats line, /metrics sample and GPU poll: per-second buckets of counts, sums, extrema,
+  fit sums and quantile sketches, at most one bucket per second of the window.
 
 :meth:`State.counters` / :meth:`State.restore_counters` give the monotonic part (the exported
 counters and what they are computed from) as JSON, for the sidecar's checkpoint.

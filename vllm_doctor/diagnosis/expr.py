@@ -5,12 +5,18 @@ Expressions see (all read-only):
 * the facts of the report by name (``kv_cache_tokens``, ``max_model_len``, ``max_num_seqs``, ...;
   None when unknown), ``vllm_version`` (str or None), ``engine`` ("v0", "v1" or None);
 * ``t.NAME``: a shared threshold from ``rules/thresholds.yaml``;
+* the rule's ``windows:`` by name: aggregates over its window that the state keeps line by line
+  (:class:`~vllm_doctor.state_windows.WindowView`: ``w.count``, ``w.max('num_running')``,
+  ``w.at_max(f)``, ``w.quantile(f, 0.99)``, ``w.slope_per_hour(f)``, ``w.lines``, ...): what the
+  built-in rules read about a window, in bounded memory;
 * ``stats``: the periodic stats lines in the rule's window (:class:`~vllm_doctor.events.SchedulerStats`),
-  ``metrics``: /metrics samples in the window, ``window_seconds``;
+  ``metrics``: /metrics samples in the window (kept for user rules; a ring of at most
+  ``State.max_items``, which a comprehension may iterate whole), ``window_seconds``;
+* ``defaulted``: the names of the facts filled from the version's defaults (not in the log);
 * the rule's earlier ``values`` by name;
 * functions: :data:`FUNCTIONS`. Aggregates ignore None and return None for an empty input, and
   arithmetic on None is avoided with ``coalesce``. List comprehensions are allowed
-  (``[x.num_running for x in stats if x.num_waiting > 0]``).
+  (``[x.num_running for x in stats if x.num_waiting > 0]``); a window aggregate is the better way.
 """
 
 from __future__ import annotations

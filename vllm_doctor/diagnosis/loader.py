@@ -96,6 +96,7 @@ class Docs(Strict):
     example_log: str
     fix: str | None = None
     limits: str | None = None
+    needs: str | None = None  # what the rule reads that not every input has (fleet rules: Prometheus series)
 
 
 class MessageCase(Strict):

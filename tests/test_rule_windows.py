@@ -124,3 +124,14 @@ def test_aggregate_memory_is_bounded_by_its_window_not_by_the_lines():
     assert agg.memory_items() <= agg.max_buckets + 1 <= MAX_BUCKETS + 3
     assert agg.view(t - 3600).max("v") == 999.0
 
+
+
+def test_a_window_condition_outside_the_per_line_language_is_a_load_error(tmp_path):
+    from vllm_doctor.errors import RuleLoadError
+
+    (tmp_path / "XX101-comprehension.yaml").write_text(
+        "id: XX101\nname: comprehension-where\ntitle: t\nseverity: warning\ncategory: test\nwindow: 300\n"
+        "windows:\n  odd:\n    of: stats\n    where: any([x for x in [num_running]])\n    fields: [num_running]\n"
+        "when:\n  all:\n    - odd.count > 0\nmessage: m\ndocs: {why: w, example_log: e}\n")
+    with pytest.raises(RuleLoadError, match=r"XX101-comprehension.yaml:10: windows.odd.where: .*comparisons"):
+        load_rules([tmp_path])

@@ -614,12 +614,15 @@ class Window:
         return out
 
 
+STALL_SAMPLES_KEPT = 4
+
+
 @dataclass(frozen=True)
 class Stall:
     """A stretch in which one engine had requests waiting and processed no token.
 
     engine: engine index (None: unnumbered); samples: the stats lines / scrapes that show it
-    (cited as evidence); seconds: from the first of them to the first sample that shows
+    (cited as evidence: the first and last STALL_SAMPLES_KEPT of a long one; ``intervals`` counts them all); seconds: from the first of them to the first sample that shows
     progress, or to the state's clock when none did (``ongoing``); source: "log" | "metrics"."""
 
     engine: int | None
@@ -659,7 +662,8 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
             t0 = run[0].meta.ts
             secs = (end if end is not None else run[-1].meta.ts) - t0
             if len(run) >= min_intervals or secs >= min_intervals * interval:
-                out.append(Stall(eng, tuple(run), secs, len(run), int(max(x.num_waiting or 0 for x in run)),
+                cited = run if len(run) <= 2 * STALL_SAMPLES_KEPT else run[:STALL_SAMPLES_KEPT] + run[-STALL_SAMPLES_KEPT:]
+                out.append(Stall(eng, tuple(cited), secs, len(run), int(max(x.num_waiting or 0 for x in run)),
                                  int(max(x.num_running or 0 for x in run)), ongoing, source))
 
         for x in xs:

@@ -42,6 +42,9 @@ class GpuMemory:
     memory_total_bytes: int | None
 
 
+_NUMBER = (int, float)
+
+
 def resolution_for(window_seconds: float) -> int:
     """Bucket width (s) of an aggregate over ``window_seconds``: 1 s up to MAX_BUCKETS s."""
     return max(1, math.ceil(window_seconds / MAX_BUCKETS))
@@ -165,18 +168,18 @@ class WindowAggregate:
                 b = _Bucket(key, self.names, self.quantiles)
                 self.buckets.append(b)
                 self._trim(key)
+        fields = b.fields
         for name, get in self.fields.items():
             try:
                 v = get(item)
             except Exception as e:  # noqa: BLE001
                 self._error(e)
                 continue
-            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            if type(v) not in _NUMBER or v != v:  # None, a bool, NaN: no value
                 continue
-            b.fields[name].add(v, t, item)
-            sk = b.sketches.get(name)
-            if sk is not None:
-                sk.add(v)
+            fields[name].add(v, t, item)
+            if self.quantiles and name in b.sketches:
+                b.sketches[name].add(v)
         b.n += 1
         if ts is not None:
             if b.t0 is None:

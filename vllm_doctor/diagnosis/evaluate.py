@@ -18,7 +18,7 @@ from ..findings import Evidence, Finding, FlagFix
 from ..state import State, Window, stalls
 from ..state_windows import WindowAggregate
 from ..versions import flag_exists, flag_first_version, parse_version
-from .expr import FUNCTIONS, Evaluator, LineEval, names_in
+from .expr import Evaluator, compile_line, names_in
 from .loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, _const_args, split_placeholder
 
 MAX_EVIDENCE = 8
@@ -105,20 +105,27 @@ def _rule_exprs(rule: Rule) -> list[str]:
     return out
 
 
-def _aggregate(name: str, span: float, fields: dict[str, str], where=None, quantiles: tuple = ()) -> WindowAggregate:
+def _line_fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.name != "meta")
+
+
+def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=None,
+               quantiles: tuple = ()) -> WindowAggregate:
     """A window aggregate reading ``fields`` (name -> a field of the line, or an expression on it)."""
     getters = {}
     for fname, expr in fields.items():
         if expr.isidentifier():
             getters[fname] = (lambda f: lambda item: getattr(item, f, None))(expr)
         else:
-            line_eval = LineEval(expr)
-            getters[fname] = (lambda le: lambda item: le(_line_names(item)))(line_eval)
+            getters[fname] = (lambda fn: lambda item: _or_none(fn, item))(compile_line(expr, _line_fields(cls), {}))
     return WindowAggregate(name, span, getters, where, quantiles)
 
 
-def _line_names(item) -> dict:
-    return {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "meta"}
+def _or_none(fn, item):
+    try:
+        return fn(item)
+    except (TypeError, AttributeError, ZeroDivisionError):
+        return None  # None in arithmetic: the line does not give this value
 
 
 class RuleEngine:
@@ -144,44 +151,57 @@ class RuleEngine:
         updates them on each new line. Also, per rule, the aggregate behind ``stats_max(f)`` /
         ``stats_min(f)`` and a ``where``'s ``peak(f)``: the largest value of any line."""
         self._windows = {}
+        shared: dict[tuple, WindowAggregate] = {}  # the same aggregate asked for by several rules: kept once
+
+        def add(series: str, key: tuple, make) -> WindowAggregate:
+            got = shared.get((series, *key))
+            if got is None:
+                got = shared[(series, *key)] = state.add_window(series, make())
+            return got
+
         for rule in self.ruleset.rules:
             span = self.ruleset.window_seconds(rule) or state.max_window
             aggs: dict[str, WindowAggregate] = {}
             stat_fields = sorted({f for expr in _rule_exprs(rule) for fn in ("stats_max", "stats_min")
                                   for f in _const_args(expr, fn)})
             if stat_fields:
-                aggs["stats"] = state.add_window("stats", _aggregate("stats", span, {f: f for f in stat_fields}))
+                aggs["stats"] = add("stats", (span, tuple(stat_fields)), lambda: _aggregate(
+                    "stats", span, {f: f for f in stat_fields}, WINDOW_SERIES["stats"]))
             for name, spec in rule.windows.items():
                 peaks = sorted(set(_const_args(spec.where, "peak"))) if spec.where else []
                 peak_agg = None
                 if peaks:  # every line of the series, before the filtered aggregate sees it
-                    peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks}))
-                where = None
-                if spec.where:
-                    where = self._line_condition(spec.where, WINDOW_SERIES[spec.of], state, span, peak_agg)
-                aggs[name] = state.add_window(spec.of, _aggregate(name, span, spec.field_exprs(), where,
+                    peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks},
+                                                                    WINDOW_SERIES[spec.of]))
+                cls = WINDOW_SERIES[spec.of]
+                where = self._line_condition(spec.where, cls, state, span, peak_agg) if spec.where else None
+                key = (span, spec.where, tuple(spec.field_exprs().items()), tuple(spec.quantiles))
+                aggs[name] = add(spec.of, key, lambda: _aggregate(name, span, spec.field_exprs(), cls, where,
                                                                   tuple(spec.quantiles)))
             self._windows[rule.id] = aggs
 
     def _line_condition(self, expr: str, cls: type, state: State, span: float, peak_agg):
         """A ``where`` as a function of one line: its fields by name, ``t.X``, the facts (as now),
         ``peak(f)``. Missing data (None in a comparison) is "no"; anything else raises (counted)."""
-        fields = [f.name for f in dataclasses.fields(cls) if f.name != "meta"]
-        need_facts = bool(names_in(expr) - set(fields) - {"t", "peak"} - set(FUNCTIONS))
-        thresholds = self._thresholds
+        line_facts: list = [None]  # the facts, read once per line and only if the condition gets to them
 
         def peak(f: str):
             ts = state.now
             return peak_agg.view(None if ts is None else ts - span).max(f)
 
-        line_eval = LineEval(expr, {"peak": peak})
+        def fact(name: str):
+            if line_facts[0] is None:
+                line_facts[0] = self._cached_facts(state)
+            return line_facts[0].get(name)
+
+        test = compile_line(expr, _line_fields(cls), self.ruleset.thresholds, {"peak": peak}, fact)
 
         def where(item) -> bool:
-            names = {f: getattr(item, f, None) for f in fields}
-            names["t"] = thresholds
-            if need_facts:
-                names.update(self._cached_facts(state))
-            return bool(line_eval(names))
+            line_facts[0] = None
+            try:
+                return bool(test(item))
+            except (TypeError, AttributeError, ZeroDivisionError):
+                return False  # None in a comparison: the line does not say, so it does not count
 
         return where
 

@@ -31,7 +31,7 @@ from ..state import FACT_NAMES
 from ..state_windows import GpuMemory
 from ..textscan import top_level
 from ..versions import known_flag
-from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, names_in
+from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
 
 SEVERITIES = ("info", "warning", "critical")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
@@ -479,6 +479,10 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
             if bad:
                 raise RuleLoadError(f"{at(f'windows.{name}.fields', fname)}: {sorted(bad)[0]!r} is not a field of "
                                     f"{cls.__name__} (it has {', '.join(sorted(line_names))})")
+            try:  # the per-line form (expr.compile_line) takes a subset of the language
+                compile_line(fexpr, line_names, thresholds)
+            except RuleLoadError as e:
+                raise RuleLoadError(f"{at(f'windows.{name}.fields', fname)}: {e}") from None
         for q in w.quantiles:
             if q not in w.field_exprs():
                 raise RuleLoadError(f"{at(f'windows.{name}.quantiles', q)}: quantile of {q!r}, which is not in its fields")
@@ -490,6 +494,10 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
             for a in attributes_of(w.where, "t"):
                 if a not in thresholds:
                     raise RuleLoadError(f"{at(f'windows.{name}.where', 't.' + a)}: unknown threshold t.{a}")
+            try:
+                compile_line(w.where, line_names, thresholds, {"peak": max}, names=lambda n: None)
+            except RuleLoadError as e:
+                raise RuleLoadError(f"{at(f'windows.{name}.where')}: {e}") from None
             for field in _const_args(w.where, "peak"):
                 if field not in line_names:
                     raise RuleLoadError(f"{at(f'windows.{name}.where', field)}: peak({field!r}): {cls.__name__} has no field {field!r}")

@@ -19,7 +19,7 @@ from ..state import State, Window, stalls
 from ..state_windows import WindowAggregate
 from ..versions import flag_exists, flag_first_version, parse_version
 from .expr import Evaluator, compile_line, names_in
-from .loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, _const_args, split_placeholder
+from .loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, const_args, split_placeholder
 
 MAX_EVIDENCE = 8
 #: The finding about vllm-doctor itself: a rule that failed to evaluate (see RuleEngine.evaluate).
@@ -142,6 +142,7 @@ class RuleEngine:
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
         self._gates: dict[str, list[str]] = {}
         self._windows: dict[str, dict[str, WindowAggregate]] = {}  # rule id -> its window aggregates
+        self._uses: dict[str, set[str]] = {}  # rule id -> the names its expressions use
         self._facts_key: tuple | None = None
         self._facts: dict = {}
 
@@ -163,12 +164,12 @@ class RuleEngine:
             span = self.ruleset.window_seconds(rule) or state.max_window
             aggs: dict[str, WindowAggregate] = {}
             stat_fields = sorted({f for expr in _rule_exprs(rule) for fn in ("stats_max", "stats_min")
-                                  for f in _const_args(expr, fn)})
+                                  for f in const_args(expr, fn)})
             if stat_fields:
                 aggs["stats"] = add("stats", (span, tuple(stat_fields)), lambda: _aggregate(
                     "stats", span, {f: f for f in stat_fields}, WINDOW_SERIES["stats"]))
             for name, spec in rule.windows.items():
-                peaks = sorted(set(_const_args(spec.where, "peak"))) if spec.where else []
+                peaks = sorted(set(const_args(spec.where, "peak"))) if spec.where else []
                 peak_agg = None
                 if peaks:  # every line of the series, before the filtered aggregate sees it
                     peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks},
@@ -316,11 +317,18 @@ class RuleEngine:
         seconds = self.ruleset.window_seconds(rule)
         win = state.window(seconds)
         names: dict[str, Any] = dict(facts)
+        uses = self._uses.get(rule.id)
+        if uses is None:
+            uses = self._uses[rule.id] = {n for e in _rule_exprs(rule) for n in names_in(e)}
+        # the window's lines as lists, for rules that iterate them (user rules; the built-in ones read
+        # their window aggregates): built only for a rule that names them
         names.update(
-            t=self._thresholds, stats=win.stats(), metrics=win.metrics(), engine_metrics=win.engine_metrics(),
+            t=self._thresholds, stats=win.stats() if "stats" in uses else [],
+            metrics=win.metrics() if "metrics" in uses else [],
+            engine_metrics=win.engine_metrics() if "engine_metrics" in uses else [],
             window_seconds=seconds,
             vllm_version=state.vllm_version, engine=state.engine,
-            gpu=win.gpu_series(), unknown_flags=sorted(state.unknown_flags),
+            gpu=win.gpu_series() if "gpu" in uses else [], unknown_flags=sorted(state.unknown_flags),
             defaulted=tuple(state.defaulted),  # facts filled from the version's defaults (not in the log)
         )
         fired_names = {f.name for f in self.findings.values() if f.active}

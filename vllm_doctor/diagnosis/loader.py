@@ -253,7 +253,7 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def _const_args(expr: str, fn: str) -> list[str]:
+def const_args(expr: str, fn: str) -> list[str]:
     """The string constants passed first to calls of ``fn`` (``peak('generation_tps')``)."""
     return [n.args[0].value for n in ast.walk(ast.parse(expr, mode="eval"))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == fn and n.args
@@ -460,7 +460,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         if err:
             raise RuleLoadError(f"{at(where, err.split(':')[0])}: {err}")
         for fn in ("stats_max", "stats_min"):
-            for field in _const_args(expr, fn):
+            for field in const_args(expr, fn):
                 if field not in _fields(SchedulerStats):
                     raise RuleLoadError(f"{at(where, field)}: {fn}({field!r}): SchedulerStats has no field {field!r}")
 
@@ -498,7 +498,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
                 compile_line(w.where, line_names, thresholds, {"peak": max}, names=lambda n: None)
             except RuleLoadError as e:
                 raise RuleLoadError(f"{at(f'windows.{name}.where')}: {e}") from None
-            for field in _const_args(w.where, "peak"):
+            for field in const_args(w.where, "peak"):
                 if field not in line_names:
                     raise RuleLoadError(f"{at(f'windows.{name}.where', field)}: peak({field!r}): {cls.__name__} has no field {field!r}")
         defined.add(name)

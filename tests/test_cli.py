@@ -153,9 +153,19 @@ def test_metrics_capture_option():
 def test_rules_and_explain():
     rc, out, _ = run("rules")
     assert rc == 0
-    names = [ln.split()[1] for ln in out.splitlines()]
+    rows = [ln.split() for ln in out.splitlines() if re.match(r"VD\d{3} ", ln)]
+    names = [r[1] for r in rows]
     assert {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound", "gpu-memory-leak",
             "nccl-failure", "runtime-oom", "engine-dead"} <= set(names)
+    # the fleet rules (rules/fleet/) are listed too, after their heading, each with what it needs
+    fleet = out[out.index("Fleet rules (run by `vllm-doctor diagnose --prometheus URL`"):]
+    assert [r[0] for r in rows if r[0] >= "VD020"] == ["VD020", "VD021", "VD022", "VD023", "VD024"]
+    assert fleet.count("needs: ") == 5 and "vllm:num_preemptions_total" in fleet
+    rc, out, _ = run("rules", "--format", "json")
+    scopes = {r["id"]: r["scope"] for r in json.loads(out)}
+    assert scopes["VD001"] == "deployment" and scopes["VD024"] == "fleet"
+    rc, out, _ = run("explain", "replica-imbalance")
+    assert rc == 0 and "[fleet rule]" in out and "diagnose --prometheus URL" in out and "Needs:" in out
     rc, out, _ = run("explain", "preemption-storm")
     assert rc == 0 and "Why it matters" in out and "Example log line" in out and "total_num_cumulative_preemption" in out
     assert run("explain", "VD002")[0] == 0

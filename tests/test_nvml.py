@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import time
 
-from vllm_doctor.sources.nvml import FakeGpu, FakeNvml, FakeNvmlError, NvmlPoller
+from fake_nvml import FakeGpu, FakeNvml, FakeNvmlError
+
+from vllm_doctor.sources.nvml import NvmlPoller
 
 GiB = 1 << 30
 

@@ -478,14 +478,16 @@ if __name__ == "__main__":
 
 def test_gpu_memory_through_nvml(monkeypatch):
     """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source."""
+    import fake_nvml
+
     from vllm_doctor.errors import InputError
     from vllm_doctor.plan import nvml_total_memory
     from vllm_doctor.sources import nvml
 
-    fake = nvml.FakeNvml([nvml.FakeGpu(total=85_520_809_984)])
+    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(total=85_520_809_984)])
     monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
     assert nvml_total_memory() == 85_520_809_984
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: nvml.FakeNvml(fail_init=nvml.FakeNvmlError(12)))
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake_nvml.FakeNvml(fail_init=fake_nvml.FakeNvmlError(12)))
     with pytest.raises(InputError, match="give --gpu-memory"):
         nvml_total_memory()
 

@@ -91,7 +91,12 @@ RULES = Path(__file__).resolve().parent.parent / "rules"
     ("VD006", "evidence: [quoted]", "evidence: [quotd]", "evidence[0]"),
     ("VD001", 'arithmetic: "{gpu_memory_utilization} + 0.05"', 'arithmetic: "{gpu_memory_utilisation} + 0.05"',
      "fixes[2].arithmetic"),
-    ("VD004", "x.num_waiting >= t.waiting_min and 1 <=", "x.num_waitin >= t.waiting_min and 1 <=", "values.plateau"),
+    ("VD004", "num_waiting >= t.waiting_min and 1 <=", "num_waitin >= t.waiting_min and 1 <=", "windows.plateau.where"),
+    ("VD004", "m_running: mfull.max('num_running')", "m_running: mfull.max('num_runing')", "values.m_running"),
+    ("VD003", "fields: [prompt_tps, generation_tps", "fields: [prompt_tps, generation_tpz", "windows.stalled.fields"),
+    ("VD003", "peak('generation_tps')", "peak('generation_tpz')", "windows.stalled.where"),
+    ("VD005", "idle.slope_per_hour('kv_cache_usage_ratio')", "idle.slope_per_hours('kv_cache_usage_ratio')",
+     "values.idle_slope"),
     ("VD001", "value: kv_bytes", "value: kv_byts", "fixes[1].value"),
     ("VD002", "if: oom_len is not None", "if: oom_lenn is not None", "fixes[9].if"),
 ])

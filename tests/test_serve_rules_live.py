@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from fake_nvml import FakeGpu, FakeNvml
 from serve_helpers import Pages, live_sidecar, timeline_pages, value, wait_for
-
-from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
 
 MiB = 1 << 20
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_nvml import FakeGpu, FakeNvml
 from serve_helpers import FIXTURES, Pages, free_port, live_sidecar, samples, value, wait_for
 
 from vllm_doctor.serve import ConfigError, load_config
-from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
 from vllm_doctor.sources.replay import restamp
 
 V0_STORM = (FIXTURES / "logs" / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes()

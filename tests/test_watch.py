@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from fake_nvml import FakeGpu, FakeNvml
 from rich.console import Console
 from typer.testing import CliRunner
 
 from vllm_doctor.cli import app
 from vllm_doctor.serve import load_config
-from vllm_doctor.sources.nvml import FakeGpu, FakeNvml
 from vllm_doctor.sources.replay import restamp
 from vllm_doctor.watch import watch
 

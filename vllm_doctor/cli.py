@@ -220,26 +220,38 @@ def rules_cmd(
         _fail(f"unknown format {format!r}: text, markdown or json")
     from .diagnosis import load_rules
 
+    from .docs import FLEET_RUN, fleet_ruleset
+
     try:
         rs = load_rules(rules or [])
+        fleet = fleet_ruleset(rs)
     except VllmDoctorError as e:
         _fail(str(e))
     if format == "markdown":
         from .docs import rules_markdown
 
-        sys.stdout.write(rules_markdown(rs))
+        sys.stdout.write(rules_markdown(rs, fleet))
         return
     if format == "json":
         import json
 
         print(json.dumps([{"id": r.id, "name": r.name, "severity": r.severity, "category": r.category,
-                           "title": r.title, "window_seconds": rs.window_seconds(r),
-                           "flags": sorted({f.flag for f in r.fixes})} for r in rs.rules], indent=2))
+                           "title": r.title, "window_seconds": None if scope == "fleet" else rs.window_seconds(r),
+                           "flags": sorted({f.flag for f in r.fixes}), "scope": scope,
+                           "needs": " ".join(r.docs.needs.split()) if r.docs.needs else None}
+                          for scope, rules_ in (("deployment", rs.rules), ("fleet", fleet.rules)) for r in rules_],
+                         indent=2))
         return
     for r in rs.rules:
         win = rs.window_seconds(r)
         w = f"{int(win)}s" if win else "whole log"
         print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.category:<10} {w:<9} {r.title}")
+    if fleet.rules:
+        print(f"\nFleet rules ({FLEET_RUN}):")
+        for r in fleet.rules:
+            print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.category:<10} {'range':<9} {r.title}")
+            if r.docs.needs:
+                print(f"       needs: {' '.join(r.docs.needs.split())}")
 
 
 @app.command()
@@ -249,13 +261,17 @@ def explain(
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
     from .diagnosis import load_rules
-    from .docs import explain_text
+    from .docs import explain_text, fleet_ruleset
 
     try:
         rs = load_rules(rules or [])
+        fleet = fleet_ruleset(rs)
     except VllmDoctorError as e:
         _fail(str(e))
     r = rs.by_key(rule)
+    if r is None and (f := fleet.by_key(rule)) is not None:
+        sys.stdout.write(explain_text(f, fleet, fleet=True))
+        return
     if r is None:
         _fail(f"no rule {rule!r}; `vllm-doctor rules` lists them")
     sys.stdout.write(explain_text(r, rs))

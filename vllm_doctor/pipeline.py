@@ -122,6 +122,7 @@ class Pipeline:
         longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
         self.state = State(max_window_seconds=longest + 60)
         self.engine = RuleEngine(ruleset, log_time=self.clock.follows_log)
+        self.engine.attach(self.state)  # the rules' window aggregates, updated by the state per line
         self._sources: dict[str, _SourceCtx] = {}
         self.active: list[Finding] = []
         self._scanner = KeywordScanner()

@@ -11,7 +11,10 @@ the events' own timestamps: log time in ``diagnose``, wall time for collector sa
   ``first_event`` read them); an OOM flood grows nothing;
 * the periodic series (stats lines, /metrics samples, GPU samples) keep at most
   ``max_window_seconds`` of history and at most ``max_items`` entries each;
-* peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima.
+* peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima;
+* the rules' window aggregates (``windows``, :mod:`vllm_doctor.state_windows`) are updated with
+  each stats line, /metrics sample and GPU poll: per-second buckets of counts, sums, extrema,
+  fit sums and quantile sketches, at most one bucket per second of the window.
 
 :meth:`State.counters` / :meth:`State.restore_counters` give the monotonic part (the exported
 counters and what they are computed from) as JSON, for the sidecar's checkpoint.
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
+from .state_windows import GpuMemory, WindowAggregate
 from .timeline import Timeline
 from .versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
@@ -152,6 +156,13 @@ class State:
         self.preemptions_trimmed = False
         self.worker_pids: set[tuple[str, int | None]] = set()
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/timeline.py)
+        # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
+        self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
+
+    def add_window(self, series: str, agg: WindowAggregate) -> WindowAggregate:
+        """Keep ``agg`` up to date with every new line of ``series`` ("stats", "engine_metrics", "gpu")."""
+        self.windows[series].append(agg)
+        return agg
 
     # ---- intake --------------------------------------------------------------------------
     def apply(self, e: Any) -> None:
@@ -298,6 +309,8 @@ class State:
         if len(self.stats) > self.max_items:
             self.stats.popleft()
         self.last_stats = e
+        for agg in self.windows["stats"]:
+            agg.add(e, e.meta.ts)
         if e.engine_index in self.last_stats_by_engine or len(self.last_stats_by_engine) < 256:
             self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
@@ -350,6 +363,10 @@ class State:
         if len(self.metrics) > self.max_items:
             self.metrics.popleft()
         self.last_metrics = e
+        if self.windows["engine_metrics"]:
+            for m in e.engines or (e,):
+                for agg in self.windows["engine_metrics"]:
+                    agg.add(m, m.meta.ts)
         if e.num_preemptions_total is not None:
             v = e.num_preemptions_total
             if self._metrics_last is not None and v < self._metrics_last:  # vLLM restarted
@@ -391,6 +408,10 @@ class State:
             used = sum(g.memory_used_bytes or 0 for g in self.gpus.values())
             total = sum(g.memory_total_bytes or 0 for g in self.gpus.values()) or None
             self.gpu_series.append((e.meta.ts, used, total))
+            if self.windows["gpu"]:
+                point = GpuMemory(e.meta.ts, used, total)
+                for agg in self.windows["gpu"]:
+                    agg.add(point, e.meta.ts)
             if len(self.gpu_series) > self.max_items:
                 self.gpu_series.popleft()
 
@@ -593,12 +614,15 @@ class Window:
         return out
 
 
+STALL_SAMPLES_KEPT = 4
+
+
 @dataclass(frozen=True)
 class Stall:
     """A stretch in which one engine had requests waiting and processed no token.
 
     engine: engine index (None: unnumbered); samples: the stats lines / scrapes that show it
-    (cited as evidence); seconds: from the first of them to the first sample that shows
+    (cited as evidence: the first and last STALL_SAMPLES_KEPT of a long one; ``intervals`` counts them all); seconds: from the first of them to the first sample that shows
     progress, or to the state's clock when none did (``ongoing``); source: "log" | "metrics"."""
 
     engine: int | None
@@ -638,7 +662,8 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
             t0 = run[0].meta.ts
             secs = (end if end is not None else run[-1].meta.ts) - t0
             if len(run) >= min_intervals or secs >= min_intervals * interval:
-                out.append(Stall(eng, tuple(run), secs, len(run), int(max(x.num_waiting or 0 for x in run)),
+                cited = run if len(run) <= 2 * STALL_SAMPLES_KEPT else run[:STALL_SAMPLES_KEPT] + run[-STALL_SAMPLES_KEPT:]
+                out.append(Stall(eng, tuple(cited), secs, len(run), int(max(x.num_waiting or 0 for x in run)),
                                  int(max(x.num_running or 0 for x in run)), ongoing, source))
 
         for x in xs:

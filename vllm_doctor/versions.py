@@ -115,8 +115,8 @@ def _defaults(version: str | None, engine: str | None, gpu_total_bytes: int | No
     is_v1 = engine == "v1" or (engine is None and pv is not None and pv >= Version("0.8.0"))
     if not is_v1 and d.get("max_num_seqs"):
         out["max_num_seqs"] = d["max_num_seqs"]
-    elif not is_v1 and engine == "v0":
-        out["max_num_seqs"] = 256
+    elif not is_v1 and engine == "v0" and (d.get("max_num_seqs_by_gpu") or {}).get("V0 fallback"):
+        out["max_num_seqs"] = d["max_num_seqs_by_gpu"]["V0 fallback"]  # the V0 engine's default there
     elif is_v1 and gpu_total_bytes:
         out["max_num_seqs"] = 1024 if gpu_total_bytes >= 70 * (1 << 30) else 256
     if is_v1:

@@ -16,9 +16,10 @@ from typing import Any
 from ..advice import concurrency, relate_fixes
 from ..findings import Evidence, Finding, FlagFix
 from ..state import State, Window, stalls
+from ..state_windows import WindowAggregate
 from ..versions import flag_exists, flag_first_version, parse_version
-from .expr import Evaluator, names_in
-from .loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
+from .expr import Evaluator, compile_line, names_in
+from .loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, const_args, split_placeholder
 
 MAX_EVIDENCE = 8
 #: The finding about vllm-doctor itself: a rule that failed to evaluate (see RuleEngine.evaluate).
@@ -89,6 +90,44 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
+def _rule_exprs(rule: Rule) -> list[str]:
+    """Every expression of a rule (conditions, values, fixes' values and conditions, placeholders)."""
+    out = list(rule.when.all) + list(rule.when.any) + list(rule.values.values())
+    texts = [rule.message] if isinstance(rule.message, str) else [c.text for c in rule.message]
+    out += [c.if_ for c in (rule.message if not isinstance(rule.message, str) else []) if c.if_]
+    for f in rule.fixes:
+        out += [f.value] + ([f.if_] if f.if_ else [])
+        texts += [f.why] + ([f.arithmetic] if f.arithmetic else [])
+    for c in rule.checks:
+        out += [c.if_] if c.if_ else []
+        texts.append(c.text)
+    out += [split_placeholder(m.group(1))[0] for t in texts for m in TEMPLATE_RE.finditer(t)]
+    return out
+
+
+def _line_fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.name != "meta")
+
+
+def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=None,
+               quantiles: tuple = ()) -> WindowAggregate:
+    """A window aggregate reading ``fields`` (name -> a field of the line, or an expression on it)."""
+    getters = {}
+    for fname, expr in fields.items():
+        if expr.isidentifier():
+            getters[fname] = (lambda f: lambda item: getattr(item, f, None))(expr)
+        else:
+            getters[fname] = (lambda fn: lambda item: _or_none(fn, item))(compile_line(expr, _line_fields(cls), {}))
+    return WindowAggregate(name, span, getters, where, quantiles)
+
+
+def _or_none(fn, item):
+    try:
+        return fn(item)
+    except (TypeError, AttributeError, ZeroDivisionError):
+        return None  # None in arithmetic: the line does not give this value
+
+
 class RuleEngine:
     """Runs a RuleSet on a State. ``findings``: rule id -> Finding, everything seen so far."""
 
@@ -102,6 +141,79 @@ class RuleEngine:
         self.rule_errors_total: dict[str, int] = {}  # rule id -> evaluations that failed (a counter)
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
         self._gates: dict[str, list[str]] = {}
+        self._windows: dict[str, dict[str, WindowAggregate]] = {}  # rule id -> its window aggregates
+        self._uses: dict[str, set[str]] = {}  # rule id -> the names its expressions use
+        self._facts_key: tuple | None = None
+        self._facts: dict = {}
+
+    # ---- window aggregates: kept by the state, line by line ------------------------------------
+    def attach(self, state: State) -> None:
+        """Register every rule's window aggregates (``windows:``) with ``state``, which then
+        updates them on each new line. Also, per rule, the aggregate behind ``stats_max(f)`` /
+        ``stats_min(f)`` and a ``where``'s ``peak(f)``: the largest value of any line."""
+        self._windows = {}
+        shared: dict[tuple, WindowAggregate] = {}  # the same aggregate asked for by several rules: kept once
+
+        def add(series: str, key: tuple, make) -> WindowAggregate:
+            got = shared.get((series, *key))
+            if got is None:
+                got = shared[(series, *key)] = state.add_window(series, make())
+            return got
+
+        for rule in self.ruleset.rules:
+            span = self.ruleset.window_seconds(rule) or state.max_window
+            aggs: dict[str, WindowAggregate] = {}
+            stat_fields = sorted({f for expr in _rule_exprs(rule) for fn in ("stats_max", "stats_min")
+                                  for f in const_args(expr, fn)})
+            if stat_fields:
+                aggs["stats"] = add("stats", (span, tuple(stat_fields)), lambda: _aggregate(
+                    "stats", span, {f: f for f in stat_fields}, WINDOW_SERIES["stats"]))
+            for name, spec in rule.windows.items():
+                peaks = sorted(set(const_args(spec.where, "peak"))) if spec.where else []
+                peak_agg = None
+                if peaks:  # every line of the series, before the filtered aggregate sees it
+                    peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks},
+                                                                    WINDOW_SERIES[spec.of]))
+                cls = WINDOW_SERIES[spec.of]
+                where = self._line_condition(spec.where, cls, state, span, peak_agg) if spec.where else None
+                key = (span, spec.where, tuple(spec.field_exprs().items()), tuple(spec.quantiles))
+                aggs[name] = add(spec.of, key, lambda: _aggregate(name, span, spec.field_exprs(), cls, where,
+                                                                  tuple(spec.quantiles)))
+            self._windows[rule.id] = aggs
+
+    def _line_condition(self, expr: str, cls: type, state: State, span: float, peak_agg):
+        """A ``where`` as a function of one line: its fields by name, ``t.X``, the facts (as now),
+        ``peak(f)``. Missing data (None in a comparison) is "no"; anything else raises (counted)."""
+        line_facts: list = [None]  # the facts, read once per line and only if the condition gets to them
+
+        def peak(f: str):
+            ts = state.now
+            return peak_agg.view(None if ts is None else ts - span).max(f)
+
+        def fact(name: str):
+            if line_facts[0] is None:
+                line_facts[0] = self._cached_facts(state)
+            return line_facts[0].get(name)
+
+        test = compile_line(expr, _line_fields(cls), self.ruleset.thresholds, {"peak": peak}, fact)
+
+        def where(item) -> bool:
+            line_facts[0] = None
+            try:
+                return bool(test(item))
+            except (TypeError, AttributeError, ZeroDivisionError):
+                return False  # None in a comparison: the line does not say, so it does not count
+
+        return where
+
+    def _cached_facts(self, state: State) -> dict:
+        """The facts, recomputed only when what they are made of changed (a line's condition
+        reads them for every line)."""
+        key = (state.vllm_version, state.engine, state.run_index, tuple(state.config.items()),
+               tuple(state.capacity.items()), tuple(state.memory.items()))
+        if key != self._facts_key:
+            self._facts_key, self._facts = key, state.facts()
+        return self._facts
 
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
@@ -205,11 +317,19 @@ class RuleEngine:
         seconds = self.ruleset.window_seconds(rule)
         win = state.window(seconds)
         names: dict[str, Any] = dict(facts)
+        uses = self._uses.get(rule.id)
+        if uses is None:
+            uses = self._uses[rule.id] = {n for e in _rule_exprs(rule) for n in names_in(e)}
+        # the window's lines as lists, for rules that iterate them (user rules; the built-in ones read
+        # their window aggregates): built only for a rule that names them
         names.update(
-            t=self._thresholds, stats=win.stats(), metrics=win.metrics(), engine_metrics=win.engine_metrics(),
+            t=self._thresholds, stats=win.stats() if "stats" in uses else [],
+            metrics=win.metrics() if "metrics" in uses else [],
+            engine_metrics=win.engine_metrics() if "engine_metrics" in uses else [],
             window_seconds=seconds,
             vllm_version=state.vllm_version, engine=state.engine,
-            gpu=win.gpu_series(), unknown_flags=sorted(state.unknown_flags),
+            gpu=win.gpu_series() if "gpu" in uses else [], unknown_flags=sorted(state.unknown_flags),
+            defaulted=tuple(state.defaulted),  # facts filled from the version's defaults (not in the log)
         )
         fired_names = {f.name for f in self.findings.values() if f.active}
 
@@ -239,12 +359,23 @@ class RuleEngine:
         def recent_events(kind: str) -> list:
             return win.events(kind)
 
+        aggs = self._windows.get(rule.id, {})
+        views = {name: agg.view(win.start) for name, agg in aggs.items() if not name.endswith(":peak")}
+        agg_errors = [err for agg in aggs.values() for err in agg.errors]
+        for agg in aggs.values():
+            agg.errors.clear()
+        names.update({name: v for name, v in views.items() if name in rule.windows})
+
         def stats_max(field: str):
             """The largest value of a stats field in the window (None when none has it)."""
+            if "stats" in views and field in aggs["stats"].fields:
+                return views["stats"].max(field)
             vals = [v for v in (getattr(x, field) for x in win.stats()) if v is not None]
             return max(vals) if vals else None
 
         def stats_min(field: str):
+            if "stats" in views and field in aggs["stats"].fields:
+                return views["stats"].min(field)
             vals = [v for v in (getattr(x, field) for x in win.stats()) if v is not None]
             return min(vals) if vals else None
 
@@ -278,7 +409,9 @@ class RuleEngine:
                                             facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
                                             facts.get("block_size")),
         )
-        return Evaluator(names, funcs, comprehension_limit=4 * state.max_items), win
+        ev = Evaluator(names, funcs, comprehension_limit=4 * state.max_items)
+        ev.errors.extend(agg_errors)  # a window's condition that failed on a line: the rule's fault, shown
+        return ev, win
 
     def _gating_values(self, rule: Rule) -> list[str]:
         """The values the rule's conditions need (transitively), in declaration order."""

@@ -5,18 +5,25 @@ Expressions see (all read-only):
 * the facts of the report by name (``kv_cache_tokens``, ``max_model_len``, ``max_num_seqs``, ...;
   None when unknown), ``vllm_version`` (str or None), ``engine`` ("v0", "v1" or None);
 * ``t.NAME``: a shared threshold from ``rules/thresholds.yaml``;
+* the rule's ``windows:`` by name: aggregates over its window that the state keeps line by line
+  (:class:`~vllm_doctor.state_windows.WindowView`: ``w.count``, ``w.max('num_running')``,
+  ``w.at_max(f)``, ``w.quantile(f, 0.99)``, ``w.slope_per_hour(f)``, ``w.lines``, ...): what the
+  built-in rules read about a window, in bounded memory;
 * ``stats``: the periodic stats lines in the rule's window (:class:`~vllm_doctor.events.SchedulerStats`),
-  ``metrics``: /metrics samples in the window, ``window_seconds``;
+  ``metrics``: /metrics samples in the window (kept for user rules; a ring of at most
+  ``State.max_items``, which a comprehension may iterate whole), ``window_seconds``;
+* ``defaulted``: the names of the facts filled from the version's defaults (not in the log);
 * the rule's earlier ``values`` by name;
 * functions: :data:`FUNCTIONS`. Aggregates ignore None and return None for an empty input, and
   arithmetic on None is avoided with ``coalesce``. List comprehensions are allowed
-  (``[x.num_running for x in stats if x.num_waiting > 0]``).
+  (``[x.num_running for x in stats if x.num_waiting > 0]``); a window aggregate is the better way.
 """
 
 from __future__ import annotations
 
 import ast
 import math
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -180,6 +187,103 @@ class _BoundedEval(EvalWithCompoundTypes):
             return super()._eval_comprehension(node)
         finally:
             simpleeval.MAX_COMPREHENSION_LENGTH = saved
+
+
+_LINE_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+             ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+             ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+_LINE_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+
+
+def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[str, Any],
+                 functions: dict[str, Callable] | None = None,
+                 names: Callable[[str], Any] | None = None) -> Callable[[Any], Any]:
+    """An expression on one line (a window's ``where`` or computed field) as a function of the
+    line, for the per-line path: each node becomes a closure once (no ``eval``, no interpreter
+    per line). It reads the line's ``fields`` by name, ``t.X`` (resolved now), constants, the
+    functions of :data:`FUNCTIONS` plus ``functions``, and other names through ``names(name)``
+    (the facts, read when the line arrives). Comparisons, ``and`` / ``or`` / ``not``, arithmetic
+    and ``a if c else b`` only; anything else is a RuleLoadError. A comparison or arithmetic on
+    None raises TypeError, which the caller reads as missing data."""
+    funcs = {**FUNCTIONS, **(functions or {})}
+    try:
+        tree = ast.parse(expr.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
+
+    def c(n: ast.AST) -> Callable[[Any], Any]:
+        if isinstance(n, ast.Constant):
+            v = n.value
+            return lambda it: v
+        if isinstance(n, ast.Name):
+            if n.id in ("None", "True", "False"):
+                v = {"None": None, "True": True, "False": False}[n.id]
+                return lambda it: v
+            if n.id in fields:
+                return operator.attrgetter(n.id)
+            if names is None:
+                raise RuleLoadError(f"unknown name {n.id!r} in {expr!r}")
+            name = n.id
+            return lambda it: names(name)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "t":
+            if n.attr not in thresholds:
+                raise RuleLoadError(f"unknown threshold t.{n.attr} in {expr!r}")
+            v = thresholds[n.attr]
+            return lambda it: v
+        if isinstance(n, ast.BoolOp):
+            parts = [c(v) for v in n.values]
+            if isinstance(n.op, ast.And):
+                def and_(it):
+                    v = True
+                    for p in parts:
+                        v = p(it)
+                        if not v:
+                            return v
+                    return v
+                return and_
+
+            def or_(it):
+                v = False
+                for p in parts:
+                    v = p(it)
+                    if v:
+                        return v
+                return v
+            return or_
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Not, ast.USub)):
+            x = c(n.operand)
+            return (lambda it: not x(it)) if isinstance(n.op, ast.Not) else (lambda it: -x(it))
+        if isinstance(n, ast.Compare) and all(type(op) in _LINE_CMP for op in n.ops):
+            ops = [_LINE_CMP[type(op)] for op in n.ops]
+            terms = [c(n.left)] + [c(x) for x in n.comparators]
+            if len(ops) == 1:
+                op, lhs, rhs = ops[0], terms[0], terms[1]
+                return lambda it: op(lhs(it), rhs(it))
+
+            def chain(it):
+                left = terms[0](it)
+                for op, term in zip(ops, terms[1:]):
+                    right = term(it)
+                    if not op(left, right):
+                        return False
+                    left = right
+                return True
+            return chain
+        if isinstance(n, ast.BinOp) and type(n.op) in _LINE_BIN:
+            op, lhs, rhs = _LINE_BIN[type(n.op)], c(n.left), c(n.right)
+            return lambda it: op(lhs(it), rhs(it))
+        if isinstance(n, ast.IfExp):
+            test, body, orelse = c(n.test), c(n.body), c(n.orelse)
+            return lambda it: body(it) if test(it) else orelse(it)
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs and not n.keywords
+                and not any(isinstance(a, ast.Starred) for a in n.args)):
+            fn, args = funcs[n.func.id], [c(a) for a in n.args]
+            return lambda it: fn(*[a(it) for a in args])
+        raise RuleLoadError(f"{ast.unparse(n)!r} in {expr!r}: a line's expression has comparisons, and / or / "
+                            f"not, arithmetic, 'a if c else b' and calls of the rule functions only")
+
+    return c(tree)
 
 
 class Evaluator:

@@ -26,15 +26,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import RuleLoadError
-from ..events import EVENT_KINDS, Meta, SchedulerStats, VllmMetricsSample
+from ..events import EVENT_KINDS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
 from ..state import FACT_NAMES
+from ..state_windows import GpuMemory
 from ..textscan import top_level
 from ..versions import known_flag
-from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, names_in
+from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
 
 SEVERITIES = ("info", "warning", "critical")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
-                                 "gpu", "None", "True", "False", "unknown_flags"}
+                                 "gpu", "None", "True", "False", "unknown_flags", "defaulted"}
 TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
 _SPEC_RE = re.compile(r"[<>^=+\- #0-9,._%a-zA-Z]*")
 
@@ -68,11 +69,34 @@ class Fix(Strict):
     option: str | None = None  # fixes naming the same option go together; options are alternatives
 
 
+#: The series a window aggregate can read (``windows.NAME.of``) and the class of their lines.
+WINDOW_SERIES = {"stats": SchedulerStats, "engine_metrics": EngineMetrics, "gpu": GpuMemory}
+#: What a rule may read on a window aggregate (vllm_doctor/state_windows.py WindowView).
+VIEW_FIELD_METHODS = ("max", "min", "sum", "mean", "first", "last", "at_max", "at_min", "quantile", "slope_per_hour")
+VIEW_ATTRIBUTES = ("count", "span_seconds", "lines")
+#: Functions only a window's ``where`` may call: ``peak(f)``, the largest ``f`` of any line of the
+#: series in the rule's window up to this line.
+WHERE_FUNCTIONS = ("peak",)
+
+
+class WindowSpec(Strict):
+    """An aggregate the state keeps for the rule, line by line (see vllm_doctor/state_windows.py)."""
+
+    of: Literal["stats", "engine_metrics", "gpu"]
+    where: str | None = None  # a condition on one line (its fields by name, t.X, facts)
+    fields: list[str] | dict[str, str] = Field(default_factory=list)  # field names, or name -> expression on a line
+    quantiles: list[str] = Field(default_factory=list)  # fields that also get a quantile sketch
+
+    def field_exprs(self) -> dict[str, str]:
+        return dict(self.fields) if isinstance(self.fields, dict) else {f: f for f in self.fields}
+
+
 class Docs(Strict):
     why: str
     example_log: str
     fix: str | None = None
     limits: str | None = None
+    needs: str | None = None  # what the rule reads that not every input has (fleet rules: Prometheus series)
 
 
 class MessageCase(Strict):
@@ -91,6 +115,7 @@ class Rule(Strict):
     window: float | str | None = None  # seconds, "5m", "t.NAME", or None for the whole history
     when: When
     unless: list[str] = Field(default_factory=list)
+    windows: dict[str, WindowSpec] = Field(default_factory=dict)  # aggregates over the window, kept by the state
     values: dict[str, str] = Field(default_factory=dict)
     evidence: list[str] = Field(default_factory=list)
     message: str | list[MessageCase]  # a template, or cases: the first whose `if` holds
@@ -228,14 +253,46 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def const_args(expr: str, fn: str) -> list[str]:
+    """The string constants passed first to calls of ``fn`` (``peak('generation_tps')``)."""
+    return [n.args[0].value for n in ast.walk(ast.parse(expr, mode="eval"))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == fn and n.args
+            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)]
+
+
+def _window_reads(expr: str, windows: dict[str, WindowSpec]) -> str | None:
+    """The first read of a window aggregate that it does not offer, as an error text:
+    ``full.max('num_runing')`` (a field it does not aggregate), ``full.maximum(...)``."""
+    for n in ast.walk(ast.parse(expr, mode="eval")):
+        if not (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in windows):
+            continue
+        if n.attr not in VIEW_FIELD_METHODS and n.attr not in VIEW_ATTRIBUTES:
+            return (f"{ast.unparse(n)}: a window offers {', '.join(VIEW_ATTRIBUTES)} and "
+                    f"{', '.join(m + '(field)' for m in VIEW_FIELD_METHODS)}")
+    for n in ast.walk(ast.parse(expr, mode="eval")):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                and n.func.value.id in windows and n.func.attr in VIEW_FIELD_METHODS):
+            w = windows[n.func.value.id]
+            if not n.args or not isinstance(n.args[0], ast.Constant) or not isinstance(n.args[0].value, str):
+                return f"{ast.unparse(n)}: name the field as a string"
+            field = n.args[0].value
+            if field not in w.field_exprs():
+                return (f"{ast.unparse(n)}: window {n.func.value.id!r} does not aggregate {field!r} "
+                        f"(its fields: {', '.join(w.field_exprs()) or 'none'})")
+            if n.func.attr == "quantile" and field not in w.quantiles:
+                return f"{ast.unparse(n)}: window {n.func.value.id!r} keeps no quantile sketch of {field!r} (add it to quantiles)"
+    return None
+
+
 class _Types:
     """The event class behind each name of a rule, inferred from how it was made:
     ``last_event('K')`` / ``first_event('K')`` -> K; ``[x for x in stats if ...]`` -> a list of
     SchedulerStats; ``first(list)`` / ``last(list)`` / ``coalesce(a, ...)`` -> the element's class."""
 
-    def __init__(self) -> None:
+    def __init__(self, windows: dict[str, type] | None = None) -> None:
         self.one: dict[str, type] = {}  # name -> event class
         self.many: dict[str, type] = {}  # name -> class of the list's elements
+        self.windows = windows or {}  # window aggregate name -> class of its lines
 
     @staticmethod
     def _kind(call: ast.Call) -> type | None:
@@ -255,6 +312,13 @@ class _Types:
             if node.id in _SERIES_TYPES:
                 return "many", _SERIES_TYPES[node.id]
             return None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in self.windows:
+            if node.attr == "lines":
+                return "many", self.windows[node.value.id]
+            return None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("at_max", "at_min")
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in self.windows):
+            return "one", self.windows[node.func.value.id]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             fn = node.func.id
             if fn in _EVENT_GETTERS and (k := self._kind(node)):
@@ -351,7 +415,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     known = BASE_NAMES | set(FUNCTIONS) | set(STATE_FUNCTIONS)
     defined: set[str] = set()
     lines = _line_map(text)
-    types = _Types()
+    types = _Types({n: WINDOW_SERIES[w.of] for n, w in rule.windows.items()})
 
     src_lines = text.splitlines()
 
@@ -392,11 +456,52 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         err = types.check(expr)
         if err:
             raise RuleLoadError(f"{at(where, err.split(':')[0])}: {err}")
+        err = _window_reads(expr, rule.windows)
+        if err:
+            raise RuleLoadError(f"{at(where, err.split(':')[0])}: {err}")
+        for fn in ("stats_max", "stats_min"):
+            for field in const_args(expr, fn):
+                if field not in _fields(SchedulerStats):
+                    raise RuleLoadError(f"{at(where, field)}: {fn}({field!r}): SchedulerStats has no field {field!r}")
 
     def check_template(text: str, where: str) -> None:
         for m in TEMPLATE_RE.finditer(text):
             check(split_placeholder(m.group(1))[0], where)
 
+    for name, w in rule.windows.items():
+        if name in known:
+            raise RuleLoadError(f"{at(f'windows.{name}')}: window name {name!r} is already a name of the rule language")
+        cls = WINDOW_SERIES[w.of]
+        line_names = _fields(cls) - {"meta"}
+        allowed = line_names | {"t", "None", "True", "False"} | set(FACT_NAMES) | set(FUNCTIONS) | set(WHERE_FUNCTIONS)
+        for fname, fexpr in w.field_exprs().items():
+            bad = names_in(fexpr) - line_names - {"None", "True", "False"} - set(FUNCTIONS)
+            if bad:
+                raise RuleLoadError(f"{at(f'windows.{name}.fields', fname)}: {sorted(bad)[0]!r} is not a field of "
+                                    f"{cls.__name__} (it has {', '.join(sorted(line_names))})")
+            try:  # the per-line form (expr.compile_line) takes a subset of the language
+                compile_line(fexpr, line_names, thresholds)
+            except RuleLoadError as e:
+                raise RuleLoadError(f"{at(f'windows.{name}.fields', fname)}: {e}") from None
+        for q in w.quantiles:
+            if q not in w.field_exprs():
+                raise RuleLoadError(f"{at(f'windows.{name}.quantiles', q)}: quantile of {q!r}, which is not in its fields")
+        if w.where:
+            bad = names_in(w.where) - allowed
+            if bad:
+                raise RuleLoadError(f"{at(f'windows.{name}.where', sorted(bad)[0])}: unknown name {sorted(bad)[0]!r} in "
+                                    f"{w.where!r} (a line of {w.of} has {', '.join(sorted(line_names))})")
+            for a in attributes_of(w.where, "t"):
+                if a not in thresholds:
+                    raise RuleLoadError(f"{at(f'windows.{name}.where', 't.' + a)}: unknown threshold t.{a}")
+            try:
+                compile_line(w.where, line_names, thresholds, {"peak": max}, names=lambda n: None)
+            except RuleLoadError as e:
+                raise RuleLoadError(f"{at(f'windows.{name}.where')}: {e}") from None
+            for field in const_args(w.where, "peak"):
+                if field not in line_names:
+                    raise RuleLoadError(f"{at(f'windows.{name}.where', field)}: peak({field!r}): {cls.__name__} has no field {field!r}")
+        defined.add(name)
     for k, e in rule.values.items():
         check(e, f"values.{k}")
         defined.add(k)

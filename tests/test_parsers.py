@@ -147,3 +147,15 @@ def test_traceback_through_start_up_kv_cache_set_up_is_an_engine_start_failure(l
 def test_kv_init_frame_is_not_read_from_prose_or_a_def_line():
     assert not [e for e in parse_lines(["    def _initialize_kv_caches(self) -> None:",
                                         "we call self._initialize_kv_caches() here"]) if isinstance(e, ev.EngineFailure)]
+
+
+def test_engine_config_echo_cut_inside_its_last_pair_does_not_give_that_value():
+    # held-out corpus 156 (0.9.2): the echo is hard-wrapped right after "enable_prefix_caching="
+    cfg = one("INFO 07-17 00:07:07 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: model='meta-llama/Llama-3.1-8B', "
+              "dtype=torch.bfloat16, max_seq_len=131072, tensor_parallel_size=1, enforce_eager=False, enable_prefix_caching=",
+              "EngineConfigObserved")
+    vals = dict(cfg.values)
+    assert vals["max_model_len"] == 131072 and vals["enforce_eager"] is False and "enable_prefix_caching" not in vals
+    cut_value = dict(one("INFO 07-17 00:07:07 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: max_seq_len=4096, enable_prefix_caching=Fa",
+                         "EngineConfigObserved").values)
+    assert cut_value == {"max_model_len": 4096}

@@ -526,8 +526,13 @@ ENGINE_INIT_KEYS = {
          ))
 def _engine_init(m, meta):  # llm_engine.py 0.2-0.10 (V0), v1/engine/core.py 0.7.3+ (V1)
     values: dict[str, object] = {}
-    for k, v in re.findall(r"(?:^|, )(\w+)=('[^']*'|[^,]*)", m["c"]):
-        if k in ENGINE_INIT_KEYS and ENGINE_INIT_KEYS[k] not in values:
+    c = m["c"].rstrip()
+    pairs = list(re.finditer(r"(?:^|, )(\w+)=('[^']*'|[^,]*)", c))
+    for i, pm in enumerate(pairs):
+        k, v = pm.group(1), pm.group(2)
+        if i == len(pairs) - 1 and pm.end() == len(c) and not c.endswith((")", "}")):
+            continue  # the echo stops inside its last pair (a hard wrap, a paste): that value is not whole
+        if k in ENGINE_INIT_KEYS and ENGINE_INIT_KEYS[k] not in values and v.strip():
             values[ENGINE_INIT_KEYS[k]] = _literal(v)
     engine = (m["eng"] or "").lower() or ("v0" if m["v"] else None)
     out = list(_config(meta, "engine-init", values))

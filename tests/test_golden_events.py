@@ -1,5 +1,6 @@
-"""Golden events: ``vllm-doctor events`` of each handed-out log equals its dump in
-tests/fixtures/events (regenerate with ``make golden`` and review the diff)."""
+"""Golden events: ``vllm-doctor events`` of each handed-out log and of each corpus log equals its
+dump in tests/fixtures/events (corpus: tests/fixtures/events/corpus; regenerate with ``make
+golden`` and review the diff)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LOGS = sorted((ROOT / "tests" / "fixtures" / "logs").glob("*.log"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gen_golden_events import OUT, dump  # noqa: E402
+from gen_golden_events import OUT, OUT_CORPUS, dump  # noqa: E402
+
+CORPUS = sorted((ROOT / "tests" / "fixtures" / "corpus" / "logs").glob("*.log"))
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
@@ -23,6 +26,12 @@ def test_events_match_golden_dump(log):
     got = dump(log).splitlines()
     assert [json.loads(x) for x in got] == [json.loads(x) for x in golden]
     assert golden, "every handed-out log gives events"
+
+
+@pytest.mark.parametrize("log", CORPUS, ids=[p.name for p in CORPUS])
+def test_corpus_events_match_golden_dump(log):
+    golden = (OUT_CORPUS / (log.stem + ".jsonl")).read_text().splitlines()
+    assert [json.loads(x) for x in dump(log).splitlines()] == [json.loads(x) for x in golden]
 
 
 def test_events_command_prints_plain_json_lines():

@@ -123,3 +123,39 @@ def test_truncated_non_default_args_still_give_known_keys():
 def test_version_banner_and_api_server_version():
     assert one("(APIServer pid=1) INFO 11-30 09:10:22 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0", "VersionSeen").version == "0.32.0"
     assert one("INFO 10-01 10:00:00 api_server.py:148] vLLM API server version 0.6.3.post1", "VersionSeen").version == "0.6.3.post1"
+
+
+def test_kv_check_value_error_cut_by_a_hard_wrap_still_gives_its_max_model_len():
+    # held-out corpus 149 (Intel Arc, 120-column terminal): the ValueError stops mid-word
+    cut = one("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach",
+              "KvCacheTooSmall")
+    assert (cut.max_model_len, cut.needed_bytes, cut.available_bytes, cut.estimated_max_model_len) == (100000, round(4.26 * GIB), None, None)
+    bare = one("ValueError: To serve at least one request with the models's max seq len (131072), (", "KvCacheTooSmall")
+    assert (bare.max_model_len, bare.needed_bytes) == (131072, None)
+
+
+@pytest.mark.parametrize("line", [
+    "        self._initialize_kv_caches()",  # V0 engine/llm_engine.py 0.4-0.10 (held-out corpus 137)
+    "(EngineCore_DP0 pid=223840) ERROR 10-25 13:08:43 [core.py:708]     num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(",
+    "(EngineCore pid=316)     kv_cache_config = self._initialize_kv_caches(vllm_config)",  # V1 0.2x
+])
+def test_traceback_through_start_up_kv_cache_set_up_is_an_engine_start_failure(line):
+    e = one(line, "EngineFailure")
+    assert e.kind == "core-failed" and "_initialize_kv_caches(" in e.message
+
+
+def test_kv_init_frame_is_not_read_from_prose_or_a_def_line():
+    assert not [e for e in parse_lines(["    def _initialize_kv_caches(self) -> None:",
+                                        "we call self._initialize_kv_caches() here"]) if isinstance(e, ev.EngineFailure)]
+
+
+def test_engine_config_echo_cut_inside_its_last_pair_does_not_give_that_value():
+    # held-out corpus 156 (0.9.2): the echo is hard-wrapped right after "enable_prefix_caching="
+    cfg = one("INFO 07-17 00:07:07 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: model='meta-llama/Llama-3.1-8B', "
+              "dtype=torch.bfloat16, max_seq_len=131072, tensor_parallel_size=1, enforce_eager=False, enable_prefix_caching=",
+              "EngineConfigObserved")
+    vals = dict(cfg.values)
+    assert vals["max_model_len"] == 131072 and vals["enforce_eager"] is False and "enable_prefix_caching" not in vals
+    cut_value = dict(one("INFO 07-17 00:07:07 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: max_seq_len=4096, enable_prefix_caching=Fa",
+                         "EngineConfigObserved").values)
+    assert cut_value == {"max_model_len": 4096}

@@ -310,6 +310,20 @@ def _too_small_v1(m, meta):  # V1 kv_cache_utils.py 0.7.3+ ("models's" typo unti
     return ev.KvCacheTooSmall(meta, int(m["l"]), None, to_bytes(m["n"], m["nu"]), to_bytes(m["a"], m["au"]), _int(m["e"]))
 
 
+@matcher("maxlen-gt-kv-v1-cut", r"To serve at least one request with the models?'s max seq len \((?P<l>\d+)\)(?:,? \((?P<n>[\d.]+) (?P<nu>GiB|GB) KV)?(?!.*available KV cache memory \()", search=True,
+         keywords=('max seq len (',),
+         versions='0.7.3-0.33 (V1)', source='v1/core/kv_cache_utils.py check_enough_kv_cache_memory, v1/core/kv_cache_planning.py (0.33)',
+         examples=(
+             # a 120-column terminal cut it (printed by an EngineCore whose `(EngineCore pid=316) ` decoration is left out here)
+             "ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach",
+         ))
+def _too_small_v1_cut(m, meta):
+    # The same V1 ValueError cut before "available KV cache memory (...)" (a terminal's hard wrap,
+    # a paste): the engine still refused to start because the KV cache cannot hold one sequence of
+    # max_model_len tokens; what the cut removed (available memory, estimate) stays unknown.
+    return ev.KvCacheTooSmall(meta, int(m["l"]), None, to_bytes(m["n"], m["nu"]) if m["n"] else None)
+
+
 @matcher("no-cache-memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory|more than the [\d.]+ GiB of CPU memory reserved for it on node \d+, leaving none for the KV cache", search=True,
          keywords=('No available memory for the cache blocks', 'Cannot auto-fit max_model_len', 'leaving none for the KV cache'),
          versions='0.2-0.33', source='worker/worker.py, v1/core/kv_cache_utils.py, v1/core/kv_cache_planning.py',
@@ -437,6 +451,21 @@ def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, 
     return ev.NcclError(meta, "error", meta.text[:300])
 
 
+@matcher("kv-init-frame", r"(?:[\w, ]{1,80} = )?self\._initialize_kv_caches\(",
+         keywords=('self._initialize_kv_caches(',),
+         versions='0.4-0.10 (V0 engine/llm_engine.py), 0.7.3-0.33 (V1 v1/engine/core.py)', source="engine/llm_engine.py LLMEngine.__init__, v1/engine/core.py EngineCore.__init__ (a traceback's source lines)",
+         examples=(
+             '        self._initialize_kv_caches()',
+             '(EngineCore pid=20389) ERROR 11-30 09:14:19 [core.py:1510]     kv_cache_config = self._initialize_kv_caches(vllm_config)',
+             '(EngineCore_DP0 pid=223840) ERROR 10-25 13:08:43 [core.py:708]     num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(',
+         ))
+def _kv_init_frame(m, meta):
+    # A traceback through the engine's start-up KV cache set-up (memory profiling, the KV check,
+    # the cache allocation) printed this source line: the engine failed while starting, whatever
+    # the exception (often cut off or printed by another process) was.
+    return ev.EngineFailure(meta, "core-failed", meta.text[:300])
+
+
 @matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",
          keywords=('block found in ', 'block foundin '),
          versions='0.5-0.33', source='distributed/device_communicators/shm_broadcast.py',
@@ -497,8 +526,13 @@ ENGINE_INIT_KEYS = {
          ))
 def _engine_init(m, meta):  # llm_engine.py 0.2-0.10 (V0), v1/engine/core.py 0.7.3+ (V1)
     values: dict[str, object] = {}
-    for k, v in re.findall(r"(?:^|, )(\w+)=('[^']*'|[^,]*)", m["c"]):
-        if k in ENGINE_INIT_KEYS and ENGINE_INIT_KEYS[k] not in values:
+    c = m["c"].rstrip()
+    pairs = list(re.finditer(r"(?:^|, )(\w+)=('[^']*'|[^,]*)", c))
+    for i, pm in enumerate(pairs):
+        k, v = pm.group(1), pm.group(2)
+        if i == len(pairs) - 1 and pm.end() == len(c) and not c.endswith((")", "}")):
+            continue  # the echo stops inside its last pair (a hard wrap, a paste): that value is not whole
+        if k in ENGINE_INIT_KEYS and ENGINE_INIT_KEYS[k] not in values and v.strip():
             values[ENGINE_INIT_KEYS[k]] = _literal(v)
     engine = (m["eng"] or "").lower() or ("v0" if m["v"] else None)
     out = list(_config(meta, "engine-init", values))

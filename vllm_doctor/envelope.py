@@ -194,6 +194,13 @@ EMBEDDED_RE = re.compile(
     r"(?:\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+(?:, ip=[^)]*)?\)\s?)*"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] ?"
 )
+# What every EMBEDDED_RE match (and every logger prefix not at a message start) holds: a level then
+# a date. A search for it is fast (its first character is one of five letters), so the costly
+# searches run only on the rare message that holds one.
+LEVEL_DATE_RE = re.compile(r"(?:DEBUG|INFO|WARN|ERROR|CRITICAL)(?:ING)? \d\d-\d\d \d\d:\d\d:\d\d")
+# What every LOGGER_RE match holds (its only mandatory part): where the first match can start.
+LOGGER_DATE_RE = re.compile(r"\d\d-\d\d \d\d:\d\d:\d\d")
+LOGGER_LEVEL_MAX = len("CRITICAL ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +243,8 @@ class LogClock:
         self.ref_month = ref_month if ref_month is not None else (None if base_year else now.tm_mon)
         self._year_fixed = False
         self._last_month: int | None = None
+        self._last_key: tuple | None = None  # (year, month, day, hms) of the last conversion
+        self._last_epoch: float | None = None
 
     def set_year(self, year: int) -> None:
         """Adopt the year of a container timestamp (authoritative)."""
@@ -249,11 +258,16 @@ class LogClock:
         if self._last_month is not None and not self._year_fixed and month + 6 <= self._last_month:
             self.year += 1
         self._last_month = month
+        key = (self.year, month, day, hms)
+        if key == self._last_key:  # lines come many to a second
+            return self._last_epoch
         try:
             h, m, s = (int(x) for x in hms.split(":"))
-            return float(calendar.timegm((self.year, month, day, h, m, s, 0, 0, 0)))
+            t = float(calendar.timegm((self.year, month, day, h, m, s, 0, 0, 0)))
         except (ValueError, OverflowError):
-            return None
+            t = None
+        self._last_key, self._last_epoch = key, t
+        return t
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -438,6 +452,8 @@ class Envelope:
             return [first]
         # Glued records: a second logger prefix inside the message.
         msg = first.msg
+        if LEVEL_DATE_RE.search(msg) is None:
+            return [first]  # no embedded logger prefix (each holds a level and a date)
         cuts = [m.start() for m in EMBEDDED_RE.finditer(msg)]
         if not cuts:
             return [first]
@@ -469,7 +485,7 @@ class Envelope:
         kind = client_head(text)
         # The logger prefix must start the message, or follow non-vLLM text glued before it
         # (tqdm): accept it anywhere only when a level is present, and never inside client text.
-        lm = None if kind else LOGGER_RE.search(text, 0, 4096)
+        lm = None if kind else _logger_prefix(text)
         if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0 and not client_head(text[: lm.start()]))):
             # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
             level = lm.group("level") or None
@@ -514,6 +530,16 @@ class Envelope:
         self._partial = []
         self._partial_bytes = 0
         return self._split(self._partial_lineno, text, self.last_ts)
+
+
+def _logger_prefix(text: str) -> re.Match | None:
+    """``LOGGER_RE.search(text, 0, 4096)``, fast: a match holds a date (LOGGER_DATE_RE) and
+    starts at most a level's length before it, so the search starts there; most messages hold
+    no date at all and cost one fast scan."""
+    dm = LOGGER_DATE_RE.search(text, 0, 4096)
+    if dm is None:
+        return None
+    return LOGGER_RE.search(text, max(0, dm.start() - LOGGER_LEVEL_MAX), 4096)
 
 
 def _is_partial(line: bytes) -> bool:

@@ -103,13 +103,11 @@ STATS_FIELD = re.compile(
 def _stats(m: re.Match, meta: ev.Meta):
     fields: dict[str, float] = {}
     devs: list[tuple[str, float]] = []
-    for fm in STATS_FIELD.finditer(m.group("rest")):
-        key = fm.group(1)
-        val = float(fm.group("val"))
-        if fm.group("dev"):
-            devs.append((fm.group("dev"), val))
-        else:
-            fields.setdefault(key, val)
+    for key, dev, val in STATS_FIELD.findall(m.group("rest")):  # (field, device, value) per field
+        if dev:
+            devs.append((dev, float(val)))
+        elif key not in fields:
+            fields[key] = float(val)
     if "Running" not in fields:
         return None
     if any(v > 100.0 for _, v in devs) or (fields.get("Prefix cache hit rate") or 0) > 100.0:

@@ -129,6 +129,8 @@ class Pipeline:
         self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
+        self._windows: list[tuple[str, float | None]] | None = None  # (rule id, window seconds)
+        self._next_windowed = self._next_whole = float("-inf")  # see _tick
         self._incident_pending = False
         self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
         # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
@@ -248,21 +250,39 @@ class Pipeline:
         max(eval_interval, window/2) seconds of log time (consecutive evaluations overlap by half
         a window, so events less than half a window apart are always judged together); a
         whole-log rule runs when an incident event arrived."""
+        # Most events are due nothing: the earliest time a windowed rule (resp. a whole-log rule,
+        # once an incident arrived) is due again is kept, so that case costs one comparison.
+        if ts < self._next_windowed and (not self._incident_pending or ts < self._next_whole):
+            return
+        windows = self._windows
+        if windows is None:
+            windows = self._windows = [(r.id, self.ruleset.window_seconds(r)) for r in self.ruleset.rules]
         due = set()
-        for rule in self.ruleset.rules:
-            w = self.ruleset.window_seconds(rule)
-            last = self._rule_last.get(rule.id)
+        whole_due = False
+        for rid, w in windows:
+            last = self._rule_last.get(rid)
             if w is None:
                 if self._incident_pending and (last is None or ts - last >= self.eval_interval):
-                    due.add(rule.id)
+                    due.add(rid)
+                    whole_due = True
             elif last is None or ts - last >= max(self.eval_interval, w / 2):
-                due.add(rule.id)
+                due.add(rid)
         if due:
             for rid in due:
                 self._rule_last[rid] = ts
-            if any(self.ruleset.window_seconds(r) is None for r in self.ruleset.rules if r.id in due):
+            if whole_due:
                 self._incident_pending = False
             self.active = self.engine.evaluate(self.state, due)
+        inf = float("inf")
+        nw = nh = inf
+        for rid, w in windows:
+            last = self._rule_last.get(rid)
+            if w is None:
+                nh = min(nh, -inf if last is None else last + self.eval_interval)
+            else:
+                nw = min(nw, -inf if last is None else last + max(self.eval_interval, w / 2))
+        # a millisecond early: the test above is exact (ts - last >= period), this one only skips
+        self._next_windowed, self._next_whole = nw - 1e-3, nh - 1e-3
 
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""

@@ -34,6 +34,7 @@ import calendar
 import json
 import re
 import time
+from array import array
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -186,6 +187,13 @@ LOGGER_RE = re.compile(
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )?"
     r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"(?:\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?)?"
+)
+# The usual head of a vLLM line, in one match: at most one process prefix (PROC_RE), then the
+# logger prefix with its level (LOGGER_RE). What _one does for such a line with its separate
+# searches gives the same record (see Envelope._one).
+VLLM_HEAD_RE = re.compile(
+    r"(?:\((?P<proc>[A-Za-z][\w.-]*(?: [\w.=-]+)*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?)?"
+    r"(?=(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )" + LOGGER_RE.pattern
 )
 # uvicorn's own level prefix (``INFO:     Application startup complete.``).
 UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
@@ -471,6 +479,11 @@ class Envelope:
         return out
 
     def _one(self, lineno: int, text: str, outer_ts: float | None) -> Record:
+        hm = VLLM_HEAD_RE.match(text)
+        if hm is not None:
+            rest = text[hm.end():]
+            if rest.lstrip()[:1] != "(":  # not a second process prefix (0.31+ order): the usual line
+                return self._vllm(lineno, hm, rest, outer_ts)
         process = None
         pid = None
         m = LEADING_PROCS_RE.match(text)
@@ -522,6 +535,30 @@ class Envelope:
             return Record(lineno, _head(text), level, ts, process, pid, src, kind)
         return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
 
+    def _vllm(self, lineno: int, hm: re.Match, text: str, outer_ts: float | None) -> Record:
+        """:meth:`_one` for a line that starts with VLLM_HEAD_RE (``hm``; ``text`` the message
+        after it), in one match instead of its separate searches: the same record. (No client
+        head can start where a logger prefix does, so the first look for one is skipped.)"""
+        level = hm.group("level")
+        if level == "WARN":
+            level = "WARNING"
+        file = hm.group("file")
+        src = f"{file}:{hm.group('line')}" if file else "?"
+        t = self.clock.to_epoch(int(hm.group("mon")), int(hm.group("day")), hm.group("hms"))
+        ts = t if outer_ts is None else outer_ts
+        process = hm.group("proc")
+        pid = int(hm.group("pid")) if process is not None else None
+        kind = client_head(text)
+        if ts is None:
+            ts = self.last_ts
+        else:
+            self.last_ts = ts
+        if kind is None and src.startswith("dump_input.py"):
+            kind = "engine-dump"  # a line of the dump's body
+        if kind:
+            return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+        return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
+
     def flush(self) -> list[Record]:
         """Records still held (a CRI partial line with no final ``F`` line)."""
         if not self._partial:
@@ -556,26 +593,29 @@ def _is_partial(line: bytes) -> bool:
     return False
 
 
-def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
-                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
+def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+                    max_line: int = 65536, carry: bool = False) -> tuple[array, array, array, int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated) that a parser could
-    match: ``([(index of the line from 0, its bytes cut to max_line)], number of lines, carry)``.
+    match, as offsets, not copies: ``(starts, ends, indexes, number of lines, carry)`` where
+    ``buf[starts[k]:ends[k]]`` is the k-th candidate line (cut to ``max_line`` bytes) and
+    ``indexes[k]`` its index from 0 among the lines of the span. Three arrays of integers
+    whatever the number of lines: no object per line is kept.
 
     A record split over several lines (CRI ``P`` lines, docker's 16 KiB pieces) is kept whole:
     every line of it is returned when one is (``carry``: the last line returned was such a
     piece, so the first line of the next block continues it). Request-logging lines (user
     prompts) are skipped by their head. Pure: the parallel reader of ``diagnose`` runs it in
     worker processes on byte ranges of one file."""
-    out: list[tuple[int, bytes]] = []
+    starts, ends, idxs = array("q"), array("q"), array("q")
     pos = start
     idx = 0
     end_of_last = start - 1
     if carry and start < end:  # the continuation of a piece held from the previous block
-        ends = [start + 1]
+        first = [start + 1]
     else:
-        ends = []
+        first = []
     hits = scanner.ends(buf)
-    for to in (ends + hits) if ends else hits:
+    for to in (first + hits) if first else hits:
         if to <= end_of_last or to <= start:
             continue
         if to > end:
@@ -586,8 +626,7 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         le = buf.find(b"\n", to, end)
         if le < 0:
             le = end
-        line = buf[ls:le]
-        if not carry and REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)) and not _is_partial(line):
+        if not carry and REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)) and not _is_partial(buf[ls:le]):
             end_of_last = le
             continue  # a request-logging line: user text
         # The first pieces of a record split over lines (docker: the previous lines of this block).
@@ -599,9 +638,10 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         idx += buf.count(b"\n", pos, ls)
         pos = ls
         while True:  # this line, and the lines that continue it
-            line = buf[ls:le]
-            out.append((idx, line[:max_line]))
-            carry = _is_partial(line)
+            starts.append(ls)
+            ends.append(min(le, ls + max_line))
+            idxs.append(idx)
+            carry = _is_partial(buf[ls:le])
             if not carry or le >= end:
                 break
             ls = le + 1
@@ -611,7 +651,14 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             idx += 1
             pos = ls
         end_of_last = le
-    return out, idx + buf.count(b"\n", pos, end) + 1, carry if out and end_of_last >= end else False
+    return starts, ends, idxs, idx + buf.count(b"\n", pos, end) + 1, carry if starts and end_of_last >= end else False
+
+
+def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """:func:`candidate_spans` as a list of ``(index, line bytes)``."""
+    starts, ends, idxs, n, carry = candidate_spans(scanner, buf, start, end, max_line, carry)
+    return [(i, buf[a:b]) for a, b, i in zip(starts, ends, idxs)], n, carry
 
 
 class LineSplitter:

@@ -26,13 +26,13 @@ import codecs
 import heapq
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import __version__
 from .advice import share_fixes
 from .diagnosis import RuleEngine, RuleSet
-from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
+from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
@@ -62,12 +62,16 @@ def bom_encoding(head: bytes) -> tuple[str, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class Scanned:
-    """A block of a source already scanned for candidate lines (by the parallel reader):
-    ``lines`` the candidate lines, ``linenos`` their numbers within the block (from 0, as in
-    :func:`~vllm_doctor.envelope.candidate_lines`), ``nlines`` the lines in the block."""
+    """A block of a source already scanned for candidate lines (in this process, or by the
+    parallel reader): the k-th candidate line is ``buf[starts[k]:ends[k]]``, ``linenos[k]`` its
+    number within the block (from 0, as in :func:`~vllm_doctor.envelope.candidate_spans`);
+    ``nlines`` the lines in the block. Offsets into one buffer, not a list of lines: a block
+    holds no object per line, whatever its size."""
 
-    lines: list[bytes]
-    linenos: list[int]
+    buf: bytes
+    starts: Sequence[int]
+    ends: Sequence[int]
+    linenos: Sequence[int]
     nlines: int
 
 
@@ -172,16 +176,17 @@ class Pipeline:
     def _scan(self, ctx: _SourceCtx, spans: list[tuple[bytes, int, int]]) -> Iterator[Scanned]:
         """Spans of complete lines -> scanned blocks (this process)."""
         for buf, start, end in spans:
-            cands, n, ctx.carry = candidate_lines(self._scanner, buf, start, end, carry=ctx.carry)
-            yield Scanned([c[1] for c in cands], [c[0] for c in cands], n)
+            starts, ends, idxs, n, ctx.carry = candidate_spans(self._scanner, buf, start, end, carry=ctx.carry)
+            yield Scanned(buf, starts, ends, idxs, n)
 
     def _records(self, ctx: _SourceCtx, blocks: Iterable[Scanned]) -> Iterator[Record]:
         """The one way from scanned blocks to records: every line is counted in
         ``state.lines_total`` and numbered, candidates only are decoded."""
         for blk in blocks:
             base = ctx.lineno + 1  # number of the block's first line
-            for idx, line in zip(blk.linenos, blk.lines):
-                yield from ctx.envelope.records(base + idx, line)
+            buf = blk.buf
+            for a, b, idx in zip(blk.starts, blk.ends, blk.linenos):
+                yield from ctx.envelope.records(base + idx, buf[a:b])
             ctx.lineno += blk.nlines
             self.state.lines_total[ctx.name] += blk.nlines
 

@@ -752,7 +752,6 @@ class RecordParser:
             return [None] if rec.client == "engine-dump" else []
         if not msg:
             return []
-        meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         out: list = []
         key = rec.pid or rec.process
         stripped = msg.strip()
@@ -775,6 +774,9 @@ class RecordParser:
             tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
             out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
         hits = self._hits(msg)
+        if not hits and not out and "--" not in msg and "VLLM_" not in msg:
+            return out  # no matcher's keyword, no flag: nothing below can give an event
+        meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         cands = {mt.name: mt for kw in hits for mt in self._by_kw[kw]}
         # The matchers whose keywords the message holds, in table order.
         for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)]) if len(cands) > 1 else cands.values():

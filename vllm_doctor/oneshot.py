@@ -196,33 +196,36 @@ def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
     blocks come back in file order, at most two per worker waiting, so memory stays bounded
     whatever the file (a record split over lines at a range boundary is whole in neither range:
     ranges start at line starts, and CRI/docker pieces are rare and short)."""
+    import gc
     import multiprocessing
     from array import array
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
-    import gc
-
     ranges = _ranges(path, os.stat(path).st_size)
     workers = workers or min(os.cpu_count() or 2, 4, len(ranges))
     # The workers are forked: they share this process's pages until either side writes to them.
     # The objects that exist now (modules, the rules, the pipeline) are put out of the garbage
-    # collector's reach (gc.freeze), so that a collection in either process does not write to
-    # them, and the shared pages stay shared (counted once in the process tree's PSS).
+    # collector's reach (gc.freeze) while the workers live, so that a collection in either
+    # process does not write to them and the shared pages stay shared (counted once in the
+    # process tree's PSS).
     gc.freeze()
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
-        pending: deque = deque()
-        it = iter(ranges)
-        for a, b in it:
-            pending.append(ex.submit(_scan_range, path, a, b))
-            if len(pending) >= 2 * workers:
-                break
-        while pending:
-            blob, ends, idx, n = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(ex.submit(_scan_range, path, *nxt))
-            yield Scanned(blob, array("I", [0]) + ends[:-1] if ends else ends, ends, idx, n)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+            pending: deque = deque()
+            it = iter(ranges)
+            for a, b in it:
+                pending.append(ex.submit(_scan_range, path, a, b))
+                if len(pending) >= 2 * workers:
+                    break
+            while pending:
+                blob, ends, idx, n = pending.popleft().result()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(ex.submit(_scan_range, path, *nxt))
+                yield Scanned(blob, array("I", [0]) + ends[:-1] if ends else ends, ends, idx, n)
+    finally:
+        gc.unfreeze()
 
 
 def _pipeline(paths: list[str], ruleset, year: int | None = None) -> tuple[Pipeline, list]:

@@ -214,6 +214,12 @@ MAMBA_PREFIX_CACHING_ALL = {"falcon_h1", "granitemoehybrid", "jamba", "mamba", "
                             "falcon_mamba"}
 
 
+#: model_types whose vLLM attention class gates its output unless the config says otherwise
+#: (``Qwen3NextAttention``: ``attn_output_gate = getattr(config, "attn_output_gate", True)``, reused by
+#: Qwen3.5): q_proj is twice as wide. Qwen3-Next's config.json has no such field; Qwen3.5's states it.
+GATED_ATTENTION_BY_DEFAULT = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+
+
 def _first(c: dict, *keys):
     for k in keys:
         if c.get(k) is not None:
@@ -376,7 +382,7 @@ def model_shape(config: dict) -> ModelShape:
         num_experts=int(experts), moe_intermediate_size=int(moe_inter),
         shared_expert_intermediate_size=int(shared), dense_layers=dense,
         quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized, mamba=mamba,
-        attn_output_gate=bool(c.get("attn_output_gate")),
+        attn_output_gate=bool(c.get("attn_output_gate", c.get("model_type") in GATED_ATTENTION_BY_DEFAULT)),
     )
 
 

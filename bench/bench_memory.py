@@ -148,9 +148,11 @@ def rss(pid: int) -> int:
     return 0
 
 
-def diagnose_peak(path: Path, workers: int | None = None) -> tuple[int, int, int, float, int]:
-    """(main process peak RSS, process tree peak RSS, process tree peak PSS, seconds, exit code) of one diagnose run
-    (``workers``: VLLM_DOCTOR_WORKERS, 1 = no parallel scan; None = diagnose's default)."""
+def diagnose_peak(path: Path, workers: int | None = None) -> tuple[int, int, int, float, int, float]:
+    """(main process peak RSS, process tree peak RSS, process tree peak PSS, seconds, exit code, CPU
+    seconds of the process tree) of one diagnose run (``workers``: VLLM_DOCTOR_WORKERS, 1 = no
+    parallel scan; None = diagnose's default). The CPU seconds are user + system time from
+    os.wait4, which on Linux include the workers diagnose waited for."""
     t0 = time.perf_counter()
     env = dict(os.environ)
     if workers is not None:
@@ -174,7 +176,7 @@ def diagnose_peak(path: Path, workers: int | None = None) -> tuple[int, int, int
     th.join()
     p.returncode = os.waitstatus_to_exitcode(status)
     return (ru.ru_maxrss * 1024, max(peak_tree, ru.ru_maxrss * 1024), peak_pss, time.perf_counter() - t0,
-            p.returncode)
+            p.returncode, ru.ru_utime + ru.ru_stime)
 
 
 def free_port() -> int:
@@ -274,11 +276,13 @@ def main() -> int:
             tmp = path.with_suffix(".part")
             make(tmp)
             tmp.rename(path)
-        main_peak, tree_peak, tree_pss_peak, secs, rc = diagnose_peak(path, args.workers)
+        load = os.getloadavg()[0]
+        main_peak, tree_peak, tree_pss_peak, secs, rc, cpu = diagnose_peak(path, args.workers)
         n = sum(1 for _ in open(path, "rb"))
         how = "" if args.workers is None else f", VLLM_DOCTOR_WORKERS={args.workers}"
-        print(f"diagnose, {label} ({path.stat().st_size / MB:,.0f} MB, {n / secs:,.0f} lines/s{how}, exit {rc}):",
-              flush=True)
+        print(f"diagnose, {label} ({path.stat().st_size / MB:,.0f} MB{how}, exit {rc}): {n / secs:,.0f} lines/s wall, "
+              f"{n / max(cpu, 1e-9):,.0f} lines/s per core (lines / CPU seconds of the process tree; load average "
+              f"{load:.1f} at start)", flush=True)
         print(f"    peak RSS main process {verdict(main_peak, DIAGNOSE_TARGET)}", flush=True)
         print(f"    peak PSS process tree {verdict(tree_pss_peak, DIAGNOSE_TARGET)}", flush=True)
         print(f"    peak RSS process tree {tree_peak / MB:.1f} MB (shared pages counted once per process)", flush=True)

@@ -34,6 +34,7 @@ import calendar
 import json
 import re
 import time
+from array import array
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -82,7 +83,7 @@ def client_head(text: str) -> str | None:
     m = CLIENT_RE.match(text)
     if m:
         return CLIENT_HEADS[int(m.lastgroup[1:])][0]
-    if ACCESS_RE.match(text):
+    if ' - "' in text and ACCESS_RE.match(text):  # (the substring test: what every access line holds)
         return "access-log"
     return None
 
@@ -187,6 +188,13 @@ LOGGER_RE = re.compile(
     r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"(?:\[?(?P<file>[\w.-]+(?:/[\w.-]+)*\.py|[\w.-]+(?:/[\w.-]+)*(?:/\.\.\.)?[\w.-]*):(?P<line>\d+)\] ?)?"
 )
+# The usual head of a vLLM line, in one match: at most one process prefix (PROC_RE), then the
+# logger prefix with its level (LOGGER_RE). What _one does for such a line with its separate
+# searches gives the same record (see Envelope._one).
+VLLM_HEAD_RE = re.compile(
+    r"(?:\((?P<proc>[A-Za-z][\w.-]*(?: [\w.=-]+)*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?)?"
+    r"(?=(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )" + LOGGER_RE.pattern
+)
 # uvicorn's own level prefix (``INFO:     Application startup complete.``).
 UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
@@ -194,6 +202,13 @@ EMBEDDED_RE = re.compile(
     r"(?:\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+(?:, ip=[^)]*)?\)\s?)*"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] ?"
 )
+# What every EMBEDDED_RE match (and every logger prefix not at a message start) holds: a level then
+# a date. A search for it is fast (its first character is one of five letters), so the costly
+# searches run only on the rare message that holds one.
+LEVEL_DATE_RE = re.compile(r"(?:DEBUG|INFO|WARN|ERROR|CRITICAL)(?:ING)? \d\d-\d\d \d\d:\d\d:\d\d")
+# What every LOGGER_RE match holds (its only mandatory part): where the first match can start.
+LOGGER_DATE_RE = re.compile(r"\d\d-\d\d \d\d:\d\d:\d\d")
+LOGGER_LEVEL_MAX = len("CRITICAL ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +251,8 @@ class LogClock:
         self.ref_month = ref_month if ref_month is not None else (None if base_year else now.tm_mon)
         self._year_fixed = False
         self._last_month: int | None = None
+        self._last_key: tuple | None = None  # (year, month, day, hms) of the last conversion
+        self._last_epoch: float | None = None
 
     def set_year(self, year: int) -> None:
         """Adopt the year of a container timestamp (authoritative)."""
@@ -249,11 +266,16 @@ class LogClock:
         if self._last_month is not None and not self._year_fixed and month + 6 <= self._last_month:
             self.year += 1
         self._last_month = month
+        key = (self.year, month, day, hms)
+        if key == self._last_key:  # lines come many to a second
+            return self._last_epoch
         try:
             h, m, s = (int(x) for x in hms.split(":"))
-            return float(calendar.timegm((self.year, month, day, h, m, s, 0, 0, 0)))
+            t = float(calendar.timegm((self.year, month, day, h, m, s, 0, 0, 0)))
         except (ValueError, OverflowError):
-            return None
+            t = None
+        self._last_key, self._last_epoch = key, t
+        return t
 
 
 def _parse_iso(ts: str) -> datetime | None:
@@ -355,7 +377,7 @@ class Envelope:
                         self.clock.set_year(dt.year)
                     text = text[m.end():]
                     continue
-            m = COMPOSE_RE.match(text) if first.isalnum() else None
+            m = COMPOSE_RE.match(text) if first.isalnum() and "| " in text else None
             if m:
                 text = text[m.end():]
                 continue
@@ -438,6 +460,8 @@ class Envelope:
             return [first]
         # Glued records: a second logger prefix inside the message.
         msg = first.msg
+        if not _has_level(msg) or LEVEL_DATE_RE.search(msg) is None:
+            return [first]  # no embedded logger prefix (each holds a level and a date)
         cuts = [m.start() for m in EMBEDDED_RE.finditer(msg)]
         if not cuts:
             return [first]
@@ -455,6 +479,11 @@ class Envelope:
         return out
 
     def _one(self, lineno: int, text: str, outer_ts: float | None) -> Record:
+        hm = VLLM_HEAD_RE.match(text)
+        if hm is not None:
+            rest = text[hm.end():]
+            if rest.lstrip()[:1] != "(":  # not a second process prefix (0.31+ order): the usual line
+                return self._vllm(lineno, hm, rest, outer_ts)
         process = None
         pid = None
         m = LEADING_PROCS_RE.match(text)
@@ -469,7 +498,7 @@ class Envelope:
         kind = client_head(text)
         # The logger prefix must start the message, or follow non-vLLM text glued before it
         # (tqdm): accept it anywhere only when a level is present, and never inside client text.
-        lm = None if kind else LOGGER_RE.search(text, 0, 4096)
+        lm = None if kind else _logger_prefix(text)
         if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0 and not client_head(text[: lm.start()]))):
             # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
             level = lm.group("level") or None
@@ -506,6 +535,30 @@ class Envelope:
             return Record(lineno, _head(text), level, ts, process, pid, src, kind)
         return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
 
+    def _vllm(self, lineno: int, hm: re.Match, text: str, outer_ts: float | None) -> Record:
+        """:meth:`_one` for a line that starts with VLLM_HEAD_RE (``hm``; ``text`` the message
+        after it), in one match instead of its separate searches: the same record. (No client
+        head can start where a logger prefix does, so the first look for one is skipped.)"""
+        level = hm.group("level")
+        if level == "WARN":
+            level = "WARNING"
+        file = hm.group("file")
+        src = f"{file}:{hm.group('line')}" if file else "?"
+        t = self.clock.to_epoch(int(hm.group("mon")), int(hm.group("day")), hm.group("hms"))
+        ts = t if outer_ts is None else outer_ts
+        process = hm.group("proc")
+        pid = int(hm.group("pid")) if process is not None else None
+        kind = client_head(text)
+        if ts is None:
+            ts = self.last_ts
+        else:
+            self.last_ts = ts
+        if kind is None and src.startswith("dump_input.py"):
+            kind = "engine-dump"  # a line of the dump's body
+        if kind:
+            return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+        return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
+
     def flush(self) -> list[Record]:
         """Records still held (a CRI partial line with no final ``F`` line)."""
         if not self._partial:
@@ -514,6 +567,21 @@ class Envelope:
         self._partial = []
         self._partial_bytes = 0
         return self._split(self._partial_lineno, text, self.last_ts)
+
+
+def _has_level(text: str) -> bool:
+    """Whether ``text`` holds a level name as LEVEL_DATE_RE needs it (substring tests: fast)."""
+    return "INFO " in text or "WARN" in text or "ERROR " in text or "DEBUG " in text or "CRITICAL " in text
+
+
+def _logger_prefix(text: str) -> re.Match | None:
+    """``LOGGER_RE.search(text, 0, 4096)``, fast: a match holds a date (LOGGER_DATE_RE) and
+    starts at most a level's length before it, so the search starts there; most messages hold
+    no date at all and cost one fast scan."""
+    dm = LOGGER_DATE_RE.search(text, 0, 4096)
+    if dm is None:
+        return None
+    return LOGGER_RE.search(text, max(0, dm.start() - LOGGER_LEVEL_MAX), 4096)
 
 
 def _is_partial(line: bytes) -> bool:
@@ -530,26 +598,29 @@ def _is_partial(line: bytes) -> bool:
     return False
 
 
-def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
-                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
+def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+                    max_line: int = 65536, carry: bool = False) -> tuple[array, array, array, int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated) that a parser could
-    match: ``([(index of the line from 0, its bytes cut to max_line)], number of lines, carry)``.
+    match, as offsets, not copies: ``(starts, ends, indexes, number of lines, carry)`` where
+    ``buf[starts[k]:ends[k]]`` is the k-th candidate line (cut to ``max_line`` bytes) and
+    ``indexes[k]`` its index from 0 among the lines of the span. Three arrays of integers
+    whatever the number of lines: no object per line is kept.
 
     A record split over several lines (CRI ``P`` lines, docker's 16 KiB pieces) is kept whole:
     every line of it is returned when one is (``carry``: the last line returned was such a
     piece, so the first line of the next block continues it). Request-logging lines (user
     prompts) are skipped by their head. Pure: the parallel reader of ``diagnose`` runs it in
     worker processes on byte ranges of one file."""
-    out: list[tuple[int, bytes]] = []
+    starts, ends, idxs = array("q"), array("q"), array("q")
     pos = start
     idx = 0
     end_of_last = start - 1
     if carry and start < end:  # the continuation of a piece held from the previous block
-        ends = [start + 1]
+        first = [start + 1]
     else:
-        ends = []
+        first = []
     hits = scanner.ends(buf)
-    for to in (ends + hits) if ends else hits:
+    for to in (first + hits) if first else hits:
         if to <= end_of_last or to <= start:
             continue
         if to > end:
@@ -560,8 +631,7 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         le = buf.find(b"\n", to, end)
         if le < 0:
             le = end
-        line = buf[ls:le]
-        if not carry and REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)) and not _is_partial(line):
+        if not carry and REQUEST_HEAD_RE.search(buf, ls, min(le, ls + 256)) and not _is_partial(buf[ls:le]):
             end_of_last = le
             continue  # a request-logging line: user text
         # The first pieces of a record split over lines (docker: the previous lines of this block).
@@ -573,9 +643,10 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         idx += buf.count(b"\n", pos, ls)
         pos = ls
         while True:  # this line, and the lines that continue it
-            line = buf[ls:le]
-            out.append((idx, line[:max_line]))
-            carry = _is_partial(line)
+            starts.append(ls)
+            ends.append(min(le, ls + max_line))
+            idxs.append(idx)
+            carry = _is_partial(buf[ls:le])
             if not carry or le >= end:
                 break
             ls = le + 1
@@ -585,7 +656,14 @@ def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             idx += 1
             pos = ls
         end_of_last = le
-    return out, idx + buf.count(b"\n", pos, end) + 1, carry if out and end_of_last >= end else False
+    return starts, ends, idxs, idx + buf.count(b"\n", pos, end) + 1, carry if starts and end_of_last >= end else False
+
+
+def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """:func:`candidate_spans` as a list of ``(index, line bytes)``."""
+    starts, ends, idxs, n, carry = candidate_spans(scanner, buf, start, end, max_line, carry)
+    return [(i, buf[a:b]) for a, b, i in zip(starts, ends, idxs)], n, carry
 
 
 class LineSplitter:

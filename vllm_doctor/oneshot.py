@@ -130,23 +130,31 @@ PARALLEL_MIN_BYTES = 64 << 20  # below this one process is faster than starting 
 RANGE_BYTES = 4 << 20  # a worker's share at a time (bounds what one result holds)
 
 
-def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", int]:
+def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", "array", int]:
     """Worker: the candidate lines of bytes [a, b) of ``path`` (a and b at line starts), as one
-    ``\n``-joined blob and their line indexes within the range (from 0), and the number of lines
-    in the range. Compact, so that results waiting to be parsed stay small."""
+    blob of the lines end to end, the end of each line in it, their line indexes within the range
+    (from 0), and the number of lines in the range. Compact (no object per line, here or in the
+    main process), so that results waiting to be parsed stay small."""
     from array import array
 
-    from .envelope import KeywordScanner, candidate_lines
+    from .envelope import KeywordScanner, candidate_spans
 
     scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", KeywordScanner())
     with open(path, "rb") as fh:
         fh.seek(a)
         buf = fh.read(b - a)
     end = len(buf) - 1 if buf.endswith(b"\n") else len(buf)
-    cands, n, _ = candidate_lines(scanner, buf, 0, end)
+    starts, ends, idxs, n, _ = candidate_spans(scanner, buf, 0, end)
     if not buf:
         n = 0
-    return b"\n".join(c[1] for c in cands), array("I", (c[0] for c in cands)), n
+    view = memoryview(buf)
+    blob = bytearray()
+    blob_ends = array("I")
+    for s, e in zip(starts, ends):
+        blob += view[s:e]
+        blob_ends.append(len(blob))
+    view.release()
+    return bytes(blob), blob_ends, array("I", idxs), n
 
 
 _worker_scanner: dict = {}
@@ -188,26 +196,36 @@ def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
     blocks come back in file order, at most two per worker waiting, so memory stays bounded
     whatever the file (a record split over lines at a range boundary is whole in neither range:
     ranges start at line starts, and CRI/docker pieces are rare and short)."""
+    import gc
     import multiprocessing
+    from array import array
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
     ranges = _ranges(path, os.stat(path).st_size)
     workers = workers or min(os.cpu_count() or 2, 4, len(ranges))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
-        pending: deque = deque()
-        it = iter(ranges)
-        for a, b in it:
-            pending.append(ex.submit(_scan_range, path, a, b))
-            if len(pending) >= 2 * workers:
-                break
-        while pending:
-            blob, idx, n = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(ex.submit(_scan_range, path, *nxt))
-            lines = blob.split(b"\n") if idx else []
-            yield Scanned(lines, list(idx), n)
+    # The workers are forked: they share this process's pages until either side writes to them.
+    # The objects that exist now (modules, the rules, the pipeline) are put out of the garbage
+    # collector's reach (gc.freeze) while the workers live, so that a collection in either
+    # process does not write to them and the shared pages stay shared (counted once in the
+    # process tree's PSS).
+    gc.freeze()
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+            pending: deque = deque()
+            it = iter(ranges)
+            for a, b in it:
+                pending.append(ex.submit(_scan_range, path, a, b))
+                if len(pending) >= 2 * workers:
+                    break
+            while pending:
+                blob, ends, idx, n = pending.popleft().result()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(ex.submit(_scan_range, path, *nxt))
+                yield Scanned(blob, array("I", [0]) + ends[:-1] if ends else ends, ends, idx, n)
+    finally:
+        gc.unfreeze()
 
 
 def _pipeline(paths: list[str], ruleset, year: int | None = None) -> tuple[Pipeline, list]:

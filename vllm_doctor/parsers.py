@@ -103,13 +103,11 @@ STATS_FIELD = re.compile(
 def _stats(m: re.Match, meta: ev.Meta):
     fields: dict[str, float] = {}
     devs: list[tuple[str, float]] = []
-    for fm in STATS_FIELD.finditer(m.group("rest")):
-        key = fm.group(1)
-        val = float(fm.group("val"))
-        if fm.group("dev"):
-            devs.append((fm.group("dev"), val))
-        else:
-            fields.setdefault(key, val)
+    for key, dev, val in STATS_FIELD.findall(m.group("rest")):  # (field, device, value) per field
+        if dev:
+            devs.append((dev, float(val)))
+        elif key not in fields:
+            fields[key] = float(val)
     if "Running" not in fields:
         return None
     if any(v > 100.0 for _, v in devs) or (fields.get("Prefix cache hit rate") or 0) > 100.0:
@@ -788,7 +786,6 @@ class RecordParser:
             return [None] if rec.client == "engine-dump" else []
         if not msg:
             return []
-        meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         out: list = []
         key = rec.pid or rec.process
         stripped = msg.strip()
@@ -811,6 +808,9 @@ class RecordParser:
             tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
             out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
         hits = self._hits(msg)
+        if not hits and not out and "--" not in msg and "VLLM_" not in msg:
+            return out  # no matcher's keyword, no flag: nothing below can give an event
+        meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         cands = {mt.name: mt for kw in hits for mt in self._by_kw[kw]}
         # The matchers whose keywords the message holds, in table order.
         for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)]) if len(cands) > 1 else cands.values():

@@ -26,13 +26,13 @@ import codecs
 import heapq
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import __version__
 from .advice import share_fixes
 from .diagnosis import RuleEngine, RuleSet
-from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_lines
+from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 from .events import EngineConfigObserved, SchedulerStats, VersionSeen
 from .findings import Finding
 from .parsers import RecordParser
@@ -62,12 +62,16 @@ def bom_encoding(head: bytes) -> tuple[str, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class Scanned:
-    """A block of a source already scanned for candidate lines (by the parallel reader):
-    ``lines`` the candidate lines, ``linenos`` their numbers within the block (from 0, as in
-    :func:`~vllm_doctor.envelope.candidate_lines`), ``nlines`` the lines in the block."""
+    """A block of a source already scanned for candidate lines (in this process, or by the
+    parallel reader): the k-th candidate line is ``buf[starts[k]:ends[k]]``, ``linenos[k]`` its
+    number within the block (from 0, as in :func:`~vllm_doctor.envelope.candidate_spans`);
+    ``nlines`` the lines in the block. Offsets into one buffer, not a list of lines: a block
+    holds no object per line, whatever its size."""
 
-    lines: list[bytes]
-    linenos: list[int]
+    buf: bytes
+    starts: Sequence[int]
+    ends: Sequence[int]
+    linenos: Sequence[int]
     nlines: int
 
 
@@ -130,6 +134,8 @@ class Pipeline:
         self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
         self._rule_last: dict[str, float] = {}
+        self._windows: list[tuple[str, float | None]] | None = None  # (rule id, window seconds)
+        self._next_windowed = self._next_whole = float("-inf")  # see _tick
         self._incident_pending = False
         self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
         # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
@@ -171,16 +177,17 @@ class Pipeline:
     def _scan(self, ctx: _SourceCtx, spans: list[tuple[bytes, int, int]]) -> Iterator[Scanned]:
         """Spans of complete lines -> scanned blocks (this process)."""
         for buf, start, end in spans:
-            cands, n, ctx.carry = candidate_lines(self._scanner, buf, start, end, carry=ctx.carry)
-            yield Scanned([c[1] for c in cands], [c[0] for c in cands], n)
+            starts, ends, idxs, n, ctx.carry = candidate_spans(self._scanner, buf, start, end, carry=ctx.carry)
+            yield Scanned(buf, starts, ends, idxs, n)
 
     def _records(self, ctx: _SourceCtx, blocks: Iterable[Scanned]) -> Iterator[Record]:
         """The one way from scanned blocks to records: every line is counted in
         ``state.lines_total`` and numbered, candidates only are decoded."""
         for blk in blocks:
             base = ctx.lineno + 1  # number of the block's first line
-            for idx, line in zip(blk.linenos, blk.lines):
-                yield from ctx.envelope.records(base + idx, line)
+            buf = blk.buf
+            for a, b, idx in zip(blk.starts, blk.ends, blk.linenos):
+                yield from ctx.envelope.records(base + idx, buf[a:b])
             ctx.lineno += blk.nlines
             self.state.lines_total[ctx.name] += blk.nlines
 
@@ -249,21 +256,39 @@ class Pipeline:
         max(eval_interval, window/2) seconds of log time (consecutive evaluations overlap by half
         a window, so events less than half a window apart are always judged together); a
         whole-log rule runs when an incident event arrived."""
+        # Most events are due nothing: the earliest time a windowed rule (resp. a whole-log rule,
+        # once an incident arrived) is due again is kept, so that case costs one comparison.
+        if ts < self._next_windowed and (not self._incident_pending or ts < self._next_whole):
+            return
+        windows = self._windows
+        if windows is None:
+            windows = self._windows = [(r.id, self.ruleset.window_seconds(r)) for r in self.ruleset.rules]
         due = set()
-        for rule in self.ruleset.rules:
-            w = self.ruleset.window_seconds(rule)
-            last = self._rule_last.get(rule.id)
+        whole_due = False
+        for rid, w in windows:
+            last = self._rule_last.get(rid)
             if w is None:
                 if self._incident_pending and (last is None or ts - last >= self.eval_interval):
-                    due.add(rule.id)
+                    due.add(rid)
+                    whole_due = True
             elif last is None or ts - last >= max(self.eval_interval, w / 2):
-                due.add(rule.id)
+                due.add(rid)
         if due:
             for rid in due:
                 self._rule_last[rid] = ts
-            if any(self.ruleset.window_seconds(r) is None for r in self.ruleset.rules if r.id in due):
+            if whole_due:
                 self._incident_pending = False
             self.active = self.engine.evaluate(self.state, due)
+        inf = float("inf")
+        nw = nh = inf
+        for rid, w in windows:
+            last = self._rule_last.get(rid)
+            if w is None:
+                nh = min(nh, -inf if last is None else last + self.eval_interval)
+            else:
+                nw = min(nw, -inf if last is None else last + max(self.eval_interval, w / 2))
+        # a millisecond early: the test above is exact (ts - last >= period), this one only skips
+        self._next_windowed, self._next_whole = nw - 1e-3, nh - 1e-3
 
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""

@@ -206,7 +206,7 @@ def test_kv_cache_check_and_kv_allocation_seen_only_through_their_tracebacks():
                "NoCacheMemory").from_traceback is False
     f = one("2026-05-08 11:50:14.753 [Info] (Process) (EngineCore pid=3043)     kv_caches = self.initialize_kv_cache_tensors(",
             "EngineFailure")
-    assert (f.kind, f.meta.process) == ("startup-failed", "EngineCore")
+    assert (f.kind, f.meta.process) == ("core-failed", "EngineCore")
     # the definition, or a mention in a message, is no traceback line
     assert not parse_lines(["def raise_if_cache_size_invalid(num_gpu_blocks, block_size,",
                             "INFO 01-01 00:00:00 x.py:1] calling initialize_kv_cache_tensors( now"])

@@ -249,8 +249,8 @@ class EngineFailure:
     ``Engine process failed to start``), "proc-died" (``Engine core proc X died unexpectedly``,
     ``Worker proc X died unexpectedly``), "output-handler" (``AsyncLLM output_handler failed``),
     "background-loop" (``Background loop has errored already`` / ``is not running``),
-    "step-failed" (a failed model step's input dumped), "startup-failed" (a traceback through the KV
-    cache allocation at start-up, its exception cut off: the engine did not start).
+    "step-failed" (a failed model step's input dumped). "core-failed" also stands for a traceback
+    through the KV cache allocation at start-up whose exception is cut off: the engine did not start.
     exit_code: the dead process's exit code where vLLM logs it (``Worker proc X died unexpectedly
     (exit code: -4)``, 0.30+; ``Process X (PID: N) died with exit code N``); negative = killed by
     that signal (-4 SIGILL, -9 SIGKILL).

@@ -345,7 +345,7 @@ def _kv_check_frame(m, meta):
 def _kv_alloc_frame(m, meta):
     # A traceback through the KV cache tensor allocation at start-up, its exception cut off: the
     # engine failed to start there (the exception, often an OOM, is not in the log).
-    return ev.EngineFailure(meta, "startup-failed", meta.text[:300])
+    return ev.EngineFailure(meta, "core-failed", meta.text[:300])
 
 
 @matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding external process's weights) \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
@@ -1007,7 +1007,8 @@ MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every proce
 # start-up handshake; a failed step dump is written only for a step run for requests).
 RUNTIME_FAILURES = ("output-handler", "step-failed")
 RUNTIME_FAILURE_TEXT = re.compile(r"EngineCore encountered a fatal error")
-STARTUP_FAILURE_TEXT = re.compile(r"EngineCore(?:Proc)? failed to start|Engine core initialization failed|WorkerProc failed to start")
+STARTUP_FAILURE_TEXT = re.compile(r"EngineCore(?:Proc)? failed to start|Engine core initialization failed|WorkerProc failed to start|"
+                                  r"^\s+kv_caches = self\.initialize_kv_cache_tensors\(")
 
 
 def phase_cue(msg: str, out: list) -> str | None:
@@ -1028,7 +1029,7 @@ def phase_cue(msg: str, out: list) -> str | None:
         if isinstance(e, ev.EngineFailure):
             if e.kind in RUNTIME_FAILURES or RUNTIME_FAILURE_TEXT.search(e.message):
                 return "runtime"
-            if e.kind == "startup-failed" or STARTUP_FAILURE_TEXT.search(e.message):
+            if STARTUP_FAILURE_TEXT.search(e.message):
                 return "startup"
         if isinstance(e, ev.ExceptionRaised) and e.frames:
             if any(f in STARTUP_FRAMES for f in e.frames):

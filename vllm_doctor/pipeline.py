@@ -293,6 +293,7 @@ class Pipeline:
     def reset_source(self, source: str) -> None:
         """Forget a source's partial line and CRI state (after truncation or rotation); line
         numbers restart at 1. Counters are kept."""
+        self._flush_parsers()  # what the old file's parser still holds is not lost
         ctx = self._sources.pop(source, None)
         if ctx is not None:
             new = self._ctx(source)
@@ -320,7 +321,9 @@ class Pipeline:
 
     def counters(self) -> dict:
         """The state's counters plus each source's line number and parsed-line count: what the
-        sidecar checkpoints together with the offsets (see :meth:`State.counters`)."""
+        sidecar checkpoints together with the offsets (see :meth:`State.counters`). Events the
+        parsers still hold are applied first: the offsets already cover their lines."""
+        self._flush_parsers()
         return {"state": self.state.counters(),
                 "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
                             for n, c in self._sources.items()}}

@@ -182,6 +182,21 @@ def test_pool_tokens_and_concurrency_as_vllm_printed_them(case):
 
 
 @pytest.mark.parametrize("case", [c for c in KV_CASES if c.get("hybrid")], ids=lambda c: f"{c['model']}:{c['log']}")
+def test_hybrid_models_print_vllms_own_capacity_lines(case):
+    """Every hybrid log: plan's capacity line is vLLM's, character for character, and where vLLM logged
+    its block-size decision ("Setting attention block size to N tokens", "Padding mamba page size by
+    X%"), plan made the same one."""
+    text = (MODELS / case["model"] / case["log"]).read_text()
+    p = case_plan(case)
+    tokens, conc = p.pool["vllm_prints"].split(", ")
+    assert tokens in text and conc in text
+    if m := re.search(r"Setting attention block size to (\d+) tokens", text):
+        assert p.settings["block_size"] == int(m.group(1))
+    if m := re.search(r"Padding mamba page size by ([\d.]+)%", text):
+        assert f"Mamba page padded by {m.group(1)}%" in p.pool["block_size_arithmetic"]
+
+
+@pytest.mark.parametrize("case", [c for c in KV_CASES if c["model"] == "qwen3.6-35b-a3b"], ids=lambda c: c["log"])
 def test_hybrid_gdn_model_prints_vllms_own_capacity_line(case):
     """Qwen3.6-35B-A3B (10 full-attention + 30 gated-delta-net layers, fp8 KV, prefix caching, vLLM
     0.24): the GDN state (conv 3 x 8,192 x 2 B + SSM 32 x 128 x 128 x 4 B, float32 from the config's
@@ -201,9 +216,11 @@ def test_hybrid_gdn_model_prints_vllms_own_capacity_line(case):
 
 @pytest.mark.parametrize("case", W_CASES, ids=lambda c: f"{c['model']}:{c['log']}")
 def test_weights_within_5_percent_of_real_gpu_logs(case):
+    """Within 5 %; a miss cases.json explains (weights_known_miss) must still be one, so the note cannot
+    outlive a fix."""
     lg = logged(case)
     _, w = predicted(case)
-    assert _rel(w / cap.GiB, lg["weights_gib"]) < 0.05
+    assert (_rel(w / cap.GiB, lg["weights_gib"]) < 0.05) is not bool(case.get("weights_known_miss"))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "kv_gib_column" in c], ids=lambda c: c["model"])
@@ -218,23 +235,92 @@ def test_available_kv_memory_estimate_on_h100(case):
 
 
 def accuracy_rows() -> list[dict]:
-    """The accuracy table of docs/plan.md (``python tests/test_plan.py`` prints it)."""
+    """One row per real log: what plan predicts and what vLLM printed (the accuracy table of docs/plan.md)."""
     rows = []
     for c in CASES:
         lg = logged(c)
         per_tok, w = predicted(c)
-        row = {"model": c["model"], "log": c["source"], "tp": f"{lg['tp']}" + (f" x PP {lg['pp']}" if lg["pp"] > 1 else ""),
-               "predicted_bytes_per_token": per_tok}
+        row = {"model": c["model"], "kind": c.get("kind", ""), "vllm": c.get("vllm", "-"), "gpu": c.get("gpu", "-"),
+               "tp": f"{lg['tp']}" + (f" x PP {lg['pp']}" if lg["pp"] > 1 else ""), "log": c["source"],
+               "predicted_bytes_per_token": round(per_tok), "predicted_weights_gib": round(w / cap.GiB, 3),
+               "logged_weights_gib": lg.get("weights_gib"), "weights_known_miss": c.get("weights_known_miss")}
         if "tokens" in lg and "avail_gib" in lg:
             row["logged_bytes_per_token"] = round(lg["avail_gib"] * cap.GiB / lg["tokens"])
-        row["predicted_weights_gib"] = round(w / cap.GiB, 3)
-        row["logged_weights_gib"] = lg.get("weights_gib")
-        row["kind"] = c.get("kind", "")
         if c.get("vllm") and {"avail_gib", "tokens", "concurrency"} <= set(lg):
             p = case_plan(c)
             row["tokens"] = (p.pool["kv_cache_tokens"], lg["tokens"], p.concurrency["at_max_model_len"], lg["concurrency"])
         rows.append(row)
     return rows
+
+
+def _err(pred: float, log: float) -> str:
+    return f"{(pred / log - 1) * 100:+.2f} %"
+
+
+def accuracy_markdown() -> str:
+    """The accuracy table and its per-model summary, as docs/plan.md holds them (``python tests/test_plan.py``
+    prints it; test_docs_accuracy_table_is_current keeps the doc in step)."""
+    out = ["| model | attention kind | vLLM | GPU | TP | KV B/token plan / log | error | KV cache tokens, max concurrency: "
+           "plan / log | weights GiB plan / log | error | log |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in accuracy_rows():
+        kv = (f"{r['predicted_bytes_per_token']:,} / {r['logged_bytes_per_token']:,} | "
+              f"{_err(r['predicted_bytes_per_token'], r['logged_bytes_per_token'])}"
+              if "logged_bytes_per_token" in r else f"{r['predicted_bytes_per_token']:,} / - | -")
+        tk = (f"{r['tokens'][0]:,}, {r['tokens'][2]:.2f}x / {r['tokens'][1]:,}, {r['tokens'][3]:.2f}x"
+              if "tokens" in r else "-")
+        wt = (f"{r['predicted_weights_gib']} / {r['logged_weights_gib']} | "
+              f"{_err(r['predicted_weights_gib'], r['logged_weights_gib'])}"
+              + (" (known miss: see below)" if r["weights_known_miss"] else "")
+              if r["logged_weights_gib"] else f"{r['predicted_weights_gib']} / - | -")
+        out.append(f"| {r['model']} | {r['kind']} | {r['vllm']} | {r['gpu']} | {r['tp']} | {kv} | {tk} | {wt} | {r['log']} |")
+    out += ["", "Per model (a model counts when some real log checks each figure; the worst error over its logs):", "",
+            "| model | attention kind | KV B/token: logs, worst error | weights: logs, worst error | both within 1 % / 5 % |",
+            "|---|---|---|---|---|"]
+    for m in accuracy_by_model():
+        kv = f"{m['kv_logs']}, {m['kv_worst']:+.2f} %" if m["kv_logs"] else "none"
+        wt = (f"{m['w_logs']}, {m['w_worst']:+.2f} %" if m["w_logs"] else "none") + (
+            f"; known miss: {'; '.join(m['w_known_miss'])}" if m.get("w_known_miss") else "")
+        out.append(f"| {m['model']} | {m['kind']} | {kv} | {wt} | {'yes' if m['both'] else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
+def accuracy_by_model() -> list[dict]:
+    by: dict[str, dict] = {}
+    for r in accuracy_rows():
+        m = by.setdefault(r["model"], {"model": r["model"], "kind": r["kind"], "kv_logs": 0, "kv_worst": 0.0,
+                                       "w_logs": 0, "w_worst": 0.0})
+        if "logged_bytes_per_token" in r:
+            e = (r["predicted_bytes_per_token"] / r["logged_bytes_per_token"] - 1) * 100
+            m["kv_logs"] += 1
+            m["kv_worst"] = max(m["kv_worst"], e, key=abs)
+        if r["logged_weights_gib"] and r["weights_known_miss"]:
+            m.setdefault("w_known_miss", []).append(r["weights_known_miss"])
+        elif r["logged_weights_gib"]:
+            e = (r["predicted_weights_gib"] / r["logged_weights_gib"] - 1) * 100
+            m["w_logs"] += 1
+            m["w_worst"] = max(m["w_worst"], e, key=abs)
+    for m in by.values():
+        m["both"] = bool(m["kv_logs"] and m["w_logs"] and abs(m["kv_worst"]) < 1 and abs(m["w_worst"]) < 5)
+    return list(by.values())
+
+
+def test_ten_models_match_real_logs_in_both_figures():
+    """The issue's bar: >= 10 different models whose real logs give bytes/token within 1 % and weights within
+    5 %, dense, GQA and MLA among them; a hybrid (attention + linear-attention state) is checked on bytes per
+    printed token (its weights were an NVFP4 checkpoint without a "Model loading took" line)."""
+    models = accuracy_by_model()
+    both = [m for m in models if m["both"]]
+    assert len(both) >= 10, [m["model"] for m in both]
+    kinds = " ".join(m["kind"] for m in both)
+    assert "dense" in kinds and "GQA" in kinds and "MLA" in kinds
+    assert any("hybrid" in m["kind"] and m["kv_logs"] for m in models)
+    assert all(abs(m["kv_worst"]) < 1 and abs(m["w_worst"]) < 5 for m in models)
+
+
+def test_docs_accuracy_table_is_current():
+    doc = (HERE.parent / "docs" / "plan.md").read_text()
+    begin, end = "<!-- accuracy table: python tests/test_plan.py -->\n", "<!-- end of accuracy table -->"
+    assert doc[doc.index(begin) + len(begin):doc.index(end)] == accuracy_markdown()
 
 
 def test_tuning_note_a21_llama_8b_is_128_kib_not_1_kb():
@@ -372,18 +458,7 @@ def test_cli_plan_exit_codes(tmp_path):
 
 
 if __name__ == "__main__":
-    print("| model | kind | TP | KV B/token plan | KV B/token log | diff | tokens / max concurrency plan vs log | "
-          "weights GiB plan | weights GiB log | diff | log |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in accuracy_rows():
-        kv = (f"{r['logged_bytes_per_token']:,} | {(r['predicted_bytes_per_token'] / r['logged_bytes_per_token'] - 1) * 100:+.2f}%"
-              if "logged_bytes_per_token" in r else "- | -")
-        wd = (f"{r['logged_weights_gib']} | {(r['predicted_weights_gib'] / r['logged_weights_gib'] - 1) * 100:+.2f}%"
-              if r["logged_weights_gib"] else "- | -")
-        tk = (f"{r['tokens'][0]:,} / {r['tokens'][2]:.2f}x vs {r['tokens'][1]:,} / {r['tokens'][3]:.2f}x"
-              if "tokens" in r else "-")
-        print(f"| {r['model']} | {r['kind']} | {r['tp']} | {round(r['predicted_bytes_per_token']):,} | {kv} | {tk} | "
-              f"{r['predicted_weights_gib']} | {wd} | {r['log']} |")
+    print(accuracy_markdown(), end="")
 
 
 def test_gpu_memory_through_nvml(monkeypatch):

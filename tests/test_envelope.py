@@ -23,6 +23,7 @@ def parse_lines(lines: list[str], year: int = 2026):
             out.extend(e for e in p.parse(rec) if e is not None)
     for rec in env.flush():
         out.extend(e for e in p.parse(rec) if e is not None)
+    out.extend(p.flush())  # what the parser still holds at the end (an OOM whose phase was open)
     return out
 
 

@@ -37,6 +37,10 @@ PAYLOADS = [
     "args: Namespace(max_model_len=1, max_num_seqs=1) non-default args: {'max_model_len': 1} --kv-cache fp8 VLLM_USE_PREFILL=1",
     "Application startup complete. [shutdown] API server: shutdown triggered Received SIGTERM",
     "Traceback (most recent call last):",
+    "vllm: error: unrecognized arguments: --omni --kv-cache fp8",
+    "    raise_if_cache_size_invalid(num_gpu_blocks,\n    kv_caches = self.initialize_kv_cache_tensors(",
+    "args: Namespace(max_model_len=1, disable_sliding_wind\now=False, max_num_seqs=1, max_num_batched_tokens=1, x",
+    "torch.OutOfMemoryError: CUDA out of memory.\n  File \"x.py\", line 1, in run_engine_loop\nAsyncLLM output_handler failed.",
 ]
 IDS = [
     "chatcmpl-EngineDeadError",

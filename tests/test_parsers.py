@@ -159,3 +159,134 @@ def test_engine_config_echo_cut_inside_its_last_pair_does_not_give_that_value():
     cut_value = dict(one("INFO 07-17 00:07:07 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: max_seq_len=4096, enable_prefix_caching=Fa",
                          "EngineConfigObserved").values)
     assert cut_value == {"max_model_len": 4096}
+
+
+# ---- argparse's own rejection of the command line (corpus 046, 047)
+def test_argparse_unrecognized_arguments_read_from_argparse_text():
+    evs = [e for e in parse_lines(["usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...",
+                                   "vllm serve: error: unrecognized arguments: --kv-cache fp8 --max_model_len=4096 --omni -q x"])
+           if isinstance(e, ev.UnknownFlag)]
+    assert [(e.flag, e.value) for e in evs] == [("--kv-cache", "fp8"), ("--max_model_len", "4096"), ("--omni", None), ("-q", "x")]
+    real = {e.flag: e.real_flag for e in evs}
+    assert real["--kv-cache"].startswith("--kv-cache-dtype") and real["--max_model_len"] == "--max-model-len"
+    assert real["--omni"] is None and real["-q"] is None
+    # markdown inline code around the whole line (a paste), and at most 16 flags from one line
+    assert one("`vllm: error: unrecognized arguments: --config`", "UnknownFlag").flag == "--config"
+    many = [e for e in parse_lines(["vllm: error: unrecognized arguments: " + " ".join(f"--f{i}" for i in range(40))])
+            if isinstance(e, ev.UnknownFlag)]
+    assert len(many) == 16
+    # the words "unrecognized arguments" elsewhere in a message are not argparse's error line
+    assert not [e for e in parse_lines(["INFO 01-01 00:00:00 x.py:1] note: error: unrecognized arguments are ignored here"])
+                if isinstance(e, ev.UnknownFlag)]
+
+
+# ---- the phase of an OOM from what follows it (corpus 086, 123)
+def _ooms(lines):
+    return [e for e in parse_lines(lines) if isinstance(e, ev.OutOfMemory)]
+
+
+OOM_REPR = ("ERROR 10-11 12:27:29 engine.py:157] OutOfMemoryError('CUDA out of memory. Tried to allocate 138.00 MiB. "
+            "GPU 0 has a total capacity of 79.15 GiB of which 2.19 MiB is free.')")
+
+
+def test_oom_logged_before_its_traceback_takes_the_phase_of_the_traceback():
+    tb = ["ERROR 10-11 12:27:29 engine.py:157] Traceback (most recent call last):",
+          'ERROR 10-11 12:27:29 engine.py:157]   File "/v/vllm/engine/multiprocessing/engine.py", line 155, in start',
+          "ERROR 10-11 12:27:29 engine.py:157]     self.run_engine_loop()",
+          'ERROR 10-11 12:27:29 engine.py:157]   File "/v/vllm/engine/multiprocessing/engine.py", line 218, in run_engine_loop']
+    assert [e.phase for e in _ooms([OOM_REPR] + tb)] == ["runtime"]
+    start = tb[:2] + ['ERROR 10-11 12:27:29 engine.py:157]   File "/v/vllm/worker/worker.py", line 9, in determine_num_available_blocks']
+    assert [e.phase for e in _ooms([OOM_REPR] + start)] == ["startup"]
+    # nothing after it tells: undecided (the state decides from what came before)
+    assert [e.phase for e in _ooms([OOM_REPR])] == [None]
+    # V1: the API server's output handler, which exists only once the engine core started, fails next
+    v1 = ["(EngineCore pid=112) ERROR 05-01 14:39:06 [core.py:1131] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB.",
+          "(APIServer pid=1) ERROR 05-01 14:39:06 [async_llm.py:699] AsyncLLM output_handler failed."]
+    assert [e.phase for e in _ooms(v1)] == ["runtime"]
+    v1_start = [v1[0], "(EngineCore pid=112) ERROR 05-01 14:39:06 [core.py:1108] EngineCore failed to start."]
+    assert [e.phase for e in _ooms(v1_start)] == ["startup"]
+
+
+def test_an_undecided_oom_is_released_after_a_bounded_number_of_records():
+    from vllm_doctor.parsers import HOLD_RECORDS
+
+    filler = [f"INFO 10-11 12:27:{i % 60:02d} x.py:1] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
+              "Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%, CPU KV cache usage: 0.0%." for i in range(3)]
+    # stats lines after the OOM: the engine serves, so the OOM was raised while serving
+    assert [e.phase for e in _ooms([OOM_REPR] + filler)] == ["runtime"]
+    noise = ["ERROR 10-11 12:27:29 engine.py:157] SomeError: nothing that tells the phase"] * (HOLD_RECORDS + 5)
+    late = ['ERROR 10-11 12:27:29 engine.py:157]   File "/v/e.py", line 218, in run_engine_loop']
+    evs = [e for e in parse_lines([OOM_REPR] + noise + late)]
+    ooms = [e for e in evs if isinstance(e, ev.OutOfMemory)]
+    assert [e.phase for e in ooms] == [None]  # released undecided before the late frame
+    assert evs.index(ooms[0]) < len(evs) - 1
+
+
+def test_a_held_oom_reaches_the_state_in_serve_before_any_evaluation():
+    from wrapping import pipeline
+
+    pipe = pipeline(serve=True)
+    pipe.feed("vllm.log", (OOM_REPR + "\n").encode())
+    assert pipe.state.oom_events_total == 0  # held: the next lines may tell its phase
+    pipe.evaluate()
+    assert pipe.state.oom_events_total == 1 and pipe.state.run_total("OutOfMemory:startup") == 1
+
+
+# ---- start-up tracebacks cut before their error (corpus 012, 026)
+def test_kv_cache_check_and_kv_allocation_seen_only_through_their_tracebacks():
+    nc = one("ERROR 04-28 15:55:45 worker_base.py:157]     raise_if_cache_size_invalid(num_gpu_blocks,", "NoCacheMemory")
+    assert nc.from_traceback is True
+    assert one("(EngineCore_0 pid=62) ERROR 03-19 11:14:31 [core.py:700]     check_enough_kv_cache_memory(vllm_config, "
+               "kv_cache_spec, available_memory)", "NoCacheMemory").from_traceback
+    assert one("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.",
+               "NoCacheMemory").from_traceback is False
+    f = one("2026-05-08 11:50:14.753 [Info] (Process) (EngineCore pid=3043)     kv_caches = self.initialize_kv_cache_tensors(",
+            "EngineFailure")
+    assert (f.kind, f.meta.process) == ("core-failed", "EngineCore")
+    # the definition, or a mention in a message, is no traceback line
+    assert not parse_lines(["def raise_if_cache_size_invalid(num_gpu_blocks, block_size,",
+                            "INFO 01-01 00:00:00 x.py:1] calling initialize_kv_cache_tensors( now"])
+
+
+# ---- a hard-wrapped args echo (corpus 048)
+NS1 = ("INFO 08-08 14:47:21 api_server.py:220] args: Namespace(host='0.0.0.0', port=8000, max_model_len=16384, "
+       "block_size=16, enable_prefix_caching=False, disable_sliding_wind")
+NS2 = "ow=False, use_v2_block_manager=False, swap_space=4, gpu_memory_utilization=0.9, max_num_seqs=256, max_logprobs=20, quanti"
+NS3 = "zation=None, max_num_batched_tokens=4096)"
+
+
+def _cfg(lines):
+    out = {}
+    for e in parse_lines(lines):
+        if isinstance(e, ev.EngineConfigObserved):
+            out.update(e.values)
+    return out
+
+
+def test_hard_wrapped_args_echo_is_read_across_its_lines():
+    d = _cfg([NS1, NS2, NS3])
+    assert (d["max_model_len"], d["max_num_seqs"], d["disable_sliding_window"], d["quantization"],
+            d["max_num_batched_tokens"]) == (16384, 256, False, None, 4096)
+    assert "disable_sliding_wind" not in d and "ow" not in d
+    # a line with vLLM's logger prefix ends the echo; so does a line that is not next to it
+    d = _cfg([NS1, "INFO 08-08 14:47:22 x.py:1] max_num_seqs=999, block_size=1, max_logprobs=20, quant", NS2])
+    assert "max_num_seqs" not in d
+    d = _cfg([NS1, "unrelated", "unrelated", NS2])
+    assert "max_num_seqs" not in d
+
+
+def test_hard_wrapped_args_echo_is_read_under_every_wrapper():
+    from wrapping import WRAPPERS, run, wrap
+
+    for kind in WRAPPERS:
+        pipe, _ = run(wrap(kind, [NS1, NS2, NS3]))
+        facts = pipe.state.facts()
+        assert (facts["max_model_len"], facts["max_num_seqs"], facts["max_num_batched_tokens"]) == (16384, 256, 4096), kind
+
+
+def test_args_echo_continuations_are_bounded():
+    from vllm_doctor.parsers import MAX_NS_PIECES
+
+    pieces = [f"x{i}=None, max_num_seqs={i}, pad" for i in range(MAX_NS_PIECES + 4)]
+    d = _cfg([NS1] + pieces)
+    assert d["max_num_seqs"] == MAX_NS_PIECES - 1  # the pieces after the bound are not read

@@ -40,8 +40,8 @@ def events_of(entry: dict) -> list[str]:
         if entry["kind"].startswith("raise "):
             msg = entry["kind"][6:] + ": " + msg
         parser = RecordParser("wordings")
-        kinds = [type(e).__name__ for r in Envelope(LogClock(2026)).records(1, msg.encode())
-                 for e in parser.parse(r) if e is not None and type(e).__name__ != "ExceptionRaised"]
+        evs = [e for r in Envelope(LogClock(2026)).records(1, msg.encode()) for e in parser.parse(r)] + parser.flush()
+        kinds = [type(e).__name__ for e in evs if e is not None and type(e).__name__ != "ExceptionRaised"]
         if kinds:
             return kinds
     return []

@@ -172,6 +172,14 @@ JOURNAL_RE = re.compile(
 )
 # docker compose: ``service-1  | msg``.
 COMPOSE_RE = re.compile(r"^[\w.-]+(?:-\d+)? *\| ")
+# A supervisor's own tags between its timestamp and the vLLM line it relays: a level in brackets
+# and/or a source name in parentheses (``[Info] (Process) (EngineCore pid=3043) ...``). Stripped
+# only when a vLLM process prefix (``(Name pid=N)``) or logger prefix follows them, so that no
+# text of vLLM's own is taken for a tag.
+SUPERVISOR_RE = re.compile(
+    r"^(?:\[[A-Za-z]{1,12}\] ?|\([A-Za-z][\w.-]{0,40}\) ?){1,4}"
+    r"(?=\([A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:)"
+)
 CRI_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (?P<stream>stdout|stderr) (?P<tag>[FP]) ?(?P<msg>.*)$",
     re.S,
@@ -381,6 +389,10 @@ class Envelope:
             if m:
                 text = text[m.end():]
                 continue
+            m = SUPERVISOR_RE.match(text) if first in "[(" else None
+            if m:
+                text = text[m.end():]
+                continue
             break
         if "\r" in text:  # tqdm redraws: each segment is its own record
             for seg in text.split("\r"):
@@ -442,10 +454,16 @@ class Envelope:
             self.last_ts = ts
         process = obj.get("processName") if isinstance(obj.get("processName"), str) else None
         pid = obj.get("process") if isinstance(obj.get("process"), int) else None
-        bare = msg[LEADING_PROCS_RE.match(msg).end():] if msg[:1] == "(" and LEADING_PROCS_RE.match(msg) else msg
+        pm = LEADING_PROCS_RE.match(msg) if msg[:1] == "(" else None
+        bare = msg[pm.end():] if pm else msg
         kind = client_head(bare) or ("engine-dump" if src.startswith("dump_input.py") else None)
         if kind:  # the whole message, newlines included, is the client's text
             return [Record(lineno, _head(bare), level, ts, process, pid, src, kind)]
+        if pm and "\n" not in msg:  # a relayed line of a vLLM process: "(EngineCore pid=N) text"
+            procs = PROC_RE.findall(pm.group(1))
+            if procs and process is None:
+                process, pid = procs[-1][0], int(procs[-1][1])
+            msg = bare
         out = []
         for part in _cut_client_field(msg).split("\n"):  # a traceback inside one JSON record
             out.append(Record(lineno, part, level, ts, process, pid, src))

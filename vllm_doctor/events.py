@@ -189,9 +189,15 @@ class KvCacheTooSmall:
 
 @dataclass(frozen=True, slots=True)
 class NoCacheMemory:
-    """``No available memory for the cache blocks`` (V0 worker.py, V1 kv_cache_utils.py)."""
+    """``No available memory for the cache blocks`` (V0 worker.py, V1 kv_cache_utils.py).
+
+    from_traceback: True when only the traceback of vLLM's start-up KV cache check shows it (V0
+    ``raise_if_cache_size_invalid(``, V1 ``check_enough_kv_cache_memory(``), its ValueError cut
+    off: no KV cache blocks, or too few for one max_model_len sequence (the two errors it raises).
+    """
 
     meta: Meta
+    from_traceback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +248,9 @@ class EngineFailure:
     a fatal error``, ``EngineCore hit an exception``, ``Engine core initialization failed``,
     ``Engine process failed to start``), "proc-died" (``Engine core proc X died unexpectedly``,
     ``Worker proc X died unexpectedly``), "output-handler" (``AsyncLLM output_handler failed``),
-    "background-loop" (``Background loop has errored already`` / ``is not running``).
+    "background-loop" (``Background loop has errored already`` / ``is not running``),
+    "step-failed" (a failed model step's input dumped). "core-failed" also stands for a traceback
+    through the KV cache allocation at start-up whose exception is cut off: the engine did not start.
     exit_code: the dead process's exit code where vLLM logs it (``Worker proc X died unexpectedly
     (exit code: -4)``, 0.30+; ``Process X (PID: N) died with exit code N``); negative = killed by
     that signal (-4 SIGILL, -9 SIGKILL).

@@ -26,6 +26,7 @@ from typing import Any
 from . import events as ev
 from .envelope import CLIENT_KEYWORDS, Record
 from .textscan import top_level
+from .versions import known_flag
 
 GIB = 1 << 30
 UNITS = {"B": 1, "KiB": 1 << 10, "KB": 1 << 10, "MiB": 1 << 20, "MB": 1 << 20, "GiB": GIB, "GB": GIB,
@@ -332,6 +333,33 @@ def _no_mem(m, meta):  # V0 worker.py, V1 kv_cache_utils.py / kv_cache_planning.
     return ev.NoCacheMemory(meta)
 
 
+@matcher("kv-check-frame", r"\s+_?(?:raise_if_cache_size_invalid|check_enough_kv_cache_memory)\(",
+         keywords=('raise_if_cache_size_invalid(', 'check_enough_kv_cache_memory('),
+         versions='0.4-0.10 (V0), 0.7.3-0.33 (V1)', source='worker/worker.py initialize_cache -> raise_if_cache_size_invalid, v1/core/kv_cache_utils.py (kv_cache_planning.py 0.33) check_enough_kv_cache_memory (a traceback\'s source lines)',
+         examples=(
+             'ERROR 04-28 15:55:45 worker_base.py:157]     raise_if_cache_size_invalid(num_gpu_blocks,',
+             '(EngineCore_0 pid=62) ERROR 03-19 11:14:31 [core.py:700]     check_enough_kv_cache_memory(vllm_config, kv_cache_spec, available_memory)',
+         ))
+def _kv_check_frame(m, meta):
+    # A traceback through vLLM's start-up KV cache check, cut before its ValueError: the check
+    # only raises "No available memory for the cache blocks" or "max seq len ... larger than ... KV
+    # cache": either way the KV cache cannot hold one sequence.
+    return ev.NoCacheMemory(meta, from_traceback=True)
+
+
+@matcher("kv-alloc-frame", r"\s+kv_caches = self\.initialize_kv_cache_tensors\(",
+         keywords=('initialize_kv_cache_tensors(',),
+         versions='0.9-0.33 (V1)', source='v1/worker/gpu_model_runner.py initialize_kv_cache (a traceback\'s source lines)',
+         examples=(
+             # corpus 026, as vLLM wrote it (a supervisor added "2026-05-08 11:50:14.753 [Info] (Process) " before it)
+             '(EngineCore pid=3043)     kv_caches = self.initialize_kv_cache_tensors(',
+         ))
+def _kv_alloc_frame(m, meta):
+    # A traceback through the KV cache tensor allocation at start-up, its exception cut off: the
+    # engine failed to start there (the exception, often an OOM, is not in the log).
+    return ev.EngineFailure(meta, "core-failed", meta.text[:300])
+
+
 @matcher("free-memory", r"Free memory on device(?: [\w:.-]+)? \((?P<f>[\d.]+)/(?P<t>[\d.]+) GiB\) on startup is less than (?:desired GPU memory utilization|the engine's budget after excluding external process's weights) \((?P<u>[\d.]+), (?P<r>[\d.]+) GiB\)", search=True,
          keywords=('Free memory on device',),
          versions='0.9-0.33', source='v1/worker/gpu_worker.py, v1/worker/utils.py',
@@ -475,11 +503,32 @@ def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.7, DEBUG 0.8-0.10, 
 
 
 # ---- configuration and version
-@matcher("namespace", r"args: Namespace\((?P<a>.*?)(?P<close>\)\s*)?$",
+NAMESPACE_RE = re.compile(r"args: Namespace\((?P<a>.*?)(?P<close>\)\s*)?$")
+MAX_NS_PIECES = 8  # continuation lines read after a hard-wrapped args echo
+MAX_NS_TAIL = 2000  # characters of a cut pair carried to the next line
+# A continuation piece of the args echo: it goes on with a pair (``ow=False, ...``, ``=16384, ...``,
+# ``'x', b=1``), never with a logger prefix or a traceback; what a piece holds to pass the prefilter:
+# a fact's name or Namespace's way of printing values.
+NS_CONT_RE = re.compile(r"[\w'\"\]\[{}.,= -]{0,200}=")
+NS_CONT_KEYWORDS = ("=None, ", "=False, ", "=True, ", "max_model_len=", "max_num_seqs=",
+                    "max_num_batched_tokens=", "gpu_memory_utilization=", "block_size=")
+
+
+def _ns_tail(text: str) -> str | None:
+    """The cut last pair of an unclosed args echo (to join with the next line); None when it is
+    longer than :data:`MAX_NS_TAIL`."""
+    cuts = list(top_level(text, ","))
+    tail = text[cuts[-1] + 1 :] if cuts else text
+    return tail if len(tail) <= MAX_NS_TAIL else None
+
+
+@matcher("namespace", NAMESPACE_RE.pattern,
          keywords=('args: Namespace(',),
-         versions='0.4.3-0.8.5', source='entrypoints/openai/api_server.py',
+         versions='0.2-0.8.5', source='entrypoints/openai/api_server.py',
          examples=(
              "INFO 02-07 18:06:00 api_server.py:841] args: Namespace(subparser='serve', model_tag='.', config='', host=None, port=8000, max_model_len=4096, max_num_seqs=256)",
+             # cut by the paste (corpus 052): the pairs before the cut one
+             "INFO 01-23 21:18:03 api_server.py:727] args: Namespace(host='0.0.0.0', port=5000, allow_credentials=False, allowed_origins=['*'], allowed_methods=['*'], allowed_headers=['*'], served_model_name=None, chat_template=None, response_role='assistant', ssl_keyfile=None, ssl_certfile=None, model='01-ai/Yi-34B-Chat', tokenizer=None, revision=None, tokenizer_revision=None, tokenizer_mode='auto', trust_remote_code=True, download_dir='/workspace/.cache/huggingface/hub', load_format='auto', dtype='auto', max_model_len=204800, worker_use_ray=False, pipeline_parallel_size=1, tensor_parallel_size=4, max_parallel_loading_workers=None, block_size=16, seed=1234, swap_space=4, gpu_memory_utilization=0.9, max_num_batched_tokens=None, max_num_seqs=256, max_paddings=256, disable_log_stats=False, quantization=None, enforce_eager=False, max_context_len_to_capture=8192, engine_use_ray=False, disable_log_requests=Fa",
          ))
 def _namespace(m, meta):  # entrypoints/openai/api_server.py 0.4.3-0.8.5 (every arg)
     text = m["a"]
@@ -662,6 +711,51 @@ def _config(meta: ev.Meta, kind: str, values: dict[str, object]):
                     for k, f in FAKE_KEYS.items() if f in unknown]
 
 
+# ---- argparse rejecting the command line (Python's argparse, every vLLM version: FlexibleArgumentParser
+# is an argparse.ArgumentParser). ``parse_args`` ends with ``self.error(_('unrecognized arguments: %s') %
+# ' '.join(argv))`` and ``error`` prints ``'%(prog)s: error: %(message)s\n'`` (prog: ``vllm``, ``vllm
+# serve``, ``api_server.py``). The flags are read out of argparse's own text: the tokens that start
+# with ``-``, each with the token after it as its value when that is no flag.
+MAX_ARGPARSE_FLAGS = 16
+
+
+@matcher("argparse-unrecognized", r"`?(?P<prog>[\w.-]{1,64}(?: [\w.-]{1,64}){0,3}): error: unrecognized arguments: (?P<a>.{1,2000})",
+         keywords=('error: unrecognized arguments: ',),
+         versions='every (Python argparse; vllm/utils FlexibleArgumentParser)', source='Python Lib/argparse.py (ArgumentParser.parse_args, error)',
+         examples=(
+             'vllm: error: unrecognized arguments: --omni',
+             '`vllm: error: unrecognized arguments: --config`',
+             'api_server.py: error: unrecognized arguments: --max_model_len 4096',
+         ))
+def _argparse_unrecognized(m, meta):
+    toks = m["a"].rstrip("`").split()  # a paste may quote the line as markdown inline code
+    out = []
+    for i, tok in enumerate(toks):
+        if len(out) >= MAX_ARGPARSE_FLAGS:
+            break
+        if not re.fullmatch(r"--?[A-Za-z][\w.-]{0,80}(?:=\S*)?", tok):
+            continue
+        flag, eq, value = tok.partition("=")
+        if not eq:
+            nxt = toks[i + 1] if i + 1 < len(toks) else None
+            value = nxt if nxt is not None and not nxt.startswith("-") else None
+        out.append(ev.UnknownFlag(meta, flag, _real_flag(flag), value[:80] if value else None))
+    return out or None
+
+
+def _real_flag(flag: str) -> str | None:
+    """The setting meant by a flag that argparse rejected: the tuning note's invented flags have
+    one (:data:`FAKE_FLAGS`); ``--max_model_len`` is ``--max-model-len`` (argparse accepts
+    underscores only from 0.5.4); else None (whether the flag exists in other versions is the
+    rule's to say, from the detected version)."""
+    if flag in FAKE_FLAGS:
+        return FAKE_FLAGS[flag]
+    dashed = "--" + flag.lstrip("-").replace("_", "-")
+    if dashed != flag and known_flag(dashed):
+        return dashed
+    return None
+
+
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
 FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+)')
@@ -694,6 +788,7 @@ def prefilter_keywords() -> tuple[str, ...]:
     kws = {k for m in MATCHERS for k in m.keywords}
     kws.update(TRACEBACK_KEYWORDS)
     kws.update(FLAG_KEYWORDS)
+    kws.update(NS_CONT_KEYWORDS)  # the continuation lines of a hard-wrapped args echo
     kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
     return tuple(sorted(kws))
 
@@ -769,6 +864,9 @@ class RecordParser:
         self._served_seen = False  # a stats line was seen in this engine run
         self._dump_seen = False  # a fatal-step dump was seen in this engine run
         self._cfg: dict[str, int] = {}  # max_model_len, block_size echoed in this engine run
+        self._held: list = []  # out-of-memory events whose phase the next records decide
+        self._ns: tuple[int, str | None, int] | None = None  # a cut args echo: (last line, tail, pieces)
+        self._held_left = 0  # records left before they are released undecided
         if RecordParser._DISPATCH is None:
             RecordParser._DISPATCH = _dispatch_table()
             _ORDER.update({id(m): i for i, m in enumerate(MATCHERS)})
@@ -778,14 +876,21 @@ class RecordParser:
     def parse(self, rec: Record) -> list:
         msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]
         if rec.client:
+            self._ns = None
             if rec.client == "engine-dump" and not self._dump_seen:
                 # V1's fatal-step dump (logging_utils/dump_input.py): an engine step raised.
                 self._dump_seen = True
-                return [ev.EngineFailure(ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg),
-                                         "step-failed", msg)]
+                res = [ev.EngineFailure(ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg),
+                                        "step-failed", msg)]
+                return (self._release(msg, res) if self._held else []) + res
             return [None] if rec.client == "engine-dump" else []
         if not msg:
             return []
+        if self._ns is not None:
+            meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
+            cont = self._namespace_continued(rec, msg, meta)
+            if cont is not None:
+                return cont
         out: list = []
         key = rec.pid or rec.process
         stripped = msg.strip()
@@ -808,8 +913,8 @@ class RecordParser:
             tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
             out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
         hits = self._hits(msg)
-        if not hits and not out and "--" not in msg and "VLLM_" not in msg:
-            return out  # no matcher's keyword, no flag: nothing below can give an event
+        if not hits and not out and not self._held and "--" not in msg and "VLLM_" not in msg:
+            return out  # no matcher's keyword, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         cands = {mt.name: mt for kw in hits for mt in self._by_kw[kw]}
         # The matchers whose keywords the message holds, in table order.
@@ -825,12 +930,32 @@ class RecordParser:
                     out.append(res)
         if out and any(isinstance(e, ev.OutOfMemory) for e in out):
             out = [_with_phase(e, frames, rec.src, out) for e in out]
+        released = self._release(msg, out) if self._held else []
+        if not self._served_seen and any(isinstance(e, ev.OutOfMemory) and e.phase is None for e in out):
+            # An OOM whose own record and traceback do not tell the phase: vLLM often logs the error
+            # first and its traceback after it (V0 MQLLMEngine ``logger.exception(repr(e))``) or the
+            # other process's failure follows (V1 ``AsyncLLM output_handler failed``): the next
+            # records decide (see :meth:`_release`).
+            new = [e for e in out if isinstance(e, ev.OutOfMemory) and e.phase is None]
+            out = [e for e in out if not (isinstance(e, ev.OutOfMemory) and e.phase is None)]
+            if len(self._held) + len(new) > MAX_HELD_OOM:  # bounded: the oldest go out undecided
+                released += self._held
+                self._held = []
+            self._held.extend(new)
+            self._held_left = HOLD_RECORDS
+        if released:
+            out = released + out
         if not self._served_seen and any(isinstance(e, ev.SchedulerStats) for e in out):
             self._served_seen = True  # periodic stats: the engine is up and serving
             out.append(ev.ServerReady(meta))
         if any(isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
             self._served_seen = self._dump_seen = False  # a new engine run
             self._cfg.clear()
+            self._ns = None
+            if any(isinstance(e, ev.EngineConfigObserved) and e.kind == "namespace" for e in out):
+                nm = NAMESPACE_RE.search(msg)
+                if nm and not nm["close"]:  # cut or hard-wrapped: the next lines may continue it
+                    self._ns = (rec.lineno, _ns_tail(nm["a"]), 0)
         for e in out:
             if isinstance(e, ev.EngineConfigObserved):
                 for k, v in e.values:
@@ -846,6 +971,55 @@ class RecordParser:
         return out
 
 
+    def _namespace_continued(self, rec: Record, msg: str, meta: ev.Meta) -> list | None:
+        """The next piece of a hard-wrapped ``args: Namespace(...)`` echo: a line with no logger
+        prefix right after it (the next line, or the one after when a container runtime split
+        the echo in two). Its pairs are read with the cut pair of the line before joined in front
+        (``disable_sliding_wind`` + ``ow=False``); at most :data:`MAX_NS_PIECES` pieces of at most
+        :attr:`MAX_MESSAGE` characters each. None: not a continuation (the echo ends here)."""
+        last, tail, pieces = self._ns
+        self._ns = None
+        # no logger prefix (a JSON log record without vLLM's file: not written by vLLM's logger)
+        bare = rec.src is None and rec.level is None or rec.src == "json"
+        if not bare or not 0 < rec.lineno - last <= 2 or pieces >= MAX_NS_PIECES:
+            return None
+        if not NS_CONT_RE.match(msg):
+            return None
+        text = msg.rstrip()
+        if tail is None:  # the cut pair was too long to keep: this piece's first pair is unusable
+            cuts = list(top_level(text, ","))
+            if not cuts:
+                return []
+            text = text[cuts[0] + 1 :]
+        else:
+            text = tail + text
+        if text.endswith(")"):
+            values = _kv_pairs(text[:-1])
+        else:
+            cuts = list(top_level(text, ","))
+            values = _kv_pairs(text[: cuts[-1]]) if cuts else {}
+            self._ns = (rec.lineno, _ns_tail(text), pieces + 1)
+        return _config(meta, "namespace-continued", values) if values else [None]
+
+    def _release(self, msg: str, out: list) -> list:
+        """The held out-of-memory events, with their phase, when this record decides it (see
+        :func:`phase_cue`), a new engine run begins, or :data:`HOLD_RECORDS` records passed;
+        else [] (still held)."""
+        cue = phase_cue(msg, out)
+        self._held_left -= 1
+        if cue is None and self._held_left > 0 and not any(
+                isinstance(e, ev.VersionSeen) and e.version
+                or isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
+            return []
+        held, self._held = self._held, []
+        return [replace(e, phase=cue) if cue else e for e in held]
+
+    def flush(self) -> list:
+        """End of the source (or an evaluation in ``serve``): the events still held, undecided
+        (the state then decides the phase from what came before)."""
+        held, self._held = self._held, []
+        return held
+
     def _blocks_too_small(self, e: ev.KvCacheCapacity, meta: ev.Meta):
         """V0's ``# GPU blocks: N, # CPU blocks: M`` with a max_model_len (``max_seq_len`` of the
         engine config echo) that N blocks cannot hold: vLLM's own check (worker.py
@@ -858,6 +1032,46 @@ class RecordParser:
         if tokens >= max_len:
             return None
         return ev.KvCacheTooSmall(meta, max_len, tokens)
+
+
+HOLD_RECORDS = 64  # records after an undecided OOM that may still tell its phase
+MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every process)
+# EngineFailure texts that tell the engine had finished starting (v1/engine/core.py run_engine_core
+# logs "EngineCore encountered a fatal error." only once ``engine_core`` exists, "EngineCore failed to
+# start." before; v1/engine/async_llm.py creates the output handler only after the engine core's
+# start-up handshake; a failed step dump is written only for a step run for requests).
+RUNTIME_FAILURES = ("output-handler", "step-failed")
+RUNTIME_FAILURE_TEXT = re.compile(r"EngineCore encountered a fatal error")
+STARTUP_FAILURE_TEXT = re.compile(r"EngineCore(?:Proc)? failed to start|Engine core initialization failed|WorkerProc failed to start|"
+                                  r"^\s+kv_caches = self\.initialize_kv_cache_tensors\(")
+
+
+def phase_cue(msg: str, out: list) -> str | None:
+    """What a record after an undecided out-of-memory error says of its phase: "runtime" for a
+    traceback frame that runs only while serving (:data:`RUNTIME_FRAMES`: the V0 engine loop, V1's
+    busy loop and output handler), a stats line, a failed step or output handler; "startup" for a
+    start-up-only frame or an engine that failed to start; None: nothing."""
+    fm = FRAME_RE.match(msg) if 'File "' in msg else None
+    if fm:
+        f = fm.group("f")
+        if f in STARTUP_FRAMES:
+            return "startup"
+        if f in RUNTIME_FRAMES:
+            return "runtime"
+    for e in out:
+        if isinstance(e, ev.SchedulerStats):
+            return "runtime"
+        if isinstance(e, ev.EngineFailure):
+            if e.kind in RUNTIME_FAILURES or RUNTIME_FAILURE_TEXT.search(e.message):
+                return "runtime"
+            if STARTUP_FAILURE_TEXT.search(e.message):
+                return "startup"
+        if isinstance(e, ev.ExceptionRaised) and e.frames:
+            if any(f in STARTUP_FRAMES for f in e.frames):
+                return "startup"
+            if any(f in RUNTIME_FRAMES for f in e.frames):
+                return "runtime"
+    return None
 
 
 def _with_phase(e, frames: list[str], src: str | None, siblings: list):

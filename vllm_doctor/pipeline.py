@@ -205,7 +205,18 @@ class Pipeline:
         ctx = self._ctx(source)
         if rec.src:
             ctx.vllm_records += 1
-        evs = ctx.parser.parse(rec)
+        return self._fold(source, rec, ctx.parser.parse(rec))
+
+    def _flush_parsers(self) -> None:
+        """Events the parsers still hold (an OOM waiting for what follows to tell its phase):
+        applied at the end of the input and before every evaluation, never lost."""
+        for name, ctx in list(self._sources.items()):
+            held = ctx.parser.flush()
+            if held:
+                self._fold(name, Record(held[0].meta.lineno, ""), held)
+
+    def _fold(self, source: str, rec: Record, evs: list) -> int:
+        """Fold a record's events into the state (and run the rules that are due)."""
         n = 0
         st = self.state
         if rec.process:
@@ -303,10 +314,12 @@ class Pipeline:
         ctx = self._ctx(source)
         for rec in self._tail(ctx):
             self.consume(source, rec)
+        self._flush_parsers()
 
     def reset_source(self, source: str) -> None:
         """Forget a source's partial line and CRI state (after truncation or rotation); line
         numbers restart at 1. Counters are kept."""
+        self._flush_parsers()  # what the old file's parser still holds is not lost
         ctx = self._sources.pop(source, None)
         if ctx is not None:
             new = self._ctx(source)
@@ -324,6 +337,7 @@ class Pipeline:
 
     def evaluate(self, now: float | None = None) -> list[Finding]:
         """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
+        self._flush_parsers()
         if now is None:
             now = self.clock.now()
         if now is not None and (self.state.now is None or now > self.state.now):
@@ -333,7 +347,9 @@ class Pipeline:
 
     def counters(self) -> dict:
         """The state's counters plus each source's line number and parsed-line count: what the
-        sidecar checkpoints together with the offsets (see :meth:`State.counters`)."""
+        sidecar checkpoints together with the offsets (see :meth:`State.counters`). Events the
+        parsers still hold are applied first: the offsets already cover their lines."""
+        self._flush_parsers()
         return {"state": self.state.counters(),
                 "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
                             for n, c in self._sources.items()}}
@@ -382,6 +398,7 @@ class Pipeline:
             streams = [self._timed(name, self.records_of(name, data)) for name, data in sources]
             for _, _, name, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
                 self.consume(name, rec)
+        self._flush_parsers()
         if after is not None:
             after()
         self.active = self.engine.evaluate(self.state)

@@ -228,7 +228,7 @@ def to_text(rep: Report, color: bool = False) -> str:
     if rep.unknown_flags:
         lines.append("")
         for k, val in rep.unknown_flags.items():
-            lines.append(f"note: {k} is not a vLLM flag; the real one is {val}")
+            lines.append(f"note: {k} was not accepted" + (f"; the real setting: {val}" if val else " (see unknown-flag above)"))
     return "\n".join(lines) + "\n"
 
 

@@ -60,7 +60,7 @@ QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity
 # Higher wins when two sources give the same config value.
 #: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
 EVENTS_KEPT = 64
-KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
+KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "namespace-continued": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
 
 
 class WindowCounter:

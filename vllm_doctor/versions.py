@@ -72,6 +72,14 @@ def flag_first_version(flag: str) -> str | None:
     return ranges[0][0] if ranges else None
 
 
+def flag_ranges_text(flag: str) -> str | None:
+    """The examined releases that have ``flag`` (``"0.6.0–0.33.0"``, ranges joined by ", "), or
+    None when no examined release has it."""
+    d = _data()
+    ranges = (d["env"] if flag.startswith("VLLM_") else d["flags"]).get(flag) or []
+    return ", ".join(a if a == b else f"{a}–{b}" for a, b in ranges) or None
+
+
 def known_flag(flag: str) -> bool:
     """Whether any examined version has ``flag``."""
     return flag_first_version(flag) is not None

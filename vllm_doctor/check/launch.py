@@ -532,9 +532,7 @@ def _flags_in(version: str) -> list[str]:
 
 
 def _ranges_text(flag: str) -> str:
-    d = versions._data()
-    r = (d["env"] if flag.startswith("VLLM_") else d["flags"]).get(flag) or []
-    return ", ".join(a if a == b else f"{a}–{b}" for a, b in r)
+    return versions.flag_ranges_text(flag) or ""
 
 
 def _line_of(la: Launch, text: str, token: str) -> int:

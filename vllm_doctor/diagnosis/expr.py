@@ -31,6 +31,7 @@ import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
 from ..errors import RuleLoadError
+from ..versions import flag_ranges_text
 
 
 def _vals(xs: Iterable[Any]) -> list:
@@ -126,6 +127,8 @@ FUNCTIONS: dict[str, Callable] = {
     "floor": _safe(lambda x: int(math.floor(x))), "ceil": _safe(lambda x: int(math.ceil(x))),
     "round": _safe(round), "int": _safe(int), "float": _safe(float), "abs": _safe(abs),
     "str": str, "bool": bool, "any": any, "all": all, "sorted": sorted, "set": set,
+    # the examined vLLM releases that have a flag ("0.6.0–0.33.0"), None: none has it
+    "flag_versions": flag_ranges_text,
 }
 # Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
 STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",

@@ -413,3 +413,37 @@ def test_human_expressions():
     assert human("exists('OutOfMemory:startup')") == "the log shows 'out of memory' (startup)"
     assert human("not (a or b)") == "not (a or b)"
     assert human("[x.n for x in stats]") == "[x.n for x in stats]"  # no wording: kept as is
+
+
+def test_parallel_scan_workers_end_when_diagnose_is_killed(tmp_path):
+    """kill -9 of diagnose while it scans on several cores leaves no worker behind (each worker
+    asks Linux for SIGTERM when its parent dies)."""
+    import signal
+    import subprocess
+    import time
+
+    p = tmp_path / "big.log"
+    p.write_bytes(b"INFO 11-30 09:10:00 [loggers.py:1] plain line\n" * 200_000)
+    script = (
+        "import sys, time\n"
+        "from vllm_doctor import oneshot\n"
+        "oneshot.RANGE_BYTES = 1 << 20\n"
+        f"it = oneshot.scan_parallel({str(p)!r}, workers=2)\n"
+        "next(it)\n"
+        "print('scanning', flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "scanning"
+        kids = [int(k) for k in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(kids) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{k}").exists() and "zombie" not in
+                                                  Path(f"/proc/{k}/status").read_text() for k in kids):
+            time.sleep(0.1)
+        alive = [k for k in kids if Path(f"/proc/{k}").exists() and "(zombie)" not in Path(f"/proc/{k}/status").read_text()]
+        assert alive == []
+    finally:
+        proc.kill()

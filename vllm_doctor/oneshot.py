@@ -191,6 +191,22 @@ def _parallel_source(path: str) -> bool:
     return head[:2] != b"\x1f\x8b" and bom_encoding(head) is None and not _looks_binary(head)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A scan worker ends when diagnose ends, however it ends (SIGTERM, SIGKILL): Linux's
+    PR_SET_PDEATHSIG sends it SIGTERM when its parent dies; elsewhere the pool's own shutdown
+    is all there is."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
 def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
     """The source stage on several cores: workers find the candidate lines of byte ranges; the
     blocks come back in file order, at most two per worker waiting, so memory stays bounded
@@ -211,7 +227,8 @@ def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
     # process tree's PSS).
     gc.freeze()
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as ex:
             pending: deque = deque()
             it = iter(ranges)
             for a, b in it:

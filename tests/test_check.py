@@ -151,7 +151,17 @@ def test_shared_memory_for_multi_gpu():
     assert check_text(base.format(shm="--ipc=host"), "run.sh").findings == []
     assert check_text(base.format(shm="--shm-size 16g"), "run.sh").findings == []
     k8s = (NOTE / "A20-deployment.yaml").read_text().replace('"--enable-chunked-prefill"]', '"-tp", "2"]')
-    assert [f.rule_id for f in check_text(k8s, "d.yaml").findings] == ["VC008", "VC009"]
+    k8s_findings = check_text(k8s, "d.yaml").findings
+    assert [f.rule_id for f in k8s_findings] == ["VC008", "VC009"]
+    # a Kubernetes pod has no --shm-size: its shared memory is a memory-backed emptyDir at /dev/shm
+    assert r.findings[0].fix["setting"] == "--shm-size" and r.findings[0].fix["value"] == "16g"
+    assert k8s_findings[1].fix["setting"].startswith("volumes: emptyDir {medium: Memory")
+    assert k8s_findings[1].fix["alternatives"] == ["hostIPC: true"]
+    compose = ("services:\n  vllm:\n    image: vllm/vllm-openai:v0.11.0\n"
+               "    command: --model m --tensor-parallel-size 2\n")
+    c = check_text(compose, "docker-compose.yml").findings
+    assert [(f.rule_id, f.fix["setting"], f.fix["value"], f.fix["alternatives"]) for f in c] == [
+        ("VC009", "shm_size:", "16g", ["ipc: host"])]
 
 
 def test_series_by_version():

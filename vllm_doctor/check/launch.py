@@ -40,6 +40,7 @@ class Launch:
     gpus: int | None = None               # GPUs given to the container, when known
     shm_ok: bool | None = None            # None: not a container, cannot tell
     shm_hint: str = ""
+    runtime: str = ""                     # "compose" | "kubernetes" | "" (docker run, shell): how /dev/shm is given
 
 
 # ---------------------------------------------------------------- helpers
@@ -374,6 +375,7 @@ def read_compose(doc: dict, text: str, file: str) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm_ok, hint)]
         for la in ls:
+            la.runtime = "compose"
             la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
@@ -417,6 +419,7 @@ def read_k8s(doc: dict, text: str, file: str, start: int) -> list[Launch]:
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm, hint)]
         for la in ls:
+            la.runtime = "kubernetes"
             la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
@@ -687,5 +690,13 @@ def lint_shm(la: Launch, flags: dict[str, str | None]) -> list[CheckFinding]:
         return []
     return [CheckFinding("VC009", f"{world} GPU workers (tensor/pipeline parallel) need shared memory for NCCL and "
                          f"vLLM's worker message queue, but {la.shm_hint}", la.file, la.line,
-                         fix={"setting": "--shm-size" if la.entry != "k8s" else "/dev/shm emptyDir", "value": "16g",
-                              "alternatives": ["--ipc=host", "emptyDir {medium: Memory} at /dev/shm"]})]
+                         fix={**(d := SHM_FIXES.get(la.runtime, SHM_FIXES[""])), "alternatives": list(d["alternatives"])})]
+
+
+# how shared memory is given, per runtime: docker run's flags, compose's keys, a pod's memory-backed volume
+SHM_FIXES = {
+    "": {"setting": "--shm-size", "value": "16g", "alternatives": ["--ipc=host"]},
+    "compose": {"setting": "shm_size:", "value": "16g", "alternatives": ["ipc: host"]},
+    "kubernetes": {"setting": "volumes: emptyDir {medium: Memory, sizeLimit: 16Gi} mounted at /dev/shm", "value": None,
+                   "alternatives": ["hostIPC: true"]},
+}

@@ -153,3 +153,30 @@ def test_cli_plan_and_check_refuse_a_bad_config_with_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(tmp_path), "--gpu-memory", "80GiB"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a JSON object" in r.stderr
+
+
+# ---------------------------------------------------------------- max_model_len above the model's
+
+def test_max_model_len_above_max_position_embeddings_is_fixed_with_the_models_length():
+    # vLLM refuses it at config validation: the fix is the model's 40,960, never the value it refused
+    p = _plan("qwen3-32b", gpu_memory_bytes=80 * cap.GiB, tensor_parallel_size=2, max_model_len=131072)
+    assert p.startup["fails"] and p.startup["stage"] == "config"
+    fixes = [f for f in p.fixes if not f.get("informational")]
+    assert [(f["flag"], f["value"]) for f in fixes] == [("--max-model-len", 40960)]   # memory is not the problem
+    assert "max_position_embeddings (40,960)" in fixes[0]["why"]
+    # also short of KV cache at 40,960 on a 24 GiB GPU: the cap is what the KV cache holds, still no fp8 for a config error
+    p = _plan("qwen3-8b", gpu_memory_bytes=24 * cap.GiB, max_model_len=65536)
+    assert [(f["flag"], f["value"]) for f in p.fixes][:2] == [("--max-model-len", 37456), ("--kv-cache-dtype", "fp8")]
+    # and the weights do not fit either: more GPUs, sized at the model's length, are needed as well (not instead)
+    p = _plan("qwen3-32b", gpu_memory_bytes=24 * cap.GiB, tensor_parallel_size=2, max_model_len=131072)
+    fixes = {f["flag"]: f for f in p.fixes}
+    assert fixes["--max-model-len"]["value"] == 40960 and "alternative_to" not in fixes["--max-model-len"]
+    assert fixes["--tensor-parallel-size"]["value"] == 4 and "alternative_to" not in fixes["--tensor-parallel-size"]
+    assert "one 40,960-token request" in fixes["--tensor-parallel-size"]["why"]
+    # the same through check, on a Kubernetes container asking for 131072
+    cfg, _ = load_config(str(MODELS / "qwen3-32b"))
+    k8s = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: v}\nspec:\n  template:\n    spec:\n      containers:\n"
+           "        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n"
+           "          args: [\"--model=Qwen/Qwen3-32B\", \"--max-model-len=131072\", \"-tp\", \"2\"]\n")
+    vc010 = [f for f in check_text(k8s, "d.yaml", model_config=cfg, gpu_memory=80 * cap.GiB).findings if f.rule_id == "VC010"]
+    assert [(f.fix["setting"], f.fix["value"]) for f in vc010] == [("--max-model-len", 40960)]

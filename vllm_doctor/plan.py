@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace as _replace
 from pathlib import Path
 
 from packaging.version import Version
@@ -598,7 +598,17 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
         return out + _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version, mml)
     if startup.get("fails") and startup.get("checked"):
         size_flag = "--kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "--gpu-memory-utilization"
-        if blocks * block_size >= block_size:
+        mpe, cap_fix = shape.max_position_embeddings, None
+        if mpe and mml > mpe:
+            # config validation refuses a max_model_len above the model's: the cap is the model's, whatever memory holds
+            fit = (blocks - 1) * block_size if blocks > 1 else block_size
+            add("--max-model-len", min(fit, mpe) if blocks * block_size >= block_size else mpe,
+                f"the model's max_position_embeddings ({mpe:,})"
+                + (", and what the KV cache holds" if blocks > 1 and fit < mpe else ""))
+            cap_fix = out[-1] if out and out[-1]["flag"] == "--max-model-len" else None
+            if not any(not m.startswith("User-specified max_model_len") for m in startup.get("messages", ())):
+                return _tidy_alternatives(out)   # memory is not the problem: no KV cache fix
+        elif blocks * block_size >= block_size:
             fit = (blocks - 1) * block_size if blocks > 1 else block_size
             add("--max-model-len", min(fit, mml), "the longest request the KV cache holds", alt=size_flag)
         if inp.kv_cache_memory_bytes is not None:
@@ -612,10 +622,12 @@ def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml
         no_memory = any(m.startswith("No available memory") for m in startup.get("messages", ()))
         if no_memory and inp.gpu_memory_bytes and inp.kv_cache_memory_bytes is None:
             # weights + overhead exceed the budget: a smaller KV cache dtype cannot help; more GPUs split the weights
-            first = out[0]["flag"] if out else None
+            first = next((f["flag"] for f in out if f is not cap_fix), None)   # the model's cap is needed as well
             out += [dict(f, alternative_to=f.get("alternative_to") or first) if first else f
-                    for f in _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version,
-                                           mml)]
+                    for f in (_weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version,
+                                            mml) if cap_fix is None else   # sized at the model's own max_model_len
+                              _weight_fixes(_replace(inp, max_model_len=mpe), shape, w, overhead,
+                                            (cap.cdiv(mpe, block_size) + 1) * block_bytes, util, wbytes, version, mpe))]
         elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
             add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
     return _tidy_alternatives(out)

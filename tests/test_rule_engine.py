@@ -89,7 +89,7 @@ RULES = Path(__file__).resolve().parent.parent / "rules"
     ("VD006", "e.kind == 'watchdog-timeout'", "e.kindd == 'watchdog-timeout'", "values.timeouts"),
     ("VD002", "want_len: small.max_model_len", "want_len: small.max_model_lenn", "values.want_len"),
     ("VD006", "evidence: [quoted]", "evidence: [quotd]", "evidence[0]"),
-    ("VD001", 'arithmetic: "{gpu_memory_utilization} + 0.05"', 'arithmetic: "{gpu_memory_utilisation} + 0.05"',
+    ("VD001", 'arithmetic: "min({gpu_memory_utilization} + 0.05', 'arithmetic: "min({gpu_memory_utilisation} + 0.05',
      "fixes[2].arithmetic"),
     ("VD004", "num_waiting >= t.waiting_min and 1 <=", "num_waitin >= t.waiting_min and 1 <=", "windows.plateau.where"),
     ("VD004", "m_running: mfull.max('num_running')", "m_running: mfull.max('num_runing')", "values.m_running"),

@@ -361,3 +361,15 @@ def test_kv_capacity_bound_silent_on_a_busy_healthy_server(tmp_path):
     with open(p, "w") as fh:
         generate(30 << 20, fh, seed=3)  # about 10 minutes of log time, 60 stats lines
     assert not findings(diagnose_file(p))
+
+
+def test_gpu_memory_utilization_fix_shows_the_cap_in_its_arithmetic(tmp_path):
+    # 0.92 + 0.05 is 0.97, but the fix stops at 0.95: the arithmetic shown must give the value recommended
+    p = tmp_path / "vllm.log"
+    p.write_text("INFO 02-01 06:36:00 api_server.py:177] args: Namespace(host=None, port=8000, model='m', "
+                 "max_model_len=4096, gpu_memory_utilization=0.92, max_num_seqs=256)\n" + log("034").read_text())
+    f = findings(diagnose_file(p))["kv-capacity-bound"]
+    fx = {x.flag: x for x in f.fixes}["--gpu-memory-utilization"]
+    assert (fx.value, fx.arithmetic) == ("0.95", "min(0.92 + 0.05, 0.95) = 0.95")
+    fx = {x.flag: x for x in findings(diagnose_file(log("034")))["kv-capacity-bound"].fixes}["--gpu-memory-utilization"]
+    assert (fx.value, fx.arithmetic) == ("0.95", "min(0.9 + 0.05, 0.95) = 0.95")   # the version's default 0.9

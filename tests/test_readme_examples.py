@@ -1,4 +1,4 @@
-"""The console examples of README.md are what the commands print today: every line shown (a `...` stands
+"""The console examples of README.md and docs/*.md are what the commands print today: every line shown (a `...` stands
 for text left out) is a line of the real output, in order. A newcomer copies these; stale ones mislead."""
 from __future__ import annotations
 
@@ -11,22 +11,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `vllm-doctor diagnose vllm.log` in the README is the bundled log that `make demo` diagnoses
 STAND_INS = {"vllm.log": "tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log"}
+NEEDS_A_SERVER = ("bench",)   # bench ladder measures a running vLLM: its example is a recording
 
 
-def examples() -> list[tuple[list[str], list[str]]]:
+def examples() -> list[tuple[str, list[str], list[str]]]:
+    """(where, argv, the lines shown after the command) of every `$ vllm-doctor ...` in a console block."""
     out = []
-    for block in re.findall(r"```console\n(.*?)```", README, re.S):
-        lines = block.splitlines()
-        n = 1
-        while lines[n - 1].rstrip().endswith("\\"):
-            n += 1
-        cmd = " ".join(ln.rstrip().rstrip("\\") for ln in lines[:n])
-        assert cmd.startswith("$ vllm-doctor "), cmd
-        argv = [STAND_INS.get(a, a) for a in shlex.split(cmd[2:])[1:]]
-        out.append((argv, lines[n:]))
+    for doc in DOCS:
+        for block in re.findall(r"```console\n(.*?)```", doc.read_text(), re.S):
+            lines = block.splitlines()
+            starts = [i for i, ln in enumerate(lines) if ln.startswith("$ ")] + [len(lines)]
+            for a, b in zip(starts, starts[1:]):
+                n = a + 1
+                while lines[n - 1].rstrip().endswith("\\"):
+                    n += 1
+                cmd = " ".join(ln.rstrip().rstrip("\\") for ln in lines[a:n])
+                assert cmd.startswith("$ vllm-doctor "), cmd
+                argv = [STAND_INS.get(x, x) for x in shlex.split(cmd[2:])[1:]]
+                if argv[0] not in NEEDS_A_SERVER:
+                    out.append((f"{doc.name}:{argv[0]}", argv, lines[n:b]))
     return out
 
 
@@ -43,9 +49,9 @@ def matches(shown: str, real: str) -> bool:
     return parts[-1] == "" or real.endswith(parts[-1])
 
 
-@pytest.mark.parametrize("argv,shown", examples(), ids=[argv[0] for argv, _ in examples()])
-def test_readme_console_example_is_the_real_output(argv, shown):
-    assert len(examples()) >= 3   # diagnose, plan, check
+@pytest.mark.parametrize("where,argv,shown", examples(), ids=[w for w, _, _ in examples()])
+def test_readme_console_example_is_the_real_output(where, argv, shown):
+    assert len(examples()) >= 5   # README: diagnose, plan, check; docs/check.md, docs/plan.md
     real = subprocess.run([sys.executable, "-m", "vllm_doctor", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=120).stdout.splitlines()
     at = 0

@@ -100,3 +100,28 @@ def test_long_old_log_shows_its_early_incident(tmp_path):
     out = console.export_text()
     assert "replay/old log" in out
     assert "VD001 preemption-storm (warning, over before the log's end)" in out
+
+
+def test_watch_into_a_pipe_prints_each_frame_as_it_goes(tmp_path):
+    # `vllm-doctor watch LOG | tee` or `> file`: rich's Live draws nothing until it stops, so frames were never seen
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "vllm.log"
+    shutil.copy(LOGS / "cpu-preemption-tiny-kv-cache.log", log)
+    out = tmp_path / "watch.out"
+    with out.open("w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "watch", str(log), "--no-nvml", "--interval", "0.5"],
+                             stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while out.read_text().count("vllm-doctor watch") < 2 and time.monotonic() < deadline and p.poll() is None:
+                time.sleep(0.2)
+        finally:
+            p.send_signal(signal.SIGINT)
+            p.wait(10)
+    text = out.read_text()
+    assert text.count("vllm-doctor watch  vLLM 0.32.0 (v1)") >= 2, text[-2000:]   # frames while it runs
+    assert "VD004 kv-capacity-bound" in text and "Traceback" not in text

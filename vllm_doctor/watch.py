@@ -142,6 +142,12 @@ def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
             sc.evaluate()
             console.print(view.frame())
             return 0
+        if not console.is_terminal:   # a pipe or a file: Live would write nothing until it stops
+            while True:
+                sc.evaluate()
+                console.print(view.frame())
+                console.file.flush()
+                time.sleep(interval)
         with Live(view.frame(), console=console, refresh_per_second=4, transient=False) as live:
             while True:
                 time.sleep(interval)

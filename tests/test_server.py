@@ -153,7 +153,7 @@ def test_page_escapes_log_text(tmp_path):
     evil = "<script>alert(1)</script>"
     lines = (
         f"(APIServer pid=1) INFO 11-30 09:10:22 [api_utils.py:286] non-default args: "
-        f"{{'model': '{evil}', 'max_model_len': 2048}}\n"
+        f"{{'model': '{evil}', 'max_model_len': 2048, 'enable_prefix_caching': True}}\n"
         f"(APIServer pid=1) ERROR 11-30 09:10:23 [core.py:1] EngineCore encountered a fatal error.\n"
         f"(APIServer pid=1) ERROR 11-30 09:10:23 [async_llm.py:1] vllm.v1.engine.exceptions."
         f"EngineDeadError: {evil} prompt='<img src=x onerror=alert(2)>'\n").encode()
@@ -167,6 +167,9 @@ def test_page_escapes_log_text(tmp_path):
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
         assert "engine-dead" in page
         assert "http://" not in page and "https://" not in page  # no external assets
+        # facts read as in diagnose's report: thousands separators, on/off, ratios as percent, bytes in GiB
+        assert "<th>max_model_len</th><td class=\"num\">2,048</td>" in page
+        assert "<th>enable_prefix_caching</th><td class=\"num\">on</td>" in page
 
 
 def test_collector_never_raises(tmp_path):

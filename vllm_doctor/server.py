@@ -142,7 +142,7 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
 
         import dataclasses
 
-        from vllm_doctor.report import verdict
+        from vllm_doctor.report import fmt_fact, verdict
 
         d = state_dict(sidecar)
         with sidecar.lock:
@@ -155,7 +155,7 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
                     dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
         chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"))
         html = _jinja().get_template("serve.html.j2").render(
-            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v,
+            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact,
             now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
         return HTMLResponse(html)
 

@@ -97,3 +97,12 @@ def test_first_step_takes_the_first_option_whole():
         "--max-num-batched-tokens 2048")
     assert first_step([fx("NCCL_P2P_DISABLE=1", "env"), fx("--disable-custom-all-reduce", option=2)]) == (
         "set NCCL_P2P_DISABLE=1")
+
+
+def test_html_report_of_a_log_without_stats_says_so_not_yet():
+    # a report reads its inputs to the end: "yet" is the sidecar page's word (data may still come)
+    rc, page = run("diagnose", "--format", "html", LOGS / "043-v0.20.2-v1-enginedeaderror-apiserver.log")
+    assert rc == 1 and page.count("no stats line or /metrics sample in these inputs") == 4
+    assert "sample yet" not in page
+    from vllm_doctor.timeline import charts
+    assert {c.empty for c in charts(None, live=True)} == {"no stats line or /metrics sample yet"}

@@ -153,7 +153,7 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
         # the log shows (every finding, as diagnose reports it)
         v = verdict(rep if d["clock"]["mode"] == "replay" else
                     dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
-        chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"))
+        chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"), live=True)
         html = _jinja().get_template("serve.html.j2").render(
             d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact,
             now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))

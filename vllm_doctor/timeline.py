@@ -197,10 +197,11 @@ CHARTS = (
 
 
 def charts(snapshot: dict | None, spans: list[dict] | None = None,
-           preemptions_total: int | None = None) -> list[Chart]:
+           preemptions_total: int | None = None, live: bool = False) -> list[Chart]:
     """The four charts of a :meth:`Timeline.snapshot`; ``spans``: ``{"first_seen", "last_seen",
     "severity", "label"}`` of each finding, shaded where they fall in the charted time;
-    ``preemptions_total``: the total, said when no interval count can be charted."""
+    ``preemptions_total``: the total, said when no interval count can be charted; ``live``: the
+    sidecar's page (data may still come), not a report of inputs read to their end."""
     series = (snapshot or {}).get("series") or {}
     series = {k: v for k, v in series.items() if v}
     allpts = [p for pts in series.values() for p in pts]
@@ -246,7 +247,7 @@ def charts(snapshot: dict | None, spans: list[dict] | None = None,
                 if p[idx] is not None]
         if not vals:
             if not series:
-                ch.empty = "no stats line or /metrics sample yet"
+                ch.empty = "no stats line or /metrics sample yet" if live else "no stats line or /metrics sample in these inputs"
             elif cid == "preemptions":
                 ch.empty = ("no preemption count over time in these inputs" + (
                     f" ({preemptions_total:,} in total, from a counter read once)" if preemptions_total else ""))

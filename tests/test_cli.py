@@ -383,6 +383,11 @@ def test_export_alertmanager_is_the_shipped_routing():
     assert cfg["route"]["receiver"] and cfg["receivers"]
     rc, _, err = run("export", "grafana")
     assert rc == 2 and err.count("\n") == 1 and "grafana" in err
+    # the kinds it names are the kinds it takes, alertmanager (package data, not generated) included
+    kinds = err.split(": one of ")[1].strip().split(", ")
+    assert set(kinds) == {"alerts", "dashboards", "prometheus-rule", "alertmanager", "fleet-dashboard",
+                          "replicas-dashboard"}
+    assert all(run("export", k)[0] == 0 for k in kinds)
 
 
 def test_explain_renders_expressions_for_people():

@@ -285,7 +285,8 @@ def version() -> None:
 
 @app.command()
 def export(
-    kind: Annotated[str, typer.Argument(metavar="KIND", help="alerts | dashboards | prometheus-rule | alertmanager")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="alerts | dashboards | prometheus-rule | alertmanager | "
+                                                           "fleet-dashboard | replicas-dashboard")],
 ) -> None:
     """Print a monitoring artefact: alert rules, dashboards, PrometheusRule, Alertmanager routing."""
     if kind == "alertmanager":  # hand-written (alerts/alertmanager.yml), shipped as package data
@@ -299,8 +300,10 @@ def export(
         _fail(f"monitoring bundle unavailable: {e}")
     try:
         sys.stdout.write(bundle_export(kind))
-    except (KeyError, ValueError) as e:
-        _fail(f"unknown export {kind!r}: {e}")
+    except (KeyError, ValueError):
+        from .bundle import KINDS
+
+        _fail(f"unknown export {kind!r}: one of {', '.join((*KINDS, 'alertmanager'))}")
 
 
 # --- serve/watch (issue 3) ---

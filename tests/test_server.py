@@ -303,3 +303,19 @@ def test_cli_serve_reads_a_pipe(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(20)
+
+
+def test_cli_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = _serve(tmp_path / "vllm.log", tmp_path / "state.json", port)
+        out, _ = p.communicate(timeout=60)
+    lines = out.decode().strip().splitlines()
+    assert p.returncode == 2, out   # uvicorn's own exit 3 is not one of ours
+    assert lines[-1] == f"vllm-doctor: cannot serve on 127.0.0.1:{port} (the port is in use or the address is not " \
+                        "this host's: see uvicorn's error above)"
+    assert "Traceback" not in out.decode()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -600,5 +601,12 @@ def run(cfg: ServeConfig) -> int:
     app = create_app(sidecar, manage=True)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            access_log=False, lifespan="on"))
-    server.run()
+    try:
+        server.run()
+    except SystemExit as e:   # uvicorn exits 3 when it cannot bind (port in use, an address not this host's)
+        if e.code in (0, None):
+            raise
+        print(f"vllm-doctor: cannot serve on {cfg.host}:{cfg.port} (the port is in use or the address is not "
+              f"this host's: see uvicorn's error above)", file=sys.stderr)
+        return 2
     return 0

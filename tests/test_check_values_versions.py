@@ -26,6 +26,7 @@ def test_every_minor_release_from_0_2_to_0_25_has_a_table_read_with_ast():
     d = _values()
     minors = {".".join(v.split(".")[:2]) for v, how in d["how"].items() if how == "ast"}
     assert minors == {f"0.{m}" for m in range(2, 26)}
+    assert [v for v in d["how"] if v.startswith("0.4.")] == ["0.4.0", "0.4.1", "0.4.2", "0.4.3"]
     assert {v for v, how in d["how"].items() if how == "argparse"} == {"0.26.0", "0.28.0", "0.30.0", "0.31.0",
                                                                        "0.32.0", "0.33.0"}
     assert set(d["how"]) == set(d["versions"]) == set(d["wheel"])
@@ -84,9 +85,14 @@ def test_a_value_the_release_accepts_is_no_finding(version, line):
 
 
 def test_a_release_judged_by_another_releases_table_names_it():
-    got = vc006("--kv-cache-dtype fp8_e4m3", "0.4.2")          # no 0.4.2 table: 0.4.1's, same line
-    assert len(got) == 1 and "choose from 'auto', 'fp8'; judged by vLLM 0.4.1's parser (its add_argument calls, " \
+    got = vc006("--block-size 64", "0.5.1")                    # no 0.5.1 table: 0.4.3's; 0.5.4 has the same choices
+    assert len(got) == 1 and "choose from '8', '16', '32'; judged by vLLM 0.4.3's parser (its add_argument calls, " \
         "read from its source with ast)" in got[0][0]
+    # a patch release can add a choice (0.4.2 added gptq_marlin): choices that differ in the next table
+    # are not judged between the two
+    assert vc006("--quantization gptq_marlin", "0.4.2") == []
+    assert len(vc006("--quantization gptq_marlin", "0.4.1")) == 1
+    assert vc006("--block-size 128", "0.4.0") == [] and len(vc006("--block-size 128", "0.4.1")) == 1
     got = vc006("--max-model-len abc", "0.6.7")
     assert len(got) == 1 and "judged by vLLM 0.6.6.post1's parser" in got[0][0]
     got = vc006("--max-model-len abc", "0.27.0")

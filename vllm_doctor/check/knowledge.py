@@ -85,8 +85,9 @@ def _value_spec(flag: str, version: str) -> tuple[dict | None, bool, str | None]
     holds them, whether its choices apply, that release). Each release's table is vLLM's own argparse
     (``how: argparse``, 0.26+) or its ``add_argument`` calls read with ast from the wheel (``how: ast``,
     0.2.7-0.25.1). Before the oldest examined release: its types, no choices. Choices apply when
-    ``version`` is that release's own line (same X.Y), or the next examined release has the same
-    choices (they did not change in between)."""
+    ``version`` is that release itself (or in the newest release's X.Y line), or the next examined
+    release has the same choices (they did not change in between; a patch release can add one:
+    0.4.2 added gptq_marlin to 0.4.1's --quantization)."""
     from packaging.version import Version
 
     from ..versions import parse_version
@@ -103,9 +104,9 @@ def _value_spec(flag: str, version: str) -> tuple[dict | None, bool, str | None]
     if not spec or not spec.get("choices"):
         return spec, False, at
     nxt = next((k for k in keys if Version(k) > Version(at)), None)
-    same_line = Version(at).release[:2] == pv.release[:2]
+    own = Version(at) == pv or (nxt is None and Version(at).release[:2] == pv.release[:2])
     stable = nxt is not None and set((vers[nxt].get(flag) or {}).get("choices") or ()) == set(spec["choices"])
-    return spec, same_line or stable, at
+    return spec, own or stable, at
 
 
 def _judged_by(at: str | None, version: str) -> str:

@@ -4,7 +4,6 @@ choices below are those of the releases' own ``vllm/engine/arg_utils.py``."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path

@@ -70,9 +70,6 @@ class Src:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     if (a.asname or a.name) == name:
-                        sub = f"{node.module}.{a.name}"
-                        if self.module(sub) is not None and a.name[0].islower() and self.lookup(sub, a.name) is None:
-                            pass
                         return self.lookup(node.module, a.name, depth + 1)
         return None
 

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-PROBES = ["12", "-3", "1.5", "abc", "32k", "None", "", "auto"]
+PROBES = ["12", "-3", "1.5", "abc", "32k", "None", "", "auto", '["*"]', '{"image": 2}']
 DEST = Path(__file__).resolve().parents[1] / "vllm_doctor" / "data" / "vllm_flag_values.json"
 
 
@@ -48,7 +48,7 @@ def _accepts(fn, s: str) -> bool:
 
 def classify(fn) -> dict | None:
     ok = {p for p in PROBES if _accepts(fn, p)}
-    if "abc" in ok:
+    if "abc" in ok or '["*"]' in ok or '{"image": 2}' in ok:     # any string, or JSON (json.loads accepts 12 too)
         return None
     if "32k" in ok:
         kind = "human_int"
@@ -83,7 +83,14 @@ def main() -> None:
             if d:
                 flags[o] = d
     out = json.loads(DEST.read_text()) if DEST.is_file() else {}
-    out["source"] = "argparse actions of vLLM's own make_arg_parser, per release (tools/extract_flag_values.py)"
+    out["source"] = ("per release: 'argparse' = the argparse actions of vLLM's own make_arg_parser "
+                     "(tools/extract_flag_values.py); 'ast' = add_argument calls read statically with Python's ast "
+                     "from the wheel's sources (tools/extract_flag_values_ast.py), for releases that cannot be "
+                     "imported; see 'how' and 'wheel'")
+    out.setdefault("how", {})[version] = "argparse"
+    out.setdefault("wheel", {})[version] = version
+    for k in ("how", "wheel"):
+        out[k] = dict(sorted(out[k].items(), key=lambda kv: [int(x) for x in kv[0].split(".")[:3]]))
     out.setdefault("versions", {})[version] = dict(sorted(flags.items()))
     out["versions"] = dict(sorted(out["versions"].items(), key=lambda kv: [int(x) for x in kv[0].split(".")[:3]]))
     out.pop("flags", None), out.pop("examined", None)

@@ -37,7 +37,6 @@ V0_ONLY = {
 }
 
 DTYPES = {"auto", "half", "float16", "bfloat16", "float", "float32"}
-KV_DTYPES_OLD = {"auto", "fp8_e5m2"}                       # 0.3.3, 0.4.0
 KV_DTYPES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "int8",
              "nvfp4", "turboquant"}
 
@@ -81,12 +80,14 @@ def _parses(kind: str, v: str) -> bool:
 _KIND_WORDS = {"int": "an integer", "float": "a number", "human_int": "an integer (or 32k, 1M: vLLM's human-readable form)"}
 
 
-def _value_spec(flag: str, version: str) -> tuple[dict | None, bool]:
-    """(the flag's type/choices as the parser of the nearest extracted release at or below ``version``
-    holds them, whether its choices apply). Before the oldest extracted release: that release's types
-    (a flag's type rarely changes; ``human_int`` is lenient there, where some flags were plain ``int``),
-    no choices. Choices apply when ``version`` is that release's own line (same X.Y), or the next
-    extracted release has the same choices (they did not change in between)."""
+def _value_spec(flag: str, version: str) -> tuple[dict | None, bool, str | None]:
+    """(the flag's type/choices as the table of the nearest examined release at or below ``version``
+    holds them, whether its choices apply, that release). Each release's table is vLLM's own argparse
+    (``how: argparse``, 0.26+) or its ``add_argument`` calls read with ast from the wheel (``how: ast``,
+    0.2.7-0.25.1). Before the oldest examined release: its types, no choices. Choices apply when
+    ``version`` is that release itself (or in the newest release's X.Y line), or the next examined
+    release has the same choices (they did not change in between; a patch release can add one:
+    0.4.2 added gptq_marlin to 0.4.1's --quantization)."""
     from packaging.version import Version
 
     from ..versions import parse_version
@@ -97,21 +98,36 @@ def _value_spec(flag: str, version: str) -> tuple[dict | None, bool]:
     below = [k for k in keys if Version(k) <= pv]
     if not below:
         spec = vers[keys[0]].get(flag)
-        return ({k: v for k, v in spec.items() if k != "choices"} if spec else None), False
+        return ({k: v for k, v in spec.items() if k != "choices"} if spec else None), False, keys[0]
     at = below[-1]
     spec = vers[at].get(flag)
-    if not spec or "choices" not in spec:
-        return spec, False
+    if not spec or not spec.get("choices"):
+        return spec, False, at
     nxt = next((k for k in keys if Version(k) > Version(at)), None)
-    same_line = Version(at).release[:2] == pv.release[:2]
-    stable = nxt is not None and (vers[nxt].get(flag) or {}).get("choices") == spec["choices"]
-    return spec, same_line or stable
+    own = Version(at) == pv or (nxt is None and Version(at).release[:2] == pv.release[:2])
+    stable = nxt is not None and set((vers[nxt].get(flag) or {}).get("choices") or ()) == set(spec["choices"])
+    return spec, own or stable, at
+
+
+def _judged_by(at: str | None, version: str) -> str:
+    """Where the verdict comes from, when not from ``version``'s own table: '; judged by vLLM 0.4.3's
+    parser, read from its source with ast'."""
+    from packaging.version import Version
+
+    from ..versions import parse_version
+
+    pv = parse_version(version)
+    if at is None or (pv is not None and Version(at) == pv):
+        return ""
+    how = _values().get("how", {}).get(at, "argparse")
+    src = "its own argparse" if how == "argparse" else "its add_argument calls, read from its source with ast"
+    return f"; judged by vLLM {_values().get('wheel', {}).get(at, at)}'s parser ({src})"
 
 
 def argparse_problem(flag: str, value: str, version: str) -> tuple[str, object] | None:
     """What vLLM's argparse says about ``flag value``: ``invalid int value`` / ``invalid choice``, per the
     type and choices of that flag in the parser of the release (``vllm_flag_values.json``)."""
-    spec, choices_apply = _value_spec(flag, version)
+    spec, choices_apply, at = _value_spec(flag, version)
     if not spec:
         return None
     v = value.strip()
@@ -124,11 +140,12 @@ def argparse_problem(flag: str, value: str, version: str) -> tuple[str, object] 
         word = _KIND_WORDS[kind] + (" or auto" if spec.get("auto") else "") + (" or None" if spec.get("none") else "")
         argp = {"int": "int", "float": "float", "human_int": "human_readable_int"}[kind]
         return (f"{flag} {value}: argument {flag}: invalid {argp} value: {value!r} (vLLM's argparse exits at "
-                f"start-up; it takes {word})", None)
+                f"start-up; it takes {word}{_judged_by(at, version)})", None)
     ch = spec.get("choices")
     if ch and choices_apply and v not in ch:
         shown = ", ".join(repr(c) for c in ch[:12]) + (", ..." if len(ch) > 12 else "")
-        return (f"{flag} {value}: argument {flag}: invalid choice: {value!r} (choose from {shown})", None)
+        return (f"{flag} {value}: argument {flag}: invalid choice: {value!r} (choose from {shown}"
+                f"{_judged_by(at, version)})", None)
     return None
 
 
@@ -143,8 +160,10 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     if "$" in v:
         return None
     if flag == "--kv-cache-dtype":
-        if pv < Version("0.4.3") and v not in KV_DTYPES_OLD:
-            return (f"--kv-cache-dtype {v}: invalid choice in {version} (choose from 'auto', 'fp8_e5m2')", "fp8_e5m2")
+        prob = argparse_problem(flag, v, version)
+        if prob:                              # suggest the fp8 spelling this release's choices have
+            ch = _value_spec(flag, version)[0]["choices"]
+            return prob[0], next((c for c in ("fp8", "fp8_e5m2", "fp8_e4m3") if c in ch and v.startswith("fp8")), "auto")
         if v not in KV_DTYPES and pv < Version("0.33.0") and not _value_spec(flag, version)[1]:
             return (f"--kv-cache-dtype {v}: not a KV cache dtype vLLM knows", "fp8")
     if flag == "--dtype" and v not in DTYPES:

@@ -45,6 +45,8 @@ def test_rule_case(rule_id, case):
     if not case["fires"]:
         return
     f = got[rule_id]
+    if "severity" in case:
+        assert f.severity == case["severity"], (case["name"], f.severity)
     for k, v in (case.get("values") or {}).items():
         assert f.values.get(k) == v, (k, f.values.get(k), v)
     fixes = {x.flag: x.value for x in f.fixes}

@@ -329,6 +329,7 @@ class UnknownFlag:
     flag: str
     real_flag: str | None = None
     value: str | None = None  # the value given to it, when the line shows one
+    rejected: bool = False  # vLLM's argument parser refused it ("unrecognized arguments"): vLLM did not start
 
 
 # ---- events from collectors (serve): one sample per scrape / poll ------------------------------

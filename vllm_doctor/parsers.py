@@ -739,7 +739,7 @@ def _argparse_unrecognized(m, meta):
         if not eq:
             nxt = toks[i + 1] if i + 1 < len(toks) else None
             value = nxt if nxt is not None and not nxt.startswith("-") else None
-        out.append(ev.UnknownFlag(meta, flag, _real_flag(flag), value[:80] if value else None))
+        out.append(ev.UnknownFlag(meta, flag, _real_flag(flag), value[:80] if value else None, rejected=True))
     return out or None
 
 

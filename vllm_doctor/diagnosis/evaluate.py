@@ -98,6 +98,7 @@ def _rule_exprs(rule: Rule) -> list[str]:
     for f in rule.fixes:
         out += [f.value] + ([f.if_] if f.if_ else [])
         texts += [f.why] + ([f.arithmetic] if f.arithmetic else [])
+    out += [e.if_ for e in rule.escalate]
     for c in rule.checks:
         out += [c.if_] if c.if_ else []
         texts.append(c.text)
@@ -516,7 +517,8 @@ class RuleEngine:
                 options.append("upgrade")
         relate_fixes(fixes, options)
         return Finding(
-            rule_id=rule.id, name=rule.name, severity=rule.severity, title=rule.title,
+            rule_id=rule.id, name=rule.name, severity=next((e.severity for e in rule.escalate if ev(e.if_)), rule.severity),
+            title=rule.title,
             message=self._message(rule, ev), evidence=evidence, fixes=fixes,
             values={k: _jsonable(v) for k, v in values.items()}, notes=notes,
             checks=[render(c.text, ev).strip() for c in rule.checks if c.if_ is None or ev(c.if_)],

@@ -104,6 +104,13 @@ class MessageCase(Strict):
     text: str
 
 
+class Escalation(Strict):
+    """A higher severity for a finding whose condition holds (the rule's own is the floor)."""
+
+    severity: Literal["warning", "critical"]
+    if_: str = Field(alias="if")
+
+
 class Rule(Strict):
     """One rule (the YAML schema; see docs/rules.md)."""
 
@@ -111,6 +118,7 @@ class Rule(Strict):
     name: str
     title: str
     severity: Literal["info", "warning", "critical"]
+    escalate: list[Escalation] = Field(default_factory=list)  # the first whose `if` holds sets the severity
     category: str
     window: float | str | None = None  # seconds, "5m", "t.NAME", or None for the whole history
     when: When
@@ -518,6 +526,8 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
             if case.if_:
                 check(case.if_, f"message[{i}].if")
             check_template(case.text, f"message[{i}]")
+    for i, esc in enumerate(rule.escalate):
+        check(esc.if_, f"escalate[{i}].if")
     for i, case in enumerate(rule.checks):
         if case.if_:
             check(case.if_, f"checks[{i}].if")

@@ -677,13 +677,6 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
     return starts, ends, idxs, idx + buf.count(b"\n", pos, end) + 1, carry if starts and end_of_last >= end else False
 
 
-def candidate_lines(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
-                    max_line: int = 65536, carry: bool = False) -> tuple[list[tuple[int, bytes]], int, bool]:
-    """:func:`candidate_spans` as a list of ``(index, line bytes)``."""
-    starts, ends, idxs, n, carry = candidate_spans(scanner, buf, start, end, max_line, carry)
-    return [(i, buf[a:b]) for a, b, i in zip(starts, ends, idxs)], n, carry
-
-
 class LineSplitter:
     """Splits a byte stream into spans of complete lines, without copying.
 

@@ -354,9 +354,18 @@ def _kv_check_frame(m, meta):
              # corpus 026, as vLLM wrote it (a supervisor added "2026-05-08 11:50:14.753 [Info] (Process) " before it)
              '(EngineCore pid=3043)     kv_caches = self.initialize_kv_cache_tensors(',
          ))
-def _kv_alloc_frame(m, meta):
-    # A traceback through the KV cache tensor allocation at start-up, its exception cut off: the
-    # engine failed to start there (the exception, often an OOM, is not in the log).
+@matcher("kv-init-frame", r"(?:[\w, ]{1,80} = )?self\._initialize_kv_caches\(",
+         keywords=('self._initialize_kv_caches(',),
+         versions='0.4-0.10 (V0 engine/llm_engine.py), 0.7.3-0.33 (V1 v1/engine/core.py)', source="engine/llm_engine.py LLMEngine.__init__, v1/engine/core.py EngineCore.__init__ (a traceback's source lines)",
+         examples=(
+             '        self._initialize_kv_caches()',
+             '(EngineCore pid=20389) ERROR 11-30 09:14:19 [core.py:1510]     kv_cache_config = self._initialize_kv_caches(vllm_config)',
+             '(EngineCore_DP0 pid=223840) ERROR 10-25 13:08:43 [core.py:708]     num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(',
+         ))
+def _kv_setup_frame(m, meta):
+    # A traceback through the engine's start-up KV cache set-up (memory profiling, the KV check,
+    # the cache tensor allocation) printed this source line, its exception cut off or printed by
+    # another process: the engine failed to start there.
     return ev.EngineFailure(meta, "core-failed", meta.text[:300])
 
 
@@ -475,21 +484,6 @@ def _nccl_error(m, meta):
          ))
 def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, its error line cut off
     return ev.NcclError(meta, "error", meta.text[:300])
-
-
-@matcher("kv-init-frame", r"(?:[\w, ]{1,80} = )?self\._initialize_kv_caches\(",
-         keywords=('self._initialize_kv_caches(',),
-         versions='0.4-0.10 (V0 engine/llm_engine.py), 0.7.3-0.33 (V1 v1/engine/core.py)', source="engine/llm_engine.py LLMEngine.__init__, v1/engine/core.py EngineCore.__init__ (a traceback's source lines)",
-         examples=(
-             '        self._initialize_kv_caches()',
-             '(EngineCore pid=20389) ERROR 11-30 09:14:19 [core.py:1510]     kv_cache_config = self._initialize_kv_caches(vllm_config)',
-             '(EngineCore_DP0 pid=223840) ERROR 10-25 13:08:43 [core.py:708]     num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches(',
-         ))
-def _kv_init_frame(m, meta):
-    # A traceback through the engine's start-up KV cache set-up (memory profiling, the KV check,
-    # the cache allocation) printed this source line: the engine failed while starting, whatever
-    # the exception (often cut off or printed by another process) was.
-    return ev.EngineFailure(meta, "core-failed", meta.text[:300])
 
 
 @matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",

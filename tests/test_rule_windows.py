@@ -135,3 +135,20 @@ def test_a_window_condition_outside_the_per_line_language_is_a_load_error(tmp_pa
         "when:\n  all:\n    - odd.count > 0\nmessage: m\ndocs: {why: w, example_log: e}\n")
     with pytest.raises(RuleLoadError, match=r"XX101-comprehension.yaml:10: windows.odd.where: .*comparisons"):
         load_rules([tmp_path])
+
+
+@pytest.mark.parametrize("span", [5, 30, 300, 2000])
+def test_sliding_max_is_the_window_max_at_every_line(span):
+    """``peak(f)`` of a ``where`` reads ``sliding_max`` on every line (a monotonic queue, O(1) a
+    line): it equals the maximum over the window's buckets, whatever the gaps, clock steps back,
+    untimed lines, missing values and trimmed buckets."""
+    for seed in range(40):
+        r = random.Random(seed * 7919 + span)
+        agg = WindowAggregate("x", span, {"v": lambda it: it})
+        ts, now = 1000.0, None
+        for i in range(r.randint(1, 2500)):
+            ts += r.choice([0, 0, 0.3, 1, 2.5, 7, -0.5 if r.random() < 0.02 else 0, 400 if r.random() < 0.01 else 0])
+            v = r.choice([None, r.random() * 100, r.randint(0, 5)])
+            agg.add(v, ts if r.random() > 0.01 else None)
+            now = ts if now is None or ts > now else now  # the state's clock only moves forward
+            assert agg.sliding_max("v", now - span) == agg.view(now - span).max("v"), (seed, i)

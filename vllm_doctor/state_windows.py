@@ -143,6 +143,9 @@ class WindowAggregate:
         self.untimed = _Bucket(None, self.names, self.quantiles)
         self.origin: float | None = None  # fit times are relative to this (precision)
         self.errors: list[str] = []
+        # sliding_max: per field, (bucket key, max) of the closed buckets, the maxima decreasing
+        # from front to back (a monotonic queue: O(1) a line, whatever the window holds)
+        self._maxq: dict[str, deque] | None = None
 
     def add(self, item: Any, ts: float | None) -> None:
         """Fold one line of the series in (a line that fails ``where`` is skipped)."""
@@ -165,6 +168,8 @@ class WindowAggregate:
             if self.buckets and self.buckets[-1].key >= key:
                 b = self.buckets[-1]  # same bucket (or the clock stepped back): the newest one
             else:
+                if self._maxq is not None and self.buckets:
+                    self._close(self.buckets[-1])
                 b = _Bucket(key, self.names, self.quantiles)
                 self.buckets.append(b)
                 self._trim(key)
@@ -188,6 +193,39 @@ class WindowAggregate:
         if b.first is None:
             b.first = item
         b.last = item
+
+    def _close(self, b: _Bucket) -> None:
+        """Bucket ``b`` gets no more lines: its maxima join the monotonic queues."""
+        for name, q in self._maxq.items():
+            m = b.fields[name].max
+            if m is None:
+                continue
+            while q and q[-1][1] <= m:
+                q.pop()
+            q.append((b.key, m))
+
+    def sliding_max(self, f: str, start: float | None):
+        """``view(start).max(f)`` in O(1) amortized (the ``peak(f)`` of a ``where``, read on every
+        line): the window's start only moves forward."""
+        if self._maxq is None:
+            self._maxq = {n: deque() for n in self.names}
+            for b in list(self.buckets)[:-1]:
+                self._close(b)
+        best = self.untimed.fields[f].max if self.untimed.n else None
+        if self.buckets:
+            last = self.buckets[-1]
+            first_key = None if start is None else int(start // self.resolution)
+            q = self._maxq[f]
+            oldest = self.buckets[0].key if first_key is None else max(first_key, self.buckets[0].key)
+            while q and q[0][0] < oldest:
+                q.popleft()
+            if q:
+                best = q[0][1] if best is None or q[0][1] > best else best
+            if first_key is None or last.key >= first_key:
+                m = last.fields[f].max
+                if m is not None and (best is None or m > best):
+                    best = m
+        return best
 
     def _error(self, e: Exception) -> None:
         if len(self.errors) < 5:

@@ -189,7 +189,7 @@ class RuleEngine:
 
         def peak(f: str):
             ts = state.now
-            return peak_agg.view(None if ts is None else ts - span).max(f)
+            return peak_agg.sliding_max(f, None if ts is None else ts - span)
 
         def fact(name: str):
             if line_facts[0] is None:

@@ -75,6 +75,7 @@ REQUEST_HEAD_RE = re.compile(rb"\] (?:Received request|Added request|Finished re
 # up to it, since the id (X-Request-Id, verbatim) may hold anything, the rest of a line included.
 CLIENT_FIELD_RE = re.compile(r"\b(?:kv_)?request_id=")
 CRI_PARTIAL_RE = re.compile(rb"^\S{10,40} std(?:out|err) P ")
+_CRI_P_MARK_RE = re.compile(rb" std(?:out|err) P ")  # what every CRI_PARTIAL_RE match holds
 
 
 def client_head(text: str) -> str | None:
@@ -121,7 +122,8 @@ def prefilter_patterns(keywords) -> list[bytes]:
 
 class KeywordScanner:
     """Finds the lines of a block of bytes that hold one of KEYWORDS: the offset where each such
-    line ends (its ``\n``, or the end of the block), once per line.
+    line ends (its ``\n``, or the end of the block), once per line; and the ends of the CRI
+    ``P`` lines among them (:data:`CRI_PARTIAL_RE`).
 
     Uses Hyperscan (the ``hyperscan`` package, Intel's multi-pattern matcher: grep speed) when it
     imports, else Python's ``re`` (about 30 MB/s on a 2-core machine: correct, slower).
@@ -146,21 +148,33 @@ class KeywordScanner:
             import hyperscan  # type: ignore[import-not-found]
 
             db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            db.compile(expressions=[any_kw + rb"[^\n]*$"], ids=[0], elements=1, flags=[hyperscan.HS_FLAG_MULTILINE])
+            cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
+            db.compile(expressions=[any_kw + rb"[^\n]*$", cri_p], ids=[0, 1], elements=2,
+                       flags=[hyperscan.HS_FLAG_MULTILINE] * 2)
             self._db = db
             self.backend = "hyperscan"
         except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
             self._db = None
 
-    def line_ends(self, block: bytes) -> list[int]:
+    def line_ends(self, block: bytes) -> tuple[list[int], set[int]]:
         """Sorted offsets where the lines of ``block`` that hold a keyword end (the offset of
-        their ``\n``, or ``len(block)``), each once."""
+        their ``\n``, or ``len(block)``), each once; and the set of those that end a CRI ``P``
+        line (a piece of a record continued on the next line)."""
+        cri_p: set[int] = set()
         if self._db is None:
-            return [m.end() for m in self._line_re.finditer(block)]
+            ends = [m.end() for m in self._line_re.finditer(block)]
+            for m in _CRI_P_MARK_RE.finditer(block):  # then the whole line, as CRI_PARTIAL_RE does
+                ls = block.rfind(b"\n", 0, m.start()) + 1
+                le = block.find(b"\n", m.end())
+                le = len(block) if le < 0 else le
+                if CRI_PARTIAL_RE.match(block[ls:le]):
+                    cri_p.add(le)
+            return ends, cri_p
         hits: list[int] = []
-        append = hits.append
-        self._db.scan(block, match_event_handler=lambda _i, _f, to, _fl, _c: append(to))
-        return hits
+        append, add = hits.append, cri_p.add
+        self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to))
+        hits.sort()
+        return hits, cri_p
 
 
 # Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,
@@ -751,22 +765,11 @@ def _is_partial(line: bytes) -> bool:
     return False
 
 
-_CRI_PARTIAL_AT_RE = re.compile(CRI_PARTIAL_RE.pattern[1:])  # matched at a line start in a block
-
-
-def _is_partial_at(buf: bytes, ls: int, le: int) -> bool:
-    """``_is_partial(buf[ls:le])`` without the copy: a CRI ``P`` line has ``" std"`` at most 44
-    bytes in, a docker entry starts with ``{"log":``."""
-    if buf.find(b" std", ls + 10, ls + 45 if ls + 45 < le else le) >= 0 and _CRI_PARTIAL_AT_RE.match(buf, ls, le):
-        return True
-    return buf.startswith(b'{"log":', ls) and _is_partial(buf[ls:le])
-
-
 def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
                     max_line: int = 65536, carry: bool = False) -> tuple[array, array, array, int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated: ``end`` is the offset
-    of a ``\n`` or ``len(buf)``) that a parser could
-    match, as offsets, not copies: ``(starts, ends, indexes, number of lines, carry)`` where
+    of a ``\n`` or ``len(buf)``) that a parser could match, as offsets, not copies:
+    ``(starts, ends, indexes, number of lines, carry)`` where
     ``buf[starts[k]:ends[k]]`` is the k-th candidate line (cut to ``max_line`` bytes) and
     ``indexes[k]`` its index from 0 among the lines of the span. Three arrays of integers
     whatever the number of lines: no object per line is kept.
@@ -775,15 +778,24 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
     every line of it is returned when one is (``carry``: the last line returned was such a
     piece, so the first line of the next block continues it). Request-logging lines (user
     prompts) are skipped by their head. Pure: the parallel reader of ``diagnose`` runs it in
-    worker processes on byte ranges of one file."""
+    worker processes on byte ranges of one file.
+
+    Per line, only what may be true is tested: where the next request head in the block is
+    (REQUEST_HEAD_RE, searched again only once passed) tells which lines can be request lines;
+    the scanner tells the CRI ``P`` lines; a docker piece starts with ``{``."""
     starts, ends, idxs = array("q"), array("q"), array("q")
     s_append, e_append, i_append = starts.append, ends.append, idxs.append
-    find, rfind, count, partial = buf.find, buf.rfind, buf.count, _is_partial_at
+    find, rfind, count = buf.find, buf.rfind, buf.count
     request_head = REQUEST_HEAD_RE.search
+    hits, cri_p = scanner.line_ends(buf)
+
+    def partial(ls: int, le: int) -> bool:  # _is_partial(buf[ls:le])
+        return le in cri_p or (ls < le and buf[ls] == 123 and _is_partial(buf[ls:le]))  # 123: "{"
+
     pos = start  # the start of line ``idx`` (lines before it are counted)
     idx = 0
     end_of_last = start - 1
-    hits = scanner.line_ends(buf)
+    rq = rq_end = start - 1  # where the next request head starts and ends (searched again once passed)
     if carry and start < end:  # the continuation of a piece held from the previous block
         le = find(b"\n", start + 1, end)
         hits = [end if le < 0 else le] + hits
@@ -793,15 +805,20 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         if le > end:
             break
         ls = rfind(b"\n", start, le) + 1 or start
-        lim = ls + 256
-        if (not carry and request_head(buf, ls, le if le < lim else lim)
-                and not partial(buf, ls, le)):
-            end_of_last = le
-            continue  # a request-logging line: user text
+        if not carry:
+            if rq < ls:
+                m = request_head(buf, ls, end)
+                rq, rq_end = m.span() if m else (end, end)
+            if rq < le:  # a request head in this line: within its first 256 bytes?
+                lim = ls + 256
+                lim = le if le < lim else lim
+                if (rq_end <= lim or request_head(buf, ls, lim)) and not partial(ls, le):
+                    end_of_last = le
+                    continue  # a request-logging line: user text
         # The first pieces of a record split over lines (docker: the previous lines of this block).
         while ls > start and ls - 1 > end_of_last:
             ps = rfind(b"\n", start, ls - 1) + 1 or start
-            if not partial(buf, ps, ls - 1):
+            if not partial(ps, ls - 1):
                 break
             ls = ps
         if ls > pos:
@@ -810,7 +827,7 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             s_append(ls)
             e_append(le if le - ls <= max_line else ls + max_line)
             i_append(idx)
-            carry = partial(buf, ls, le)
+            carry = partial(ls, le)
             if le >= end:
                 pos = ls
                 break

@@ -186,10 +186,38 @@ class RuleEngine:
         """A ``where`` as a function of one line: its fields by name, ``t.X``, the facts (as now),
         ``peak(f)``. Missing data (None in a comparison) is "no"; anything else raises (counted)."""
         line_facts: list = [None]  # the facts, read once per line and only if the condition gets to them
+        # a batch of lines (State.flush_windows): per peak field, the window's maximum before the
+        # batch and the running maximum within it, and the index of the line being judged
+        batch: list = [None, 0]
+        peaks = sorted(set(const_args(expr, "peak")))
 
         def peak(f: str):
+            got = batch[0]
+            if got is not None:
+                base, running = got[f]
+                v = running[batch[1]]
+                return base if v is None or (base is not None and base > v) else v
             ts = state.now
             return peak_agg.sliding_max(f, None if ts is None else ts - span)
+
+        def begin(items: list) -> None:
+            """Before any aggregate folds ``items`` in: what peak(f) is at each of them (every
+            line of the series counts for the peak before a condition reads it)."""
+            ts = state.now
+            got = {}
+            for f in peaks:
+                m = None
+                running = []
+                for it in items:
+                    v = getattr(it, f, None)
+                    if type(v) in (int, float) and v == v and (m is None or v >= m):
+                        m = v
+                    running.append(m)
+                got[f] = (peak_agg.sliding_max(f, None if ts is None else ts - span), running)
+            batch[0] = got
+
+        def end() -> None:
+            batch[0] = None
 
         def fact(name: str):
             if line_facts[0] is None:
@@ -205,13 +233,14 @@ class RuleEngine:
             except (TypeError, AttributeError, ZeroDivisionError):
                 return False  # None in a comparison: the line does not say, so it does not count
 
+        if peaks:
+            where.batch, where.begin, where.end = batch, begin, end
         return where
 
     def _cached_facts(self, state: State) -> dict:
         """The facts, recomputed only when what they are made of changed (a line's condition
         reads them for every line)."""
-        key = (state.vllm_version, state.engine, state.run_index, tuple(state.config.items()),
-               tuple(state.capacity.items()), tuple(state.memory.items()))
+        key = (state.serial, state.vllm_version, state.engine, state.run_index)
         if key != self._facts_key:
             self._facts_key, self._facts = key, state.facts()
         return self._facts
@@ -219,6 +248,7 @@ class RuleEngine:
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
         the findings active now (critical first)."""
+        state.flush_windows()
         facts = state.facts()
         now = state.now
         fired: dict[str, tuple[Rule, Evaluator, dict] | None] = {}

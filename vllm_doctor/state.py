@@ -538,6 +538,10 @@ class State:
         if f["max_concurrency"] is None and kv and f["max_model_len"] and cap.get("num_gpu_blocks") is not None:
             f["max_concurrency"] = round(kv / int(f["max_model_len"]), 2)
         f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes")
+        if f["available_kv_cache_bytes"] is None:  # V1's refusal to start names the memory it had
+            for e in self.kept("KvCacheTooSmall"):
+                if e.available_bytes:
+                    f["available_kv_cache_bytes"] = e.available_bytes
         f["device_total_memory_bytes"] = self.memory.get("total_memory_bytes")
         f["model_weights_bytes"] = self.memory.get("model_weights_bytes")
         if self.memory.get("gpu_memory_utilization") is not None and "gpu_memory_utilization" not in self.config:

@@ -225,18 +225,28 @@ class WindowAggregate:
         them: equal to the per-line sums within float rounding)."""
         where = self.where
         if where is not None:
-            kept = []
             batch = getattr(where, "batch", None)
-            for i, it in enumerate(items):
-                if batch is not None:
-                    batch[1] = i
-                try:
-                    ok = where(it)
-                except Exception as e:  # noqa: BLE001 - counted and shown as a rule error, never raised
-                    self._error(e)
-                    continue
-                if ok:
-                    kept.append(it)
+            test = getattr(where, "test", None)
+            kept = None
+            if batch is None and test is not None:
+                try:  # the usual case, every line decided: one comprehension
+                    kept = [it for it in items if test(it)]
+                except Exception:  # noqa: BLE001 - missing data or a fault: line by line below
+                    kept = None
+            if kept is None:
+                kept = []
+                for i, it in enumerate(items):
+                    if batch is not None:
+                        batch[1] = i
+                    try:
+                        ok = where(it) if test is None else test(it)
+                    except (TypeError, AttributeError, ZeroDivisionError):
+                        continue  # None in a comparison: the line does not say, so it does not count
+                    except Exception as e:  # noqa: BLE001 - counted and shown as a rule error, never raised
+                        self._error(e)
+                        continue
+                    if ok:
+                        kept.append(it)
             items = kept
         if not items:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -115,7 +116,9 @@ def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=
     """A window aggregate reading ``fields`` (name -> a field of the line, or an expression on it)."""
     getters = {}
     for fname, expr in fields.items():
-        if expr.isidentifier():
+        if expr in _line_fields(cls):
+            getters[fname] = operator.attrgetter(expr)
+        elif expr.isidentifier():
             getters[fname] = (lambda f: lambda item: getattr(item, f, None))(expr)
         else:
             getters[fname] = (lambda fn: lambda item: _or_none(fn, item))(compile_line(expr, _line_fields(cls), {}))
@@ -185,7 +188,6 @@ class RuleEngine:
     def _line_condition(self, expr: str, cls: type, state: State, span: float, peak_agg):
         """A ``where`` as a function of one line: its fields by name, ``t.X``, the facts (as now),
         ``peak(f)``. Missing data (None in a comparison) is "no"; anything else raises (counted)."""
-        line_facts: list = [None]  # the facts, read once per line and only if the condition gets to them
         # a batch of lines (State.flush_windows): per peak field, the window's maximum before the
         # batch and the running maximum within it, and the index of the line being judged
         batch: list = [None, 0]
@@ -220,19 +222,17 @@ class RuleEngine:
             batch[0] = None
 
         def fact(name: str):
-            if line_facts[0] is None:
-                line_facts[0] = self._cached_facts(state)
-            return line_facts[0].get(name)
+            return self._cached_facts(state).get(name)  # recomputed only when the facts changed
 
         test = compile_line(expr, _line_fields(cls), self.ruleset.thresholds, {"peak": peak}, fact)
 
         def where(item) -> bool:
-            line_facts[0] = None
             try:
                 return bool(test(item))
             except (TypeError, AttributeError, ZeroDivisionError):
                 return False  # None in a comparison: the line does not say, so it does not count
 
+        where.test = test  # the bare condition: a batch of lines calls it in one comprehension
         if peaks:
             where.batch, where.begin, where.end = batch, begin, end
         return where

@@ -166,6 +166,7 @@ class State:
         # events other than stats lines applied (and restores): what the configuration, capacity
         # and memory facts are made of can only change when this moves (RuleEngine caches facts)
         self.serial = 0
+        self._handlers: dict[str, Any] = {}  # event kind -> its _on_ method (None: none)
 
     def add_window(self, series: str, agg: WindowAggregate) -> WindowAggregate:
         """Keep ``agg`` up to date with every new line of ``series`` ("stats", "engine_metrics", "gpu")."""
@@ -210,7 +211,9 @@ class State:
             self.now = ts
         if kind not in QUIET_KINDS:
             self._run_active = True
-        handler = getattr(self, "_on_" + kind, None)
+        handler = self._handlers.get(kind, self)
+        if handler is self:  # first event of this kind: look its handler up once
+            handler = self._handlers[kind] = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
         self.timeline.note(e, kind, self)
@@ -218,7 +221,8 @@ class State:
             self.keep(kind, e)
         else:
             self.totals[kind] += 1
-        self._trim()
+        if self.now != self._trimmed_at:
+            self._trim()
 
     def keep(self, kind: str, e: Any) -> None:
         """Count one event of ``kind`` and keep it in the kind's capped ring."""

@@ -44,6 +44,7 @@ class GpuMemory:
 
 
 _NUMBER = (int, float)
+_NUMBER_SET = frozenset(_NUMBER)
 
 
 def resolution_for(window_seconds: float) -> int:
@@ -87,11 +88,12 @@ class FieldAgg:
                 self.t0 = t
             self.t1 = t
 
-    def add_many(self, vs: list, ts: list, items: list) -> None:
-        """:meth:`add` of each value in turn (``vs`` numbers, ``ts`` their times, not None)."""
+    def add_many(self, vs: list, ts: list | None, items: list, total: float | None = None) -> None:
+        """:meth:`add` of each value in turn (``vs`` numbers, ``ts`` their times, not None;
+        ``ts`` None: the fit is not kept; ``total``: ``sum(vs)`` when the caller has it)."""
         n = len(vs)
         self.n += n
-        self.sum = sum(vs, self.sum)
+        self.sum = self.sum + (sum(vs) if total is None else total)
         lo = min(vs)
         if self.min is None or lo <= self.min:  # ties: the newest line
             self.min, self.at_min = lo, items[n - 1 - vs[::-1].index(lo)]
@@ -101,6 +103,8 @@ class FieldAgg:
         if self.first is None:
             self.first = vs[0]
         self.last = vs[-1]
+        if ts is None:
+            return
         self.tn += n
         self.st = sum(ts, self.st)
         self.sv = sum(vs, self.sv)
@@ -167,6 +171,9 @@ class WindowAggregate:
         self.untimed = _Bucket(None, self.names, self.quantiles)
         self.origin: float | None = None  # fit times are relative to this (precision)
         self.errors: list[str] = []
+        #: fields whose least-squares fit (slope_per_hour) is read: a batch keeps the fit's sums of
+        #: these only (None: every field)
+        self.fit_fields: set[str] | None = None
         # sliding_max: per field, (bucket key, max) of the closed buckets, the maxima decreasing
         # from front to back (a monotonic queue: O(1) a line, whatever the window holds)
         self._maxq: dict[str, deque] | None = None
@@ -263,7 +270,8 @@ class WindowAggregate:
             self.buckets.append(b)
             self._trim(key)
         origin = self.origin
-        rel = [t - origin for t in tss]
+        fit = self.fit_fields
+        rel = [t - origin for t in tss] if fit is None or fit else None
         for name, get in self.fields.items():
             try:
                 vals = [get(it) for it in items]
@@ -275,15 +283,18 @@ class WindowAggregate:
                     except Exception as e:  # noqa: BLE001
                         self._error(e)
                         vals.append(None)
-            if all(type(v) in _NUMBER and v == v for v in vals):
-                b.fields[name].add_many(vals, rel, items)
+            times = rel if fit is None or name in fit else None
+            total = sum(vals) if _NUMBER_SET.issuperset(map(type, vals)) else None
+            if total is not None and total == total:  # all numbers, none NaN: the usual batch
+                b.fields[name].add_many(vals, times, items, total)
                 vs = vals
             else:  # None, a bool, NaN: no value
                 keep = [i for i, v in enumerate(vals) if type(v) in _NUMBER and v == v]
                 if not keep:
                     continue
                 vs = [vals[i] for i in keep]
-                b.fields[name].add_many(vs, [rel[i] for i in keep], [items[i] for i in keep])
+                b.fields[name].add_many(vs, None if times is None else [times[i] for i in keep],
+                                        [items[i] for i in keep])
             if self.quantiles and name in b.sketches:
                 sk = b.sketches[name]
                 for v in vs:

@@ -7,6 +7,7 @@ with first/last seen, for the diagnose report) and clears those whose condition 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import operator
@@ -122,7 +123,32 @@ def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=
             getters[fname] = (lambda f: lambda item: getattr(item, f, None))(expr)
         else:
             getters[fname] = (lambda fn: lambda item: _or_none(fn, item))(compile_line(expr, _line_fields(cls), {}))
-    return WindowAggregate(name, span, getters, where, quantiles)
+    agg = WindowAggregate(name, span, getters, where, quantiles)
+    agg.fit_fields = set()  # what the rules read of a fit is added by RuleEngine.attach
+    return agg
+
+
+def _fit_fields(rule: Rule) -> dict[str, set[str] | None]:
+    """Window name -> the fields whose least-squares fit the rule reads (``w.slope_per_hour('f')``;
+    None: a field not named by a constant, so every field). An aggregate keeps the fit's sums of
+    these fields only."""
+    out: dict[str, set[str] | None] = {}
+    for expr in _rule_exprs(rule):
+        try:
+            tree = ast.parse(expr.strip(), mode="eval")
+        except SyntaxError:
+            continue
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "slope_per_hour"
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id in rule.windows):
+                w = n.func.value.id
+                arg = n.args[0] if n.args else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    if out.get(w, set()) is not None:
+                        out[w] = out.get(w, set()) | {arg.value}
+                else:
+                    out[w] = None
+    return out
 
 
 def _or_none(fn, item):
@@ -175,14 +201,19 @@ class RuleEngine:
             for name, spec in rule.windows.items():
                 peaks = sorted(set(const_args(spec.where, "peak"))) if spec.where else []
                 peak_agg = None
-                if peaks:  # every line of the series, before the filtered aggregate sees it
-                    peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks},
-                                                                    WINDOW_SERIES[spec.of]))
+                if peaks:  # every line of the series, before the filtered aggregate sees it (the
+                    # same aggregate as a stats_max() of these fields over the same span: kept once)
+                    peak_agg = add(spec.of, (span, tuple(peaks)), lambda: _aggregate(
+                        f"{name}:peak", span, {f: f for f in peaks}, WINDOW_SERIES[spec.of]))
                 cls = WINDOW_SERIES[spec.of]
                 where = self._line_condition(spec.where, cls, state, span, peak_agg) if spec.where else None
                 key = (span, spec.where, tuple(spec.field_exprs().items()), tuple(spec.quantiles))
                 aggs[name] = add(spec.of, key, lambda: _aggregate(name, span, spec.field_exprs(), cls, where,
                                                                   tuple(spec.quantiles)))
+            for name, fields in _fit_fields(rule).items():
+                agg = aggs[name]
+                if agg.fit_fields is not None:
+                    agg.fit_fields = None if fields is None else agg.fit_fields | fields
             self._windows[rule.id] = aggs
 
     def _line_condition(self, expr: str, cls: type, state: State, span: float, peak_agg):

@@ -75,6 +75,11 @@ class Scanned:
     nlines: int
 
 
+#: The events that can begin an engine run (State.starts_run) and, with stats lines, the only
+#: ones that are no incident (a whole-log rule need not run after them)
+_RUN_START_TYPES = frozenset((EngineConfigObserved, VersionSeen))
+
+
 class LogTime:
     """The clock of ``diagnose``: time is the log's own; rules run as log time passes."""
 
@@ -238,7 +243,7 @@ class Pipeline:
                     n += 1
                     continue
             if log_clock:
-                if st._run_active and st.starts_run(e):
+                if st._run_active and type(e) in _RUN_START_TYPES and st.starts_run(e):
                     # a restart ends the run: judge everything on what it did before it is cut
                     self.active = self.engine.evaluate(st)
                 if ts is not None and st.now is not None and ts - st.now > max(self.eval_interval, 60.0):
@@ -256,7 +261,7 @@ class Pipeline:
             if stats:
                 st.note_src(rec.src)
             if log_clock:
-                if not (stats or isinstance(e, (EngineConfigObserved, VersionSeen))):
+                if not (stats or type(e) in _RUN_START_TYPES):
                     self._incident_pending = True
                 if ts is not None and (ts >= self._next_windowed or self._incident_pending and ts >= self._next_whole):
                     self._tick(ts)

@@ -390,12 +390,17 @@ class Envelope:
         if h:
             # _vllm and _split, for a line with a cached head h
             msg = line[i + 2 :]
-            body = msg.lstrip() if msg[:1].isspace() else msg
-            if body[:1] == "(":
+            c = msg[:1]
+            if c.isspace():
+                body = msg.lstrip()
+                c = body[:1]
+            else:
+                body = msg
+            if c == "(":
                 return self._unwrap(lineno, text)  # a process prefix after the logger prefix (0.31+)
             level, src, process, pid, mdh, dump = h
-            kind = (client_head(msg) if (body.startswith(_CLIENT_WORDS) or ('"' in msg and ' - "' in msg))
-                    else None)
+            kind = (client_head(msg) if ((c in _CLIENT_FIRST and body.startswith(_CLIENT_WORDS))
+                                         or ('"' in msg and ' - "' in msg)) else None)
             if kind is None:
                 if dump:
                     kind = "engine-dump"
@@ -730,6 +735,7 @@ _FIRST.update({"(": 1, "D": 1, "I": 1, "W": 1, "E": 1, "C": 1, " ": 3, "\t": 3})
 # What every CLIENT_HEADS pattern starts with.
 _CLIENT_WORDS = ("Received request", "Added request", "Aborted request", "Finished request",
                  "Generated response", "Abort", "Request", "Dumping")
+_CLIENT_FIRST = frozenset(w[0] for w in _CLIENT_WORDS)
 # What no fast-path plain line starts with: a level (vLLM's prefix, uvicorn's), a client head,
 # a month (journald).
 _NOT_PLAIN = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL", *_CLIENT_WORDS,

@@ -833,7 +833,7 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             s_append(ls)
             e_append(le if le - ls <= max_line else ls + max_line)
             i_append(idx)
-            carry = partial(ls, le)
+            carry = le in cri_p or (ls < le and buf[ls] == 123 and _is_partial(buf[ls:le]))  # partial(ls, le)
             if le >= end:
                 pos = ls
                 break

@@ -104,36 +104,45 @@ STATS_FIELD = re.compile(
 def _stats(m: re.Match, meta: ev.Meta):
     fields: dict[str, float] = {}
     devs: list[tuple[str, float]] = []
-    for key, dev, val in STATS_FIELD.findall(m.group("rest")):  # (field, device, value) per field
+    rest, p, g, eng = m.group("rest", "p", "g", "eng")
+    for key, dev, val in STATS_FIELD.findall(rest):  # (field, device, value) per field
         if dev:
             devs.append((dev, float(val)))
         elif key not in fields:
             fields[key] = float(val)
-    if "Running" not in fields:
+    get = fields.get
+    running = get("Running")
+    if running is None:
         return None
-    if any(v > 100.0 for _, v in devs) or (fields.get("Prefix cache hit rate") or 0) > 100.0:
+    hit = get("Prefix cache hit rate")
+    if hit is not None and hit > 100.0:
         return None  # a usage above 100 % cannot be true (a damaged line)
-    v0 = "Pending" in fields or "Swapped" in fields
-    waiting = fields.get("Pending", fields.get("Waiting", 0.0))
+    for _, val in devs:
+        if val > 100.0:
+            return None
+    swapped = get("Swapped")
+    pending = get("Pending")
     kv = cpu = None
     kv_dev = None
-    if v0:  # V0: GPU is the KV cache, CPU the swap space
+    if pending is not None or swapped is not None:  # V0: GPU is the KV cache, CPU the swap space
+        waiting = get("Waiting", 0.0) if pending is None else pending
         for dev, val in devs:
             if dev == "GPU":
                 kv = round(val / 100, 6)
             elif dev == "CPU":
                 cpu = round(val / 100, 6)
         kv_dev = "GPU"
-    elif devs:  # V1: the one "<device> KV cache usage" is the KV cache (CPU on the CPU backend)
-        kv_dev, val = devs[0]
-        kv = round(val / 100, 6)
-    hit = fields.get("Prefix cache hit rate")
-    pre = fields.get("Preemptions")
+    else:
+        waiting = get("Waiting", 0.0)
+        if devs:  # V1: the one "<device> KV cache usage" is the KV cache (CPU on the CPU backend)
+            kv_dev, val = devs[0]
+            kv = round(val / 100, 6)
+    pre = get("Preemptions")
     return ev.SchedulerStats(
-        meta, float(m.group("p")), float(m.group("g")), int(fields["Running"]), int(waiting),
-        int(fields["Swapped"]) if "Swapped" in fields else None, kv, cpu,
+        meta, float(p), float(g), int(running), int(waiting),
+        None if swapped is None else int(swapped), kv, cpu,
         None if hit is None else round(hit / 100, 6), None if pre is None else int(pre),
-        int(m.group("eng")) if m.group("eng") else None, kv_dev,
+        int(eng) if eng else None, kv_dev,
     )
 
 
@@ -406,13 +415,14 @@ def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
              'torch.OutOfMemoryError: HIP out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of 31.98 GiB of which 136.00 MiB is free. Of the allocated memory 31.61 GiB is allocated by PyTorch, and 1.21 MiB is reserved by PyTorch but unallocated.',
          ))
 def _oom(m, meta):
+    a, au, t, tu, f, fu, i, u, uu = m.group("a", "au", "t", "tu", "f", "fu", "i", "u", "uu")
     return ev.OutOfMemory(
         meta,
-        to_bytes(m["a"], m["au"]) if m["a"] else None,
-        to_bytes(m["t"], m["tu"]) if m["t"] else None,
-        to_bytes(m["f"], m["fu"]) if m["f"] else None,
-        _int(m["i"]),
-        to_bytes(m["u"], m["uu"]) if m["u"] else None,
+        to_bytes(a, au) if a else None,
+        to_bytes(t, tu) if t else None,
+        to_bytes(f, fu) if f else None,
+        None if i is None else int(i),
+        to_bytes(u, uu) if u else None,
     )
 
 
@@ -963,14 +973,15 @@ class RecordParser:
                 tb[1].append(FRAME_RE.match(msg).group("f"))
                 if len(tb[1]) > 2 * MAX_FRAMES:
                     del tb[1][: len(tb[1]) - MAX_FRAMES]
-        if exc_line:
-            em = EXC_LINE_RE.match(msg.strip())
-            start, frames = self._tb.pop(key, (rec.lineno, []))
-            tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-            out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
-        elif not matchers and not self._held and not flag_text:
+        if exc_line is None and not matchers and not self._held and not flag_text:
             return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
+        if exc_line is not None:  # the exception line: (type span, message span or None) in msg
+            (t0, t1), m_span = exc_line
+            start, frames = self._tb.pop(key, (rec.lineno, []))
+            tmeta = meta if start == rec.lineno else ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
+            out.append(ev.ExceptionRaised(tmeta, msg[t0:t1], msg[m_span[0] : m_span[1]][:400] if m_span else "",
+                                          tuple(frames[-MAX_FRAMES:])))
         for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
@@ -986,7 +997,7 @@ class RecordParser:
         kinds = {type(e) for e in out}  # events are final classes: exact types
         oom = ev.OutOfMemory
         if oom in kinds:
-            out = [_with_phase(e, frames, rec.src, out) for e in out]
+            out = [_with_phase(e, frames, rec.src, out) if type(e) is oom else e for e in out]
         released = self._release(msg, out) if self._held else []
         if not self._served_seen and oom in kinds:
             # An OOM whose own record and traceback do not tell the phase: vLLM often logs the error
@@ -1031,10 +1042,10 @@ class RecordParser:
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
-    def _shape(self, msg: str) -> tuple[bool, bool, bool, tuple[Matcher, ...], bool]:
-        """(opens a traceback, is an exception line, is a traceback frame, the matchers to run in
-        table order, may name a flag) for a message: the same for every message of its shape
-        (see :data:`_SHAPES`), so looked up there when it was seen before."""
+    def _shape(self, msg: str) -> tuple:
+        """(opens a traceback, the exception line's group spans or None, is a traceback frame, the
+        matchers to run in table order, may name a flag) for a message: the same for every message
+        of its shape (see :data:`_SHAPES`), so looked up there when it was seen before."""
         shape = msg.encode("utf-8", "surrogatepass").translate(_SHAPE) if len(msg) <= MAX_SHAPE_BYTES else None
         if shape is not None:
             got = _SHAPES.get(shape)
@@ -1044,8 +1055,13 @@ class RecordParser:
         cands = {mt.name: mt for kw in self._hits(msg) for mt in self._by_kw[kw]}
         matchers = tuple(mt for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)])
                          if id(mt) in _SENSITIVE or (mt.regex.search(msg) if mt.search else mt.regex.match(msg)))
-        got = (stripped.startswith("Traceback (most recent call last)"),
-               msg[:1] not in " \t" and EXC_LINE_RE.match(stripped) is not None,
+        em = EXC_LINE_RE.match(stripped) if msg[:1] not in " \t" else None
+        exc = None
+        if em:  # the spans of its groups in msg (stripped starts where msg's leading blanks end)
+            off = len(msg) - len(msg.lstrip())
+            exc = ((em.start("t") + off, em.end("t") + off),
+                   (em.start("m") + off, em.end("m") + off) if em.group("m") is not None else None)
+        got = (stripped.startswith("Traceback (most recent call last)"), exc,
                FRAME_RE.match(msg) is not None, matchers, "--" in msg or "VLLM_" in msg)
         if shape is not None and len(shape) <= MAX_SHAPE_BYTES:
             if len(_SHAPES) >= MAX_SHAPES:
@@ -1089,10 +1105,13 @@ class RecordParser:
         else [] (still held)."""
         cue = phase_cue(msg, out)
         self._held_left -= 1
-        if cue is None and self._held_left > 0 and not (out and any(
-                isinstance(e, ev.VersionSeen) and e.version
-                or isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out)):
-            return []
+        if cue is None and self._held_left > 0:
+            for e in out:  # a new engine run decides too
+                t = type(e)
+                if t is ev.VersionSeen and e.version or t is ev.EngineConfigObserved and e.kind in ("namespace", "non-default-args"):
+                    break
+            else:
+                return []
         held, self._held = self._held, []
         return [replace(e, phase=cue) if cue else e for e in held]
 
@@ -1145,17 +1164,18 @@ def phase_cue(msg: str, out: list) -> str | None:
         if f in RUNTIME_FRAMES:
             return "runtime"
     for e in out:
-        if isinstance(e, ev.SchedulerStats):
+        t = type(e)  # events are final classes
+        if t is ev.SchedulerStats:
             return "runtime"
-        if isinstance(e, ev.EngineFailure):
+        if t is ev.EngineFailure:
             if e.kind in RUNTIME_FAILURES or RUNTIME_FAILURE_TEXT.search(e.message):
                 return "runtime"
             if STARTUP_FAILURE_TEXT.search(e.message):
                 return "startup"
-        if isinstance(e, ev.ExceptionRaised) and e.frames:
-            if any(f in STARTUP_FRAMES for f in e.frames):
+        elif t is ev.ExceptionRaised and e.frames:
+            if not STARTUP_FRAMES.isdisjoint(e.frames):
                 return "startup"
-            if any(f in RUNTIME_FRAMES for f in e.frames):
+            if not RUNTIME_FRAMES.isdisjoint(e.frames):
                 return "runtime"
     return None
 

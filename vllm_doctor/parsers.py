@@ -102,14 +102,8 @@ STATS_FIELD = re.compile(
              '(APIServer pid=1) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 12.5 tokens/s, Avg generation throughput: 300.0 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%, Prefix cache hit rate: 0.0%',
          ))
 def _stats(m: re.Match, meta: ev.Meta):
-    fields: dict[str, float] = {}
-    devs: list[tuple[str, float]] = []
     rest, p, g, eng = m.group("rest", "p", "g", "eng")
-    for key, dev, val in STATS_FIELD.findall(rest):  # (field, device, value) per field
-        if dev:
-            devs.append((dev, float(val)))
-        elif key not in fields:
-            fields[key] = float(val)
+    fields, devs = _stats_fields(rest)
     get = fields.get
     running = get("Running")
     if running is None:
@@ -144,6 +138,33 @@ def _stats(m: re.Match, meta: ev.Meta):
         None if hit is None else round(hit / 100, 6), None if pre is None else int(pre),
         int(eng) if eng else None, kv_dev,
     )
+
+
+def _stats_fields(rest: str) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """The fields of a stats line after its throughputs: ({field: value} for the first of each
+    name, [(device, usage)] for each ``<device> KV cache usage``), as ``STATS_FIELD.findall``
+    reads them. Where each one lies is the same for every text of the same shape (the regex is
+    digit-blind), so it is worked out once per shape (:data:`_STATS_PLANS`, bounded)."""
+    shape = rest.encode("utf-8", "surrogatepass").translate(_SHAPE) if len(rest) <= MAX_SHAPE_BYTES else None
+    plan = _STATS_PLANS.get(shape) if shape is not None else None
+    if plan is None:
+        named: list[tuple[str, int, int]] = []
+        dev_spans: list[tuple[int, int, int, int]] = []
+        for fm in STATS_FIELD.finditer(rest):
+            if fm.group("dev"):
+                dev_spans.append((*fm.span("dev"), *fm.span("val")))
+            elif fm.group(1) not in [k for k, _, _ in named]:
+                named.append((fm.group(1), *fm.span("val")))
+        plan = (tuple(named), tuple(dev_spans))
+        if shape is not None:
+            if len(_STATS_PLANS) >= MAX_SHAPES:
+                _STATS_PLANS.clear()
+            _STATS_PLANS[shape] = plan
+    return ({k: float(rest[a:b]) for k, a, b in plan[0]},
+            [(rest[a:b], float(rest[c:d])) for a, b, c, d in plan[1]])
+
+
+_STATS_PLANS: dict[bytes, tuple] = {}
 
 
 @matcher("stats-note", r"running=(?P<r>\d+),? (?:pending|waiting)=(?P<w>\d+),? gpu_cache=(?P<u>[\d.]+)%",
@@ -1137,7 +1158,7 @@ class RecordParser:
 
 # Matchers whose regexes tell digits apart: run on every message that holds their keywords.
 _SENSITIVE = frozenset(id(m) for m in MATCHERS if not _digit_blind(m.regex))
-assert _digit_blind(EXC_LINE_RE) and _digit_blind(FRAME_RE)
+assert _digit_blind(EXC_LINE_RE) and _digit_blind(FRAME_RE) and _digit_blind(STATS_FIELD)
 
 HOLD_RECORDS = 64  # records after an undecided OOM that may still tell its phase
 MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every process)

@@ -35,7 +35,7 @@ UNITS = {"B": 1, "KiB": 1 << 10, "KB": 1 << 10, "MiB": 1 << 20, "MB": 1 << 20, "
 
 def to_bytes(value: str | float, unit: str) -> int:
     """``"14.62", "GiB"`` -> bytes. vLLM's "GB" messages divide by 1024**3, so GB means GiB."""
-    return int(round(float(value) * UNITS.get(unit, GIB)))
+    return round(float(value) * UNITS.get(unit, GIB))  # round() of a float is an int
 
 
 def _int(s: str | None) -> int | None:
@@ -437,13 +437,14 @@ def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
          ))
 def _oom(m, meta):
     a, au, t, tu, f, fu, i, u, uu = m.group("a", "au", "t", "tu", "f", "fu", "i", "u", "uu")
+    unit = UNITS.get  # to_bytes, inlined: one OOM line can follow another thousands of times
     return ev.OutOfMemory(
         meta,
-        to_bytes(a, au) if a else None,
-        to_bytes(t, tu) if t else None,
-        to_bytes(f, fu) if f else None,
+        round(float(a) * unit(au, GIB)) if a else None,
+        round(float(t) * unit(tu, GIB)) if t else None,
+        round(float(f) * unit(fu, GIB)) if f else None,
         None if i is None else int(i),
-        to_bytes(u, uu) if u else None,
+        round(float(u) * unit(uu, GIB)) if u else None,
     )
 
 
@@ -1018,7 +1019,8 @@ class RecordParser:
         kinds = {type(e) for e in out}  # events are final classes: exact types
         oom = ev.OutOfMemory
         if oom in kinds:
-            out = [_with_phase(e, frames, rec.src, out) if type(e) is oom else e for e in out]
+            step_failed = ev.EngineFailure in kinds and any(type(x) is ev.EngineFailure and x.kind == "step-failed" for x in out)
+            out = [_with_phase(e, frames, rec.src, step_failed) if type(e) is oom else e for e in out]
         released = self._release(msg, out) if self._held else []
         if not self._served_seen and oom in kinds:
             # An OOM whose own record and traceback do not tell the phase: vLLM often logs the error
@@ -1201,7 +1203,7 @@ def phase_cue(msg: str, out: list) -> str | None:
     return None
 
 
-def _with_phase(e, frames: list[str], src: str | None, siblings: list):
+def _with_phase(e, frames: list[str], src: str | None, step_failed: bool):
     """An out-of-memory error's phase from its context: raised through start-up-only frames it
     is "startup"; through serving-only frames, logged by a request handler
     (``serving_chat.py`` ...), or together with a failed model step ("Error in model execution
@@ -1211,6 +1213,6 @@ def _with_phase(e, frames: list[str], src: str | None, siblings: list):
     if frames and not STARTUP_FRAMES.isdisjoint(frames):
         return replace(e, phase="startup")
     if (frames and not RUNTIME_FRAMES.isdisjoint(frames) or src is not None and src.startswith("serving")
-            or len(siblings) > 1 and any(isinstance(x, ev.EngineFailure) and x.kind == "step-failed" for x in siblings)):
+            or step_failed):
         return replace(e, phase="runtime")
     return e

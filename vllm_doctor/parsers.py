@@ -1017,6 +1017,8 @@ class RecordParser:
         if not out and not flag_text:
             return self._release(msg, out) if self._held else out
         kinds = {type(e) for e in out}  # events are final classes: exact types
+        if not self._held and not flag_text and kinds.isdisjoint(_FOLLOWED_UP):
+            return out  # nothing below reads these events
         oom = ev.OutOfMemory
         if oom in kinds:
             step_failed = ev.EngineFailure in kinds and any(type(x) is ev.EngineFailure and x.kind == "step-failed" for x in out)
@@ -1157,6 +1159,11 @@ class RecordParser:
             return None
         return ev.KvCacheTooSmall(meta, max_len, tokens)
 
+
+# The events that parse() reads after the matchers (phase of an OOM, the first stats line of a
+# run, the config echo, V0's block count against max_model_len; unknown flags only where the
+# text may name one).
+_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity))
 
 # Matchers whose regexes tell digits apart: run on every message that holds their keywords.
 _SENSITIVE = frozenset(id(m) for m in MATCHERS if not _digit_blind(m.regex))

@@ -41,6 +41,8 @@ test: setup system-deps e2e-setup
 	$(BIN)/python -m pytest -q
 	@echo "== bench/bench_memory.py --quick: peak memory figures (printed, not a test: a loaded machine can skew them; make bench-memory runs the full sizes)"
 	-$(BIN)/python bench/bench_memory.py --quick
+	@echo "== bench/bench_diagnose.py --throughput-only: keyword-bearing lines per second per core (printed, not a test)"
+	-$(BIN)/python bench/bench_diagnose.py --throughput-only --keyword-lines 200000
 
 # Peak memory of diagnose (10 M keyword lines, 3 M traceback lines, 1 GiB request-heavy log) and
 # of the sidecar under 2,000 OOM lines/s for 5 minutes (long; `make test` runs it with --quick).

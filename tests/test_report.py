@@ -106,3 +106,15 @@ def test_html_report_of_a_log_without_stats_says_so_not_yet():
     assert "sample yet" not in page
     from vllm_doctor.timeline import charts
     assert {c.empty for c in charts(None, live=True)} == {"no stats line or /metrics sample yet"}
+
+
+def test_the_memory_a_refused_start_names_is_a_fact_of_the_report():
+    """V1's refusal to start ("... larger than the available KV cache memory (9.97 GiB)") names
+    the memory it had for the KV cache: the JSON facts and the text report carry it."""
+    log = LOGS / "011-v0.8.3-v1-1M-context-kv-needed-gt-available.log"
+    rc, out = run("diagnose", "--format", "json", "--fail-on", "never", log)
+    facts = json.loads(out)["facts"]
+    assert facts["available_kv_cache_bytes"] == round(9.97 * (1 << 30))
+    assert facts["max_model_len"] == 1048576
+    rc, text = run("diagnose", "--fail-on", "never", log)
+    assert re.search(r"^  available_kv_cache_bytes +9\.97 GiB$", text, re.M), text

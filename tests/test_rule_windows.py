@@ -152,3 +152,39 @@ def test_sliding_max_is_the_window_max_at_every_line(span):
             agg.add(v, ts if r.random() > 0.01 else None)
             now = ts if now is None or ts > now else now  # the state's clock only moves forward
             assert agg.sliding_max("v", now - span) == agg.view(now - span).max("v"), (seed, i)
+
+
+def test_an_aggregate_keeps_the_fit_only_of_the_fields_a_rule_fits_and_batches_match_line_by_line():
+    """A window keeps the least-squares sums only of the fields some rule reads a slope of
+    (VD005: the idle stats lines' KV cache usage, the GPU memory); the stats lines of one second
+    are folded as one batch, and what the rules read equals the same lines added one by one."""
+    p = Pipeline(RULESET, follow=False, base_year=2025)
+    fits = {a.name: a.fit_fields for a in p.state.windows["stats"] + p.state.windows["gpu"]}
+    assert fits["idle"] == {"kv_cache_usage_ratio"} and fits["gpu_memory"] == {"memory_used_bytes"}
+    assert fits["all_stats"] == set() and fits["stalled"] == set()
+    r = random.Random(5)
+    lines = [_line(s // 7, prompt=r.choice([0.0, 900.0]), gen=r.random() * 100, running=r.choice([0, 3, 9]),
+                   waiting=r.choice([0, 0, 4]), kv=r.choice([0.0, 40.0, 99.0])) for s in range(7 * 600)]
+    p.run_files([("batch.log", [("\n".join(lines) + "\n").encode()])])
+    one = Pipeline(RULESET, follow=False, base_year=2025)
+    for agg in one.state.windows["stats"]:
+        agg.fit_fields = None  # every sum, as add() keeps them
+    for e in p.state.stats:  # the same lines again, line by line
+        for agg in one.state.windows["stats"]:
+            agg.add(e, e.meta.ts)
+    for a, b in zip(p.state.windows["stats"], one.state.windows["stats"]):
+        if hasattr(a.where, "begin"):
+            continue  # a where with peak() reads the state's clock, line by line or not (see VD003's test)
+        va, vb = a.view(None), b.view(None)
+        assert va.count == vb.count, a.name
+        assert va.count > 0 or a.name == "plateau", a.name  # plateau needs max_concurrency: no such line
+        for f in a.names:
+            assert (va.max(f), va.min(f), va.first(f), va.last(f), va.at_max(f), va.at_min(f)) == \
+                (vb.max(f), vb.min(f), vb.first(f), vb.last(f), vb.at_max(f), vb.at_min(f)), (a.name, f)
+            if vb.sum(f) is None:
+                assert va.sum(f) is None and va.count == 0, (a.name, f)
+            else:
+                assert va.sum(f) == pytest.approx(vb.sum(f), rel=1e-12, abs=1e-12), (a.name, f)
+        if a.name == "idle" and va.count >= 3:
+            assert va.slope_per_hour("kv_cache_usage_ratio") == pytest.approx(vb.slope_per_hour("kv_cache_usage_ratio"),
+                                                                               rel=1e-9, abs=1e-12)

@@ -75,6 +75,11 @@ class Scanned:
     nlines: int
 
 
+#: The events that can begin an engine run (State.starts_run) and, with stats lines, the only
+#: ones that are no incident (a whole-log rule need not run after them)
+_RUN_START_TYPES = frozenset((EngineConfigObserved, VersionSeen))
+
+
 class LogTime:
     """The clock of ``diagnose``: time is the log's own; rules run as log time passes."""
 
@@ -222,41 +227,44 @@ class Pipeline:
         if rec.process:
             st.note_process(rec.process, rec.pid)
         lo, hi = self.time_range
+        log_clock = self.clock.follows_log
         for e in evs:
             if e is None:
                 n += 1
                 continue
-            if e.meta.ts is not None:
-                self._last_ts = e.meta.ts
+            ts = e.meta.ts
+            if ts is not None:
+                self._last_ts = ts
             if (lo is not None or hi is not None) and type(e).__name__ not in QUIET_KINDS:
-                ts = self._last_ts  # an untimed line (a traceback) belongs where the log was
-                if ts is not None and (lo is not None and ts < lo or hi is not None and ts > hi):
-                    if hi is not None and ts > hi and (st.now is None or st.now < hi):
+                t = self._last_ts  # an untimed line (a traceback) belongs where the log was
+                if t is not None and (lo is not None and t < lo or hi is not None and t > hi):
+                    if hi is not None and t > hi and (st.now is None or st.now < hi):
                         st.now = hi  # the log went on: what was still going on lasted until --until
                     n += 1
                     continue
-            if not self.follow and st.starts_run(e):
-                # a restart ends the run: judge everything on what it did before it is cut
-                self.active = self.engine.evaluate(st)
-            if (not self.follow and e.meta.ts is not None and st.now is not None
-                    and e.meta.ts - st.now > max(self.eval_interval, 60.0)):
-                # diagnose, a quiet stretch: judge what came before it while it is still in the
-                # windows, then the stretch itself at its end (a stall or an incident that lasted
-                # until now), as serve would have on its timer
-                self.active = self.engine.evaluate(st)
-                st.now = e.meta.ts
-                self._tick(e.meta.ts)
+            if log_clock:
+                if st._run_active and type(e) in _RUN_START_TYPES and st.starts_run(e):
+                    # a restart ends the run: judge everything on what it did before it is cut
+                    self.active = self.engine.evaluate(st)
+                if ts is not None and st.now is not None and ts - st.now > max(self.eval_interval, 60.0):
+                    # diagnose, a quiet stretch: judge what came before it while it is still in the
+                    # windows, then the stretch itself at its end (a stall or an incident that lasted
+                    # until now), as serve would have on its timer
+                    self.active = self.engine.evaluate(st)
+                    st.now = ts
+                    self._tick(ts)
             st.apply(e)
             n += 1
             if self.on_event is not None:
                 self.on_event(e)
-            if isinstance(e, SchedulerStats):
+            stats = type(e) is SchedulerStats
+            if stats:
                 st.note_src(rec.src)
-            if self.clock.follows_log:
-                if not isinstance(e, (SchedulerStats, EngineConfigObserved, VersionSeen)):
+            if log_clock:
+                if not (stats or type(e) in _RUN_START_TYPES):
                     self._incident_pending = True
-                if e.meta.ts is not None:
-                    self._tick(e.meta.ts)
+                if ts is not None and (ts >= self._next_windowed or self._incident_pending and ts >= self._next_whole):
+                    self._tick(ts)
         if n and self._last_parsed.get(source) != rec.lineno:
             self._last_parsed[source] = rec.lineno
             self._parsed[source] = self._parsed.get(source, 0) + 1

@@ -17,6 +17,7 @@ from .diagnosis.evaluate import RULE_ERROR_ID
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+    "device_total_memory_bytes", "model_weights_bytes", "kv_cache_memory_bytes", "available_kv_cache_bytes",
     "tensor_parallel_size", "kv_cache_dtype", "enable_chunked_prefill", "enable_prefix_caching",
     "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio",
 )

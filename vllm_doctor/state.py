@@ -60,6 +60,8 @@ QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity
 # Higher wins when two sources give the same config value.
 #: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
 EVENTS_KEPT = 64
+#: Most stats lines of one second held before they are folded into the window aggregates.
+STATS_BATCH_MAX = 512
 KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "namespace-continued": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
 
 
@@ -158,11 +160,40 @@ class State:
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/timeline.py)
         # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
+        # stats lines of the current second not yet folded into the aggregates (flush_windows)
+        self._stats_pending: list[ev.SchedulerStats] = []
+        self._trimmed_at: float | None = None  # the clock at the last _trim
+        # events other than stats lines applied (and restores): what the configuration, capacity
+        # and memory facts are made of can only change when this moves (RuleEngine caches facts)
+        self.serial = 0
+        self._handlers: dict[str, Any] = {}  # event kind -> its _on_ method (None: none)
 
     def add_window(self, series: str, agg: WindowAggregate) -> WindowAggregate:
         """Keep ``agg`` up to date with every new line of ``series`` ("stats", "engine_metrics", "gpu")."""
         self.windows[series].append(agg)
         return agg
+
+    def flush_windows(self) -> None:
+        """Fold the pending stats lines into the window aggregates, in order (before anything
+        reads an aggregate or anything but a stats line of the same second is applied). Every
+        ``where`` that reads ``peak(f)`` learns first what the peak is at each pending line."""
+        items = self._stats_pending
+        if not items:
+            return
+        self._stats_pending = []
+        aggs = self.windows["stats"]
+        ends = []
+        for agg in aggs:
+            begin = getattr(agg.where, "begin", None)
+            if begin is not None:
+                begin(items)
+                ends.append(agg.where.end)
+        try:
+            for agg in aggs:
+                agg.add_batch(items)
+        finally:
+            for end in ends:
+                end()
 
     # ---- intake --------------------------------------------------------------------------
     def apply(self, e: Any) -> None:
@@ -171,11 +202,18 @@ class State:
         if kind == "EngineFailure" and self.shutting_down:
             kind = "EngineFailure:after-shutdown"  # the engine stopping because it was asked to
         ts = e.meta.ts
+        pending = self._stats_pending
+        if pending and (kind != "SchedulerStats" or ts is None or int(ts) != int(pending[-1].meta.ts)):
+            self.flush_windows()
+        if kind != "SchedulerStats":
+            self.serial += 1
         if ts is not None and (self.now is None or ts > self.now):
             self.now = ts
         if kind not in QUIET_KINDS:
             self._run_active = True
-        handler = getattr(self, "_on_" + kind, None)
+        handler = self._handlers.get(kind, self)
+        if handler is self:  # first event of this kind: look its handler up once
+            handler = self._handlers[kind] = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
         self.timeline.note(e, kind, self)
@@ -183,7 +221,8 @@ class State:
             self.keep(kind, e)
         else:
             self.totals[kind] += 1
-        self._trim()
+        if self.now != self._trimmed_at:
+            self._trim()
 
     def keep(self, kind: str, e: Any) -> None:
         """Count one event of ``kind`` and keep it in the kind's capped ring."""
@@ -194,8 +233,9 @@ class State:
         self.events[kind].append(e)  # a deque(maxlen=EVENTS_KEPT): the oldest falls out
 
     def _trim(self) -> None:
-        if self.now is None:
-            return
+        if self.now is None or self.now == self._trimmed_at:
+            return  # the cutoff has not moved: nothing new fell out of the window
+        self._trimmed_at = self.now
         cutoff = self.now - self.max_window
         for dq in (self.stats, self.metrics):
             while len(dq) > 1 and dq[0].meta.ts is not None and dq[0].meta.ts < cutoff:
@@ -267,6 +307,7 @@ class State:
 
     def restore_counters(self, snap: dict) -> None:
         """Put :meth:`counters` back (a resumed sidecar continues its counters exactly)."""
+        self.serial += 1
         for name in COUNTER_ATTRS:
             if name in snap and snap[name] is not None:
                 setattr(self, name, snap[name])
@@ -309,8 +350,15 @@ class State:
         if len(self.stats) > self.max_items:
             self.stats.popleft()
         self.last_stats = e
-        for agg in self.windows["stats"]:
-            agg.add(e, e.meta.ts)
+        aggs = self.windows["stats"]
+        if aggs:
+            if e.meta.ts is None:
+                for agg in aggs:
+                    agg.add(e, None)
+            else:  # folded with the other lines of its second (flush_windows): a batch is cheaper
+                self._stats_pending.append(e)
+                if self.engine is None or len(self._stats_pending) >= STATS_BATCH_MAX:
+                    self.flush_windows()  # the facts a condition reads change after this line
         if e.engine_index in self.last_stats_by_engine or len(self.last_stats_by_engine) < 256:
             self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
@@ -494,6 +542,10 @@ class State:
         if f["max_concurrency"] is None and kv and f["max_model_len"] and cap.get("num_gpu_blocks") is not None:
             f["max_concurrency"] = round(kv / int(f["max_model_len"]), 2)
         f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes")
+        if f["available_kv_cache_bytes"] is None:  # V1's refusal to start names the memory it had
+            for e in self.kept("KvCacheTooSmall"):
+                if e.available_bytes:
+                    f["available_kv_cache_bytes"] = e.available_bytes
         f["device_total_memory_bytes"] = self.memory.get("total_memory_bytes")
         f["model_weights_bytes"] = self.memory.get("model_weights_bytes")
         if self.memory.get("gpu_memory_utilization") is not None and "gpu_memory_utilization" not in self.config:

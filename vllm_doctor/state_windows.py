@@ -19,6 +19,7 @@ one extra bucket that every window includes (as :class:`vllm_doctor.state.Window
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class GpuMemory:
 
 
 _NUMBER = (int, float)
+_NUMBER_SET = frozenset(_NUMBER)
 
 
 def resolution_for(window_seconds: float) -> int:
@@ -85,6 +87,32 @@ class FieldAgg:
             if self.t0 is None:
                 self.t0 = t
             self.t1 = t
+
+    def add_many(self, vs: list, ts: list | None, items: list, total: float | None = None) -> None:
+        """:meth:`add` of each value in turn (``vs`` numbers, ``ts`` their times, not None;
+        ``ts`` None: the fit is not kept; ``total``: ``sum(vs)`` when the caller has it)."""
+        n = len(vs)
+        self.n += n
+        self.sum = self.sum + (sum(vs) if total is None else total)
+        lo = min(vs)
+        if self.min is None or lo <= self.min:  # ties: the newest line
+            self.min, self.at_min = lo, items[n - 1 - vs[::-1].index(lo)]
+        hi = max(vs)
+        if self.max is None or hi >= self.max:
+            self.max, self.at_max = hi, items[n - 1 - vs[::-1].index(hi)]
+        if self.first is None:
+            self.first = vs[0]
+        self.last = vs[-1]
+        if ts is None:
+            return
+        self.tn += n
+        self.st = sum(ts, self.st)
+        self.sv = sum(vs, self.sv)
+        self.stt = sum(map(operator.mul, ts, ts), self.stt)
+        self.stv = sum(map(operator.mul, ts, vs), self.stv)
+        if self.t0 is None:
+            self.t0 = ts[0]
+        self.t1 = ts[-1]
 
     def merge(self, o: "FieldAgg") -> None:
         """Fold ``o`` (a later bucket) into this one."""
@@ -143,6 +171,9 @@ class WindowAggregate:
         self.untimed = _Bucket(None, self.names, self.quantiles)
         self.origin: float | None = None  # fit times are relative to this (precision)
         self.errors: list[str] = []
+        #: fields whose least-squares fit (slope_per_hour) is read: a batch keeps the fit's sums of
+        #: these only (None: every field)
+        self.fit_fields: set[str] | None = None
         # sliding_max: per field, (bucket key, max) of the closed buckets, the maxima decreasing
         # from front to back (a monotonic queue: O(1) a line, whatever the window holds)
         self._maxq: dict[str, deque] | None = None
@@ -193,6 +224,88 @@ class WindowAggregate:
         if b.first is None:
             b.first = item
         b.last = item
+
+    def add_batch(self, items: list) -> None:
+        """Fold timed lines of one second in (``item.meta.ts``, all within the same whole second,
+        in order): what as many :meth:`add` calls would do, with the per-field numbers taken by
+        builtins over the batch. Sums are ``sum()`` over the batch (Python 3.12+ compensates
+        them: equal to the per-line sums within float rounding)."""
+        where = self.where
+        if where is not None:
+            batch = getattr(where, "batch", None)
+            test = getattr(where, "test", None)
+            kept = None
+            if batch is None and test is not None:
+                try:  # the usual case, every line decided: one comprehension
+                    kept = [it for it in items if test(it)]
+                except Exception:  # noqa: BLE001 - missing data or a fault: line by line below
+                    kept = None
+            if kept is None:
+                kept = []
+                for i, it in enumerate(items):
+                    if batch is not None:
+                        batch[1] = i
+                    try:
+                        ok = where(it) if test is None else test(it)
+                    except (TypeError, AttributeError, ZeroDivisionError):
+                        continue  # None in a comparison: the line does not say, so it does not count
+                    except Exception as e:  # noqa: BLE001 - counted and shown as a rule error, never raised
+                        self._error(e)
+                        continue
+                    if ok:
+                        kept.append(it)
+            items = kept
+        if not items:
+            return
+        tss = [it.meta.ts for it in items]
+        if self.origin is None:
+            self.origin = tss[0]
+        key = int(tss[0] // self.resolution)
+        if self.buckets and self.buckets[-1].key >= key:
+            b = self.buckets[-1]
+        else:
+            if self._maxq is not None and self.buckets:
+                self._close(self.buckets[-1])
+            b = _Bucket(key, self.names, self.quantiles)
+            self.buckets.append(b)
+            self._trim(key)
+        origin = self.origin
+        fit = self.fit_fields
+        rel = [t - origin for t in tss] if fit is None or fit else None
+        for name, get in self.fields.items():
+            try:
+                vals = [get(it) for it in items]
+            except Exception:  # noqa: BLE001 - a field that raises: line by line, as add() counts it
+                vals = []
+                for it in items:
+                    try:
+                        vals.append(get(it))
+                    except Exception as e:  # noqa: BLE001
+                        self._error(e)
+                        vals.append(None)
+            times = rel if fit is None or name in fit else None
+            total = sum(vals) if _NUMBER_SET.issuperset(map(type, vals)) else None
+            if total is not None and total == total:  # all numbers, none NaN: the usual batch
+                b.fields[name].add_many(vals, times, items, total)
+                vs = vals
+            else:  # None, a bool, NaN: no value
+                keep = [i for i, v in enumerate(vals) if type(v) in _NUMBER and v == v]
+                if not keep:
+                    continue
+                vs = [vals[i] for i in keep]
+                b.fields[name].add_many(vs, None if times is None else [times[i] for i in keep],
+                                        [items[i] for i in keep])
+            if self.quantiles and name in b.sketches:
+                sk = b.sketches[name]
+                for v in vs:
+                    sk.add(v)
+        b.n += len(items)
+        if b.t0 is None:
+            b.t0 = tss[0]
+        b.t1 = tss[-1]
+        if b.first is None:
+            b.first = items[0]
+        b.last = items[-1]
 
     def _close(self, b: _Bucket) -> None:
         """Bucket ``b`` gets no more lines: its maxima join the monotonic queues."""

@@ -54,7 +54,27 @@ class Series:
 
     def add(self, point: list) -> None:
         self.samples += 1
-        self._pending = point if self._pending is None else _merge(self._pending, point)
+        p = self._pending
+        if p is None:
+            self._pending = point
+        else:  # _merge(p, point), in place (a stats flood merges every line into the pending point)
+            if p[0] is None:
+                p[0] = point[0]
+            for i in (1, 2, 3):
+                x, y = p[i], point[i]
+                if x is None or (y is not None and y > x):
+                    p[i] = y
+            for i in (4, 5):
+                x, y = p[i], point[i]
+                if x is None:
+                    p[i] = y
+                elif y is not None:
+                    p[i] = (x + y) / 2
+            x, y = p[6], point[6]
+            if x is None:
+                p[6] = y
+            elif y is not None:
+                p[6] = x + y
         self._pending_n += 1
         if self._pending_n >= self.stride:
             self.points.append(self._pending)

@@ -7,8 +7,10 @@ with first/last seen, for the diagnose report) and clears those whose condition 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
+import operator
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -115,11 +117,38 @@ def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=
     """A window aggregate reading ``fields`` (name -> a field of the line, or an expression on it)."""
     getters = {}
     for fname, expr in fields.items():
-        if expr.isidentifier():
+        if expr in _line_fields(cls):
+            getters[fname] = operator.attrgetter(expr)
+        elif expr.isidentifier():
             getters[fname] = (lambda f: lambda item: getattr(item, f, None))(expr)
         else:
             getters[fname] = (lambda fn: lambda item: _or_none(fn, item))(compile_line(expr, _line_fields(cls), {}))
-    return WindowAggregate(name, span, getters, where, quantiles)
+    agg = WindowAggregate(name, span, getters, where, quantiles)
+    agg.fit_fields = set()  # what the rules read of a fit is added by RuleEngine.attach
+    return agg
+
+
+def _fit_fields(rule: Rule) -> dict[str, set[str] | None]:
+    """Window name -> the fields whose least-squares fit the rule reads (``w.slope_per_hour('f')``;
+    None: a field not named by a constant, so every field). An aggregate keeps the fit's sums of
+    these fields only."""
+    out: dict[str, set[str] | None] = {}
+    for expr in _rule_exprs(rule):
+        try:
+            tree = ast.parse(expr.strip(), mode="eval")
+        except SyntaxError:
+            continue
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "slope_per_hour"
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id in rule.windows):
+                w = n.func.value.id
+                arg = n.args[0] if n.args else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    if out.get(w, set()) is not None:
+                        out[w] = out.get(w, set()) | {arg.value}
+                else:
+                    out[w] = None
+    return out
 
 
 def _or_none(fn, item):
@@ -172,46 +201,77 @@ class RuleEngine:
             for name, spec in rule.windows.items():
                 peaks = sorted(set(const_args(spec.where, "peak"))) if spec.where else []
                 peak_agg = None
-                if peaks:  # every line of the series, before the filtered aggregate sees it
-                    peak_agg = state.add_window(spec.of, _aggregate(f"{name}:peak", span, {f: f for f in peaks},
-                                                                    WINDOW_SERIES[spec.of]))
+                if peaks:  # every line of the series, before the filtered aggregate sees it (the
+                    # same aggregate as a stats_max() of these fields over the same span: kept once)
+                    peak_agg = add(spec.of, (span, tuple(peaks)), lambda: _aggregate(
+                        f"{name}:peak", span, {f: f for f in peaks}, WINDOW_SERIES[spec.of]))
                 cls = WINDOW_SERIES[spec.of]
                 where = self._line_condition(spec.where, cls, state, span, peak_agg) if spec.where else None
                 key = (span, spec.where, tuple(spec.field_exprs().items()), tuple(spec.quantiles))
                 aggs[name] = add(spec.of, key, lambda: _aggregate(name, span, spec.field_exprs(), cls, where,
                                                                   tuple(spec.quantiles)))
+            for name, fields in _fit_fields(rule).items():
+                agg = aggs[name]
+                if agg.fit_fields is not None:
+                    agg.fit_fields = None if fields is None else agg.fit_fields | fields
             self._windows[rule.id] = aggs
 
     def _line_condition(self, expr: str, cls: type, state: State, span: float, peak_agg):
         """A ``where`` as a function of one line: its fields by name, ``t.X``, the facts (as now),
         ``peak(f)``. Missing data (None in a comparison) is "no"; anything else raises (counted)."""
-        line_facts: list = [None]  # the facts, read once per line and only if the condition gets to them
+        # a batch of lines (State.flush_windows): per peak field, the window's maximum before the
+        # batch and the running maximum within it, and the index of the line being judged
+        batch: list = [None, 0]
+        peaks = sorted(set(const_args(expr, "peak")))
 
         def peak(f: str):
+            got = batch[0]
+            if got is not None:
+                base, running = got[f]
+                v = running[batch[1]]
+                return base if v is None or (base is not None and base > v) else v
             ts = state.now
             return peak_agg.sliding_max(f, None if ts is None else ts - span)
 
+        def begin(items: list) -> None:
+            """Before any aggregate folds ``items`` in: what peak(f) is at each of them (every
+            line of the series counts for the peak before a condition reads it)."""
+            ts = state.now
+            got = {}
+            for f in peaks:
+                m = None
+                running = []
+                for it in items:
+                    v = getattr(it, f, None)
+                    if type(v) in (int, float) and v == v and (m is None or v >= m):
+                        m = v
+                    running.append(m)
+                got[f] = (peak_agg.sliding_max(f, None if ts is None else ts - span), running)
+            batch[0] = got
+
+        def end() -> None:
+            batch[0] = None
+
         def fact(name: str):
-            if line_facts[0] is None:
-                line_facts[0] = self._cached_facts(state)
-            return line_facts[0].get(name)
+            return self._cached_facts(state).get(name)  # recomputed only when the facts changed
 
         test = compile_line(expr, _line_fields(cls), self.ruleset.thresholds, {"peak": peak}, fact)
 
         def where(item) -> bool:
-            line_facts[0] = None
             try:
                 return bool(test(item))
             except (TypeError, AttributeError, ZeroDivisionError):
                 return False  # None in a comparison: the line does not say, so it does not count
 
+        where.test = test  # the bare condition: a batch of lines calls it in one comprehension
+        if peaks:
+            where.batch, where.begin, where.end = batch, begin, end
         return where
 
     def _cached_facts(self, state: State) -> dict:
         """The facts, recomputed only when what they are made of changed (a line's condition
         reads them for every line)."""
-        key = (state.vllm_version, state.engine, state.run_index, tuple(state.config.items()),
-               tuple(state.capacity.items()), tuple(state.memory.items()))
+        key = (state.serial, state.vllm_version, state.engine, state.run_index)
         if key != self._facts_key:
             self._facts_key, self._facts = key, state.facts()
         return self._facts
@@ -219,6 +279,7 @@ class RuleEngine:
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
         the findings active now (critical first)."""
+        state.flush_windows()
         facts = state.facts()
         now = state.now
         fired: dict[str, tuple[Rule, Evaluator, dict] | None] = {}

@@ -203,90 +203,65 @@ def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[
                  functions: dict[str, Callable] | None = None,
                  names: Callable[[str], Any] | None = None) -> Callable[[Any], Any]:
     """An expression on one line (a window's ``where`` or computed field) as a function of the
-    line, for the per-line path: each node becomes a closure once (no ``eval``, no interpreter
-    per line). It reads the line's ``fields`` by name, ``t.X`` (resolved now), constants, the
-    functions of :data:`FUNCTIONS` plus ``functions``, and other names through ``names(name)``
-    (the facts, read when the line arrives). Comparisons, ``and`` / ``or`` / ``not``, arithmetic
-    and ``a if c else b`` only; anything else is a RuleLoadError. A comparison or arithmetic on
-    None raises TypeError, which the caller reads as missing data."""
+    line, for the per-line path. It reads the line's ``fields`` by name, ``t.X`` (resolved now),
+    constants, the functions of :data:`FUNCTIONS` plus ``functions``, and other names through
+    ``names(name)`` (the facts, read when the line arrives). Comparisons, ``and`` / ``or`` /
+    ``not``, arithmetic and ``a if c else b`` only; anything else is a RuleLoadError. A
+    comparison or arithmetic on None raises TypeError, which the caller reads as missing data.
+
+    The checked tree is rewritten node by node into a Python ``lambda it: ...`` (a field
+    becomes ``it.field``, ``t.X`` its value, a fact ``names('X')``, a function a bound name) and
+    compiled once: a line costs what the same Python expression costs (no interpreter per
+    node; the stats line of a busy log is read by several conditions). Only the node types above
+    can reach the compiler, and the code has no builtins."""
     funcs = {**FUNCTIONS, **(functions or {})}
     try:
         tree = ast.parse(expr.strip(), mode="eval").body
     except SyntaxError as e:
         raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
+    env: dict[str, Any] = {"__builtins__": {}}
 
-    def c(n: ast.AST) -> Callable[[Any], Any]:
+    def bind(value: Any) -> ast.Name:
+        name = f"_v{len(env)}"
+        env[name] = value
+        return ast.Name(name, ast.Load())
+
+    def c(n: ast.AST) -> ast.expr:
         if isinstance(n, ast.Constant):
-            v = n.value
-            return lambda it: v
+            return ast.Constant(n.value)
         if isinstance(n, ast.Name):
             if n.id in ("None", "True", "False"):
-                v = {"None": None, "True": True, "False": False}[n.id]
-                return lambda it: v
+                return ast.Constant({"None": None, "True": True, "False": False}[n.id])
             if n.id in fields:
-                return operator.attrgetter(n.id)
+                return ast.Attribute(ast.Name("it", ast.Load()), n.id, ast.Load())
             if names is None:
                 raise RuleLoadError(f"unknown name {n.id!r} in {expr!r}")
-            name = n.id
-            return lambda it: names(name)
+            return ast.Call(bind(names), [ast.Constant(n.id)], [])
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "t":
             if n.attr not in thresholds:
                 raise RuleLoadError(f"unknown threshold t.{n.attr} in {expr!r}")
-            v = thresholds[n.attr]
-            return lambda it: v
+            return bind(thresholds[n.attr])
         if isinstance(n, ast.BoolOp):
-            parts = [c(v) for v in n.values]
-            if isinstance(n.op, ast.And):
-                def and_(it):
-                    v = True
-                    for p in parts:
-                        v = p(it)
-                        if not v:
-                            return v
-                    return v
-                return and_
-
-            def or_(it):
-                v = False
-                for p in parts:
-                    v = p(it)
-                    if v:
-                        return v
-                return v
-            return or_
+            return ast.BoolOp(type(n.op)(), [c(v) for v in n.values])
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Not, ast.USub)):
-            x = c(n.operand)
-            return (lambda it: not x(it)) if isinstance(n.op, ast.Not) else (lambda it: -x(it))
+            return ast.UnaryOp(type(n.op)(), c(n.operand))
         if isinstance(n, ast.Compare) and all(type(op) in _LINE_CMP for op in n.ops):
-            ops = [_LINE_CMP[type(op)] for op in n.ops]
-            terms = [c(n.left)] + [c(x) for x in n.comparators]
-            if len(ops) == 1:
-                op, lhs, rhs = ops[0], terms[0], terms[1]
-                return lambda it: op(lhs(it), rhs(it))
-
-            def chain(it):
-                left = terms[0](it)
-                for op, term in zip(ops, terms[1:]):
-                    right = term(it)
-                    if not op(left, right):
-                        return False
-                    left = right
-                return True
-            return chain
+            return ast.Compare(c(n.left), [type(op)() for op in n.ops], [c(x) for x in n.comparators])
         if isinstance(n, ast.BinOp) and type(n.op) in _LINE_BIN:
-            op, lhs, rhs = _LINE_BIN[type(n.op)], c(n.left), c(n.right)
-            return lambda it: op(lhs(it), rhs(it))
+            return ast.BinOp(c(n.left), type(n.op)(), c(n.right))
         if isinstance(n, ast.IfExp):
-            test, body, orelse = c(n.test), c(n.body), c(n.orelse)
-            return lambda it: body(it) if test(it) else orelse(it)
+            return ast.IfExp(c(n.test), c(n.body), c(n.orelse))
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs and not n.keywords
                 and not any(isinstance(a, ast.Starred) for a in n.args)):
-            fn, args = funcs[n.func.id], [c(a) for a in n.args]
-            return lambda it: fn(*[a(it) for a in args])
+            return ast.Call(bind(funcs[n.func.id]), [c(a) for a in n.args], [])
         raise RuleLoadError(f"{ast.unparse(n)!r} in {expr!r}: a line's expression has comparisons, and / or / "
                             f"not, arithmetic, 'a if c else b' and calls of the rule functions only")
 
-    return c(tree)
+    body = c(tree)
+    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg("it")], kwonlyargs=[], kw_defaults=[],
+                                   defaults=[]), body)
+    code = compile(ast.fix_missing_locations(ast.Expression(lam)), f"<line expression {expr!r}>", "eval")
+    return eval(code, env)  # noqa: S307 - a tree of the checked node types above, no builtins
 
 
 class Evaluator:

@@ -33,6 +33,10 @@ from ..textscan import top_level
 from ..versions import known_flag
 from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
 
+#: libyaml's safe loader when PyYAML was built with it (the rules are read at every start; node
+#: marks, and so the line numbers of load errors, are the same), else the pure-Python one
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 SEVERITIES = ("info", "warning", "critical")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
                                  "gpu", "None", "True", "False", "unknown_flags", "defaulted"}
@@ -180,7 +184,7 @@ def builtin_rules_dir() -> Path:
 
 def load_thresholds(path: Path) -> dict[str, float]:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
     except (OSError, yaml.YAMLError) as e:
         raise RuleLoadError(f"{path}: cannot read thresholds: {e}".splitlines()[0]) from None
     out = {}
@@ -244,7 +248,7 @@ def _line_map(text: str) -> dict[tuple, int]:
                 walk(v, path + (i,))
 
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=_YAML_LOADER)
     except yaml.YAMLError:
         return out
     if root is not None:
@@ -399,7 +403,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     except (OSError, UnicodeDecodeError) as e:
         raise RuleLoadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         raise RuleLoadError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):

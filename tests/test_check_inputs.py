@@ -296,3 +296,17 @@ def test_model_config_without_gpu_memory_says_the_capacity_check_is_skipped():
                        env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/nonexistent"})
     assert r.returncode == 1 and "VC010" not in r.stdout
     assert r.stderr.count("\n") == 1 and "the capacity check (VC010) runs only on launches that set" in r.stderr
+
+
+def test_a_quoted_command_folded_over_lines_is_read_as_the_shell_reads_it():
+    """The tuning note's A.17 (tests/fixtures/launch/tuning-note/A17-gitlab-ci.yml) pasted as plain
+    text: ``sh -c "vllm serve ...`` goes on over the next line to its closing quote. The shell reads
+    it as one command, so it is not unparsable and its flags are checked; an apostrophe inside a
+    word of the prose around a command opens no quote."""
+    yml = (HERE / "fixtures/launch/tuning-note/A17-gitlab-ci.yml").read_text()
+    assert '/bin/sh -c "vllm serve' in yml and '--max-num-seqs 64"' in yml
+    assert not [f for f in found(yml, "note.txt") if f[0] == "VC012"]
+    bad = found(yml.replace("--max-num-seqs 64", "--max-num-seqs sixty"), "note.txt")
+    assert [r for r, _, m in bad if "--max-num-seqs" in m and "sixty" in m] == ["VC006"], bad
+    prose = "Don't do this:\nvllm serve m --max-num-seqs 64 --bogus-flag 1\nit's wrong.\n"
+    assert [(r, line) for r, line, _ in found(prose, "note.txt")] == [("VC001", 2)]

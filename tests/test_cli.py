@@ -402,7 +402,8 @@ def test_explain_renders_expressions_for_people():
     assert "      when " in out  # a fix's condition, in words
     for rid in ("VD002", "VD004", "VD006"):  # conditions and fix values: no raw comparison
         _, out = run("explain", rid)[:2]
-        cond = out[out.index("When it fires"):out.index("Example log line:")]
+        end = out.index("  where (the rule's values") if "  where (the rule's values" in out else out.index("Example log line:")
+        cond = out[out.index("When it fires"):end]  # the values below may hold comprehensions: kept as written
         fixes = [ln for ln in out.splitlines() if ln.startswith(("  --", "      when "))]
         for text in [cond, *fixes]:
             assert not re.search(r"\bt\.[a-z_]+|>=|<=|!=|==| is not None| is None", text), (rid, text)
@@ -452,3 +453,19 @@ def test_parallel_scan_workers_end_when_diagnose_is_killed(tmp_path):
         assert alive == []
     finally:
         proc.kill()
+
+
+def test_explain_says_what_each_value_a_condition_or_fix_reads_is():
+    """A condition reading ``n_full`` or a fix of ``c.value`` is explained: the rule's values it
+    reads (directly or through other values) are listed, each in words, in the YAML's order."""
+    _, out, _ = run("explain", "kv-capacity-bound")
+    where = out[out.index("  where (the rule's values"):out.index("Example log line:")]
+    assert "    n_full = the number of full lines\n" in where
+    assert "    c = the sequences the KV cache holds at once" in where
+    assert where.index("    c = ") < where.index("    kv_bytes = ")  # YAML order; kv_bytes reads c
+    assert "    demand = the smallest of the largest requests of the all_stats lines and max_num_seqs" in where
+    import yaml
+
+    values = yaml.safe_load((ROOT / "rules" / "VD004-kv-capacity-bound.yaml").read_text())["values"]
+    listed = re.findall(r"^    (\w+) = ", where, re.M)
+    assert set(listed) <= set(values) and "n_full" in listed

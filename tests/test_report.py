@@ -118,3 +118,5 @@ def test_the_memory_a_refused_start_names_is_a_fact_of_the_report():
     assert facts["max_model_len"] == 1048576
     rc, text = run("diagnose", "--fail-on", "never", log)
     assert re.search(r"^  available_kv_cache_bytes +9\.97 GiB$", text, re.M), text
+    # the fix's arithmetic writes token counts as the facts do, with thousands separators
+    assert "how: 1,048,576 x 9.97 GiB available / 24.00 GiB needed, rounded down to a multiple of block_size 16 = 435,584" in text

@@ -44,6 +44,10 @@ def explain_text(r: Rule, rs: RuleSet, fleet: bool = False) -> str:
         out += [f"    - {human(c, th)}" for c in r.when.any]
     if r.unless:
         out.append(f"  unless these fire: {', '.join(r.unless)}")
+    used = _values_read(r, [*r.when.all, *r.when.any, *(x for f in r.fixes for x in (f.value, f.if_) if x)])
+    if used:
+        out += ["  where (the rule's values, from its YAML):"]
+        out += [f"    {k} = {human(r.values[k], th)}" for k in used]
     out += ["", "Example log line:", *("  " + ln for ln in r.docs.example_log.strip().splitlines())]
     if r.fixes:
         out += ["", "Fixes (only flags of the detected vLLM version are recommended):"]
@@ -59,6 +63,21 @@ def explain_text(r: Rule, rs: RuleSet, fleet: bool = False) -> str:
     if r.docs.limits:
         out += ["", "Limits:", *("  " + ln for ln in r.docs.limits.strip().splitlines())]
     return "\n".join(out) + "\n"
+
+
+def _values_read(r: Rule, exprs: list[str]) -> list[str]:
+    """The names of ``r.values`` that ``exprs`` read, directly or through other values, in the
+    order the YAML defines them (so that ``n_full`` or ``c.value`` in a condition is explained)."""
+    from .diagnosis.expr import names_in
+
+    seen: set[str] = set()
+    todo = [n for e in exprs for n in names_in(e)]
+    while todo:
+        n = todo.pop()
+        if n in r.values and n not in seen:
+            seen.add(n)
+            todo += list(names_in(r.values[n]))
+    return [k for k in r.values if k in seen]
 
 
 def rules_markdown(rs: RuleSet, fleet: RuleSet | None = None) -> str:
@@ -101,6 +120,8 @@ _CALLS = {
     "first": lambda a: f"the first {a[0]}",
     "floor_to": lambda a: f"{a[0]} rounded down to a multiple of {a[1]}" if len(a) == 2 else None,
     "preemptions": lambda a: "the preemptions in the window",
+    "concurrency": lambda a: ("the sequences the KV cache holds at once, as seen in the window (the most running "
+                              "while it was full; else KV cache tokens / the tokens a running sequence held)"),
 }
 
 
@@ -190,7 +211,8 @@ def human(expr: str, thresholds: dict | None = None) -> str:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "peak" and n.args:
             return f"the highest {h(n.args[0])} so far in the window"
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS and not n.keywords:
-            got = _CALLS[n.func.id]([h(a, True) for a in n.args]) if n.args or n.func.id == "preemptions" else None
+            got = (_CALLS[n.func.id]([h(a, True) for a in n.args])
+                   if n.args or n.func.id in ("preemptions", "concurrency") else None)
             if got:
                 return got
         return ast.unparse(n)

@@ -35,7 +35,7 @@ UNITS = {"B": 1, "KiB": 1 << 10, "KB": 1 << 10, "MiB": 1 << 20, "MB": 1 << 20, "
 
 def to_bytes(value: str | float, unit: str) -> int:
     """``"14.62", "GiB"`` -> bytes. vLLM's "GB" messages divide by 1024**3, so GB means GiB."""
-    return int(round(float(value) * UNITS.get(unit, GIB)))
+    return round(float(value) * UNITS.get(unit, GIB))  # round() of a float is an int
 
 
 def _int(s: str | None) -> int | None:
@@ -102,39 +102,69 @@ STATS_FIELD = re.compile(
              '(APIServer pid=1) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 12.5 tokens/s, Avg generation throughput: 300.0 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%, Prefix cache hit rate: 0.0%',
          ))
 def _stats(m: re.Match, meta: ev.Meta):
-    fields: dict[str, float] = {}
-    devs: list[tuple[str, float]] = []
-    for key, dev, val in STATS_FIELD.findall(m.group("rest")):  # (field, device, value) per field
-        if dev:
-            devs.append((dev, float(val)))
-        elif key not in fields:
-            fields[key] = float(val)
-    if "Running" not in fields:
+    rest, p, g, eng = m.group("rest", "p", "g", "eng")
+    fields, devs = _stats_fields(rest)
+    get = fields.get
+    running = get("Running")
+    if running is None:
         return None
-    if any(v > 100.0 for _, v in devs) or (fields.get("Prefix cache hit rate") or 0) > 100.0:
+    hit = get("Prefix cache hit rate")
+    if hit is not None and hit > 100.0:
         return None  # a usage above 100 % cannot be true (a damaged line)
-    v0 = "Pending" in fields or "Swapped" in fields
-    waiting = fields.get("Pending", fields.get("Waiting", 0.0))
+    for _, val in devs:
+        if val > 100.0:
+            return None
+    swapped = get("Swapped")
+    pending = get("Pending")
     kv = cpu = None
     kv_dev = None
-    if v0:  # V0: GPU is the KV cache, CPU the swap space
+    if pending is not None or swapped is not None:  # V0: GPU is the KV cache, CPU the swap space
+        waiting = get("Waiting", 0.0) if pending is None else pending
         for dev, val in devs:
             if dev == "GPU":
                 kv = round(val / 100, 6)
             elif dev == "CPU":
                 cpu = round(val / 100, 6)
         kv_dev = "GPU"
-    elif devs:  # V1: the one "<device> KV cache usage" is the KV cache (CPU on the CPU backend)
-        kv_dev, val = devs[0]
-        kv = round(val / 100, 6)
-    hit = fields.get("Prefix cache hit rate")
-    pre = fields.get("Preemptions")
+    else:
+        waiting = get("Waiting", 0.0)
+        if devs:  # V1: the one "<device> KV cache usage" is the KV cache (CPU on the CPU backend)
+            kv_dev, val = devs[0]
+            kv = round(val / 100, 6)
+    pre = get("Preemptions")
     return ev.SchedulerStats(
-        meta, float(m.group("p")), float(m.group("g")), int(fields["Running"]), int(waiting),
-        int(fields["Swapped"]) if "Swapped" in fields else None, kv, cpu,
+        meta, float(p), float(g), int(running), int(waiting),
+        None if swapped is None else int(swapped), kv, cpu,
         None if hit is None else round(hit / 100, 6), None if pre is None else int(pre),
-        int(m.group("eng")) if m.group("eng") else None, kv_dev,
+        int(eng) if eng else None, kv_dev,
     )
+
+
+def _stats_fields(rest: str) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """The fields of a stats line after its throughputs: ({field: value} for the first of each
+    name, [(device, usage)] for each ``<device> KV cache usage``), as ``STATS_FIELD.findall``
+    reads them. Where each one lies is the same for every text of the same shape (the regex is
+    digit-blind), so it is worked out once per shape (:data:`_STATS_PLANS`, bounded)."""
+    shape = rest.encode("utf-8", "surrogatepass").translate(_SHAPE) if len(rest) <= MAX_SHAPE_BYTES else None
+    plan = _STATS_PLANS.get(shape) if shape is not None else None
+    if plan is None:
+        named: list[tuple[str, int, int]] = []
+        dev_spans: list[tuple[int, int, int, int]] = []
+        for fm in STATS_FIELD.finditer(rest):
+            if fm.group("dev"):
+                dev_spans.append((*fm.span("dev"), *fm.span("val")))
+            elif fm.group(1) not in [k for k, _, _ in named]:
+                named.append((fm.group(1), *fm.span("val")))
+        plan = (tuple(named), tuple(dev_spans))
+        if shape is not None:
+            if len(_STATS_PLANS) >= MAX_SHAPES:
+                _STATS_PLANS.clear()
+            _STATS_PLANS[shape] = plan
+    return ({k: float(rest[a:b]) for k, a, b in plan[0]},
+            [(rest[a:b], float(rest[c:d])) for a, b, c, d in plan[1]])
+
+
+_STATS_PLANS: dict[bytes, tuple] = {}
 
 
 @matcher("stats-note", r"running=(?P<r>\d+),? (?:pending|waiting)=(?P<w>\d+),? gpu_cache=(?P<u>[\d.]+)%",
@@ -256,15 +286,23 @@ def _cpu_kv(m, meta):  # CPU backend cpu_worker.py (0.3x)
 
 
 # ---- preemption
-@matcher("preempted", r"Sequence group (?P<s>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode(?:.*?total_num_cumulative_preemption=(?P<c>\d+))?",
+# The cumulative count at the end of V0's preemption warning: read by the builder from where the
+# matcher's regex stops, on the same line (a lazy ``.*?`` in the regex cost 3 us a line).
+CUMULATIVE_RE = re.compile(r"total_num_cumulative_preemption=(\d+)")
+
+
+@matcher("preempted", r"Sequence group (?P<s>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode",
          keywords=('is preempted by PreemptionMode.',),
          versions='0.2-0.10.2 (V0)', source='core/scheduler.py',
          examples=(
              'WARNING 08-20 10:18:39 scheduler.py:1141] Sequence group 147 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=1',
          ))
 def _preempted(m, meta):  # V0 core/scheduler.py 0.4.3-0.10.2 (logged for the 1st, 51st, 101st ...)
-    return ev.Preemption(meta, m["mode"].upper() if m["mode"].upper() in ("RECOMPUTE", "SWAP") else None,
-                         _int(m["c"]), m["s"])
+    text = m.string
+    nl = text.find("\n", m.end())
+    c = CUMULATIVE_RE.search(text, m.end(), len(text) if nl < 0 else nl)
+    mode = m["mode"].upper()
+    return ev.Preemption(meta, mode if mode in ("RECOMPUTE", "SWAP") else None, int(c[1]) if c else None, m["s"])
 
 
 @matcher("preempting-note", r"Preempting seq_id=(?P<s>\S+?) \((?P<how>swap out|swap|recompute)(?:, (?P<b>\d+) blocks)?\)",
@@ -398,13 +436,15 @@ def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
              'torch.OutOfMemoryError: HIP out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of 31.98 GiB of which 136.00 MiB is free. Of the allocated memory 31.61 GiB is allocated by PyTorch, and 1.21 MiB is reserved by PyTorch but unallocated.',
          ))
 def _oom(m, meta):
+    a, au, t, tu, f, fu, i, u, uu = m.group("a", "au", "t", "tu", "f", "fu", "i", "u", "uu")
+    unit = UNITS.get  # to_bytes, inlined: one OOM line can follow another thousands of times
     return ev.OutOfMemory(
         meta,
-        to_bytes(m["a"], m["au"]) if m["a"] else None,
-        to_bytes(m["t"], m["tu"]) if m["t"] else None,
-        to_bytes(m["f"], m["fu"]) if m["f"] else None,
-        _int(m["i"]),
-        to_bytes(m["u"], m["uu"]) if m["u"] else None,
+        round(float(a) * unit(au, GIB)) if a else None,
+        round(float(t) * unit(tu, GIB)) if t else None,
+        round(float(f) * unit(fu, GIB)) if f else None,
+        None if i is None else int(i),
+        round(float(u) * unit(uu, GIB)) if u else None,
     )
 
 
@@ -839,6 +879,61 @@ class _KeywordHits:
         return [kws[i] for i in sorted(ids)]
 
 
+def _digit_blind(rx: re.Pattern) -> bool:
+    """True when ``rx`` treats every ASCII digit alike: no digit literal, no range or set that
+    holds some digits and not others, no back-reference. Then whether it matches a message, and
+    where each group lies, is the same for every message of the same :func:`_shape` (the regex
+    engine's every test gives the same answer on ``7`` as on ``0``)."""
+    from re import _constants as C, _parser as P  # noqa: N814
+
+    digits = set(range(48, 58))
+
+    def blind(items) -> bool:
+        for op, av in items:
+            if op in (C.LITERAL, C.NOT_LITERAL, C.LITERAL_IGNORE, C.NOT_LITERAL_IGNORE,
+                      C.LITERAL_UNI_IGNORE, C.NOT_LITERAL_UNI_IGNORE, C.LITERAL_LOC_IGNORE, C.NOT_LITERAL_LOC_IGNORE):
+                if av in digits:
+                    return False
+            elif op is C.IN:
+                if not blind(av):
+                    return False
+            elif op in (C.RANGE, C.RANGE_UNI_IGNORE):
+                covered = digits & set(range(av[0], av[1] + 1))
+                if covered and covered != digits:
+                    return False
+            elif op is C.SUBPATTERN:
+                if not blind(av[3]):
+                    return False
+            elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+                if not blind(av[2]):
+                    return False
+            elif op is C.BRANCH:
+                if not all(blind(b) for b in av[1]):
+                    return False
+            elif op in (C.ASSERT, C.ASSERT_NOT):
+                if not blind(av[1]):
+                    return False
+            elif op is C.ATOMIC_GROUP:
+                if not blind(av):
+                    return False
+            elif op not in (C.ANY, C.AT, C.CATEGORY, C.NEGATE):
+                return False  # a back-reference, or anything not known to be blind
+        return True
+
+    return blind(P.parse(rx.pattern, rx.flags))
+
+
+# A message's shape: its UTF-8 bytes with every ASCII digit 1-9 written as 0 (same length). vLLM's
+# periodic lines (stats, preemption warnings, OOM errors, traceback frames) differ from each other
+# only in their numbers, so what the matcher table makes of a shape is worked out once: which
+# matchers' regexes match (each regex used that way is digit-blind, checked below), whether it
+# opens or closes a traceback, names a frame, or may name a flag. The table of shapes is bounded.
+_SHAPE = bytes.maketrans(b"123456789", b"000000000")
+MAX_SHAPE_BYTES = 1024  # longer messages are matched without the table
+MAX_SHAPES = 2048  # shapes kept (the table is emptied when full)
+_SHAPES: dict[bytes, tuple] = {}
+
+
 class RecordParser:
     """Records -> events, for one log source (tracebacks are tracked per process).
 
@@ -887,83 +982,117 @@ class RecordParser:
                 return cont
         out: list = []
         key = rec.pid or rec.process
-        stripped = msg.strip()
-        if stripped.startswith("Traceback (most recent call last)"):
+        tb_start, exc_line, frame_line, matchers, flag_text = self._shape(msg)
+        if tb_start:
             if key not in self._tb and len(self._tb) >= MAX_OPEN_TRACEBACKS:
                 self._tb.pop(next(iter(self._tb)))
             self._tb[key] = (rec.lineno, [])
             return [None]  # consumed: part of a traceback event
-        tb = self._tb.get(key)
         frames: list[str] = []
-        if tb is not None:
-            fm = FRAME_RE.match(msg)
-            if fm:
-                tb[1].append(fm.group("f"))
+        if frame_line:
+            tb = self._tb.get(key)
+            if tb is not None:
+                tb[1].append(FRAME_RE.match(msg).group("f"))
                 if len(tb[1]) > 2 * MAX_FRAMES:
                     del tb[1][: len(tb[1]) - MAX_FRAMES]
-        em = EXC_LINE_RE.match(stripped) if msg[:1] not in " \t" else None
-        if em:
-            start, frames = self._tb.pop(key, (rec.lineno, []))
-            tmeta = ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-            out.append(ev.ExceptionRaised(tmeta, em.group("t"), (em.group("m") or "")[:400], tuple(frames[-MAX_FRAMES:])))
-        hits = self._hits(msg)
-        if not hits and not out and not self._held and "--" not in msg and "VLLM_" not in msg:
-            return out  # no matcher's keyword, no flag, no held OOM: nothing below can give an event
+        if exc_line is None and not matchers and not self._held and not flag_text:
+            return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-        cands = {mt.name: mt for kw in hits for mt in self._by_kw[kw]}
-        # The matchers whose keywords the message holds, in table order.
-        for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)]) if len(cands) > 1 else cands.values():
+        if exc_line is not None:  # the exception line: (type span, message span or None) in msg
+            (t0, t1), m_span = exc_line
+            start, frames = self._tb.pop(key, (rec.lineno, []))
+            tmeta = meta if start == rec.lineno else ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
+            out.append(ev.ExceptionRaised(tmeta, msg[t0:t1], msg[m_span[0] : m_span[1]][:400] if m_span else "",
+                                          tuple(frames[-MAX_FRAMES:])))
+        for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
                 res = mt.build(m, meta)
                 if res is None:
                     continue
-                if isinstance(res, list):
+                if type(res) is list:
                     out.extend(res)
                 else:
                     out.append(res)
-        if out and any(isinstance(e, ev.OutOfMemory) for e in out):
-            out = [_with_phase(e, frames, rec.src, out) for e in out]
+        if not out and not flag_text:
+            return self._release(msg, out) if self._held else out
+        kinds = {type(e) for e in out}  # events are final classes: exact types
+        if not self._held and not flag_text and kinds.isdisjoint(_FOLLOWED_UP):
+            return out  # nothing below reads these events
+        oom = ev.OutOfMemory
+        if oom in kinds:
+            step_failed = ev.EngineFailure in kinds and any(type(x) is ev.EngineFailure and x.kind == "step-failed" for x in out)
+            out = [_with_phase(e, frames, rec.src, step_failed) if type(e) is oom else e for e in out]
         released = self._release(msg, out) if self._held else []
-        if not self._served_seen and any(isinstance(e, ev.OutOfMemory) and e.phase is None for e in out):
+        if not self._served_seen and oom in kinds:
             # An OOM whose own record and traceback do not tell the phase: vLLM often logs the error
             # first and its traceback after it (V0 MQLLMEngine ``logger.exception(repr(e))``) or the
             # other process's failure follows (V1 ``AsyncLLM output_handler failed``): the next
             # records decide (see :meth:`_release`).
-            new = [e for e in out if isinstance(e, ev.OutOfMemory) and e.phase is None]
-            out = [e for e in out if not (isinstance(e, ev.OutOfMemory) and e.phase is None)]
-            if len(self._held) + len(new) > MAX_HELD_OOM:  # bounded: the oldest go out undecided
-                released += self._held
-                self._held = []
-            self._held.extend(new)
-            self._held_left = HOLD_RECORDS
+            new = [e for e in out if type(e) is oom and e.phase is None]
+            if new:
+                out = [e for e in out if not (type(e) is oom and e.phase is None)]
+                if len(self._held) + len(new) > MAX_HELD_OOM:  # bounded: the oldest go out undecided
+                    released += self._held
+                    self._held = []
+                self._held.extend(new)
+                self._held_left = HOLD_RECORDS
         if released:
             out = released + out
-        if not self._served_seen and any(isinstance(e, ev.SchedulerStats) for e in out):
+        if not self._served_seen and ev.SchedulerStats in kinds:
             self._served_seen = True  # periodic stats: the engine is up and serving
             out.append(ev.ServerReady(meta))
-        if any(isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
-            self._served_seen = self._dump_seen = False  # a new engine run
-            self._cfg.clear()
-            self._ns = None
-            if any(isinstance(e, ev.EngineConfigObserved) and e.kind == "namespace" for e in out):
-                nm = NAMESPACE_RE.search(msg)
-                if nm and not nm["close"]:  # cut or hard-wrapped: the next lines may continue it
-                    self._ns = (rec.lineno, _ns_tail(nm["a"]), 0)
-        for e in out:
-            if isinstance(e, ev.EngineConfigObserved):
-                for k, v in e.values:
-                    if k in ("max_model_len", "block_size") and isinstance(v, int) and not isinstance(v, bool):
-                        self._cfg[k] = v
-            elif isinstance(e, ev.KvCacheCapacity) and e.num_gpu_blocks is not None and e.device == "GPU" and e.num_cpu_blocks is not None:
-                too_small = self._blocks_too_small(e, meta)
-                if too_small is not None:
-                    out.append(too_small)
-        if ("--" in msg or "VLLM_" in msg) and not any(isinstance(e, ev.UnknownFlag) for e in out):
+        cfg = ev.EngineConfigObserved
+        if cfg in kinds:
+            if any(type(e) is cfg and e.kind in ("namespace", "non-default-args") for e in out):
+                self._served_seen = self._dump_seen = False  # a new engine run
+                self._cfg.clear()
+                self._ns = None
+                if any(type(e) is cfg and e.kind == "namespace" for e in out):
+                    nm = NAMESPACE_RE.search(msg)
+                    if nm and not nm["close"]:  # cut or hard-wrapped: the next lines may continue it
+                        self._ns = (rec.lineno, _ns_tail(nm["a"]), 0)
+        if cfg in kinds or ev.KvCacheCapacity in kinds:
+            for e in out:
+                if isinstance(e, ev.EngineConfigObserved):
+                    for k, v in e.values:
+                        if k in ("max_model_len", "block_size") and isinstance(v, int) and not isinstance(v, bool):
+                            self._cfg[k] = v
+                elif isinstance(e, ev.KvCacheCapacity) and e.num_gpu_blocks is not None and e.device == "GPU" and e.num_cpu_blocks is not None:
+                    too_small = self._blocks_too_small(e, meta)
+                    if too_small is not None:
+                        out.append(too_small)
+        if flag_text and ev.UnknownFlag not in kinds:
             for m in _FAKE_RE.finditer(msg):
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
+    def _shape(self, msg: str) -> tuple:
+        """(opens a traceback, the exception line's group spans or None, is a traceback frame, the
+        matchers to run in table order, may name a flag) for a message: the same for every message
+        of its shape (see :data:`_SHAPES`), so looked up there when it was seen before."""
+        shape = msg.encode("utf-8", "surrogatepass").translate(_SHAPE) if len(msg) <= MAX_SHAPE_BYTES else None
+        if shape is not None:
+            got = _SHAPES.get(shape)
+            if got is not None:
+                return got
+        stripped = msg.strip()
+        cands = {mt.name: mt for kw in self._hits(msg) for mt in self._by_kw[kw]}
+        matchers = tuple(mt for mt in sorted(cands.values(), key=lambda m: _ORDER[id(m)])
+                         if id(mt) in _SENSITIVE or (mt.regex.search(msg) if mt.search else mt.regex.match(msg)))
+        em = EXC_LINE_RE.match(stripped) if msg[:1] not in " \t" else None
+        exc = None
+        if em:  # the spans of its groups in msg (stripped starts where msg's leading blanks end)
+            off = len(msg) - len(msg.lstrip())
+            exc = ((em.start("t") + off, em.end("t") + off),
+                   (em.start("m") + off, em.end("m") + off) if em.group("m") is not None else None)
+        got = (stripped.startswith("Traceback (most recent call last)"), exc,
+               FRAME_RE.match(msg) is not None, matchers, "--" in msg or "VLLM_" in msg)
+        if shape is not None and len(shape) <= MAX_SHAPE_BYTES:
+            if len(_SHAPES) >= MAX_SHAPES:
+                _SHAPES.clear()
+            _SHAPES[shape] = got
+        return got
 
     def _namespace_continued(self, rec: Record, msg: str, meta: ev.Meta) -> list | None:
         """The next piece of a hard-wrapped ``args: Namespace(...)`` echo: a line with no logger
@@ -1001,10 +1130,13 @@ class RecordParser:
         else [] (still held)."""
         cue = phase_cue(msg, out)
         self._held_left -= 1
-        if cue is None and self._held_left > 0 and not any(
-                isinstance(e, ev.VersionSeen) and e.version
-                or isinstance(e, ev.EngineConfigObserved) and e.kind in ("namespace", "non-default-args") for e in out):
-            return []
+        if cue is None and self._held_left > 0:
+            for e in out:  # a new engine run decides too
+                t = type(e)
+                if t is ev.VersionSeen and e.version or t is ev.EngineConfigObserved and e.kind in ("namespace", "non-default-args"):
+                    break
+            else:
+                return []
         held, self._held = self._held, []
         return [replace(e, phase=cue) if cue else e for e in held]
 
@@ -1027,6 +1159,15 @@ class RecordParser:
             return None
         return ev.KvCacheTooSmall(meta, max_len, tokens)
 
+
+# The events that parse() reads after the matchers (phase of an OOM, the first stats line of a
+# run, the config echo, V0's block count against max_model_len; unknown flags only where the
+# text may name one).
+_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity))
+
+# Matchers whose regexes tell digits apart: run on every message that holds their keywords.
+_SENSITIVE = frozenset(id(m) for m in MATCHERS if not _digit_blind(m.regex))
+assert _digit_blind(EXC_LINE_RE) and _digit_blind(FRAME_RE) and _digit_blind(STATS_FIELD)
 
 HOLD_RECORDS = 64  # records after an undecided OOM that may still tell its phase
 MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every process)
@@ -1053,31 +1194,32 @@ def phase_cue(msg: str, out: list) -> str | None:
         if f in RUNTIME_FRAMES:
             return "runtime"
     for e in out:
-        if isinstance(e, ev.SchedulerStats):
+        t = type(e)  # events are final classes
+        if t is ev.SchedulerStats:
             return "runtime"
-        if isinstance(e, ev.EngineFailure):
+        if t is ev.EngineFailure:
             if e.kind in RUNTIME_FAILURES or RUNTIME_FAILURE_TEXT.search(e.message):
                 return "runtime"
             if STARTUP_FAILURE_TEXT.search(e.message):
                 return "startup"
-        if isinstance(e, ev.ExceptionRaised) and e.frames:
-            if any(f in STARTUP_FRAMES for f in e.frames):
+        elif t is ev.ExceptionRaised and e.frames:
+            if not STARTUP_FRAMES.isdisjoint(e.frames):
                 return "startup"
-            if any(f in RUNTIME_FRAMES for f in e.frames):
+            if not RUNTIME_FRAMES.isdisjoint(e.frames):
                 return "runtime"
     return None
 
 
-def _with_phase(e, frames: list[str], src: str | None, siblings: list):
+def _with_phase(e, frames: list[str], src: str | None, step_failed: bool):
     """An out-of-memory error's phase from its context: raised through start-up-only frames it
     is "startup"; through serving-only frames, logged by a request handler
     (``serving_chat.py`` ...), or together with a failed model step ("Error in model execution
     (input dumped ...)") it is "runtime"; else the state decides from what came before (None)."""
     if not isinstance(e, ev.OutOfMemory) or e.phase is not None:
         return e
-    if any(f in STARTUP_FRAMES for f in frames):
+    if frames and not STARTUP_FRAMES.isdisjoint(frames):
         return replace(e, phase="startup")
-    if (any(f in RUNTIME_FRAMES for f in frames) or (src or "").startswith("serving")
-            or any(isinstance(x, ev.EngineFailure) and x.kind == "step-failed" for x in siblings)):
+    if (frames and not RUNTIME_FRAMES.isdisjoint(frames) or src is not None and src.startswith("serving")
+            or step_failed):
         return replace(e, phase="runtime")
     return e

@@ -179,12 +179,51 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
 HEREDOC_RE = re.compile(r"(?<![<\w])<<-?\s*(['\"]?)([A-Za-z_]\w*)\1")
 
 
+#: Most lines a quoted string may span (the shell reads on to its closing quote)
+QUOTED_LINES_MAX = 16
+
+
+def _open_quote(s: str) -> str | None:
+    """The quote character left open at the end of ``s`` as the shell reads it (backslash escapes
+    outside single quotes, ``#`` comments at a word's start), or None; also None when that quote
+    opened inside a word (``don't``, ``it's``: prose around a command, not a quoted argument)."""
+    q = None
+    prev = " "
+    esc = False
+    at_word_start = True
+    for ch in s:
+        if esc:
+            esc = False
+        elif q == "'":
+            if ch == "'":
+                q = None
+        elif ch == "\\":
+            esc = True
+        elif q == '"':
+            if ch == '"':
+                q = None
+        elif ch in "'\"":
+            q = ch
+            at_word_start = prev in " \t=(["
+        elif ch == "#" and prev in " \t":
+            return None
+        prev = ch
+    return q if q is not None and at_word_start else None
+
+
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each logical line: backslash-newlines joined, heredoc bodies
-    (``<<EOF`` ... ``EOF``: data fed to a command, not commands) left out."""
+    """(first line number, text) of each logical line: backslash-newlines joined, a quoted string
+    that goes on over the next lines joined with them as the shell reads it (``sh -c "vllm serve
+    ...`` folded over lines in a YAML ``script:``; at most QUOTED_LINES_MAX lines, else the line
+    stays alone and is reported unparsable), heredoc bodies (``<<EOF`` ... ``EOF``: data fed to a
+    command, not commands) left out."""
     out, buf, start = [], "", 0
     heredoc: str | None = None
-    for i, raw in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        raw = lines[i]
+        i += 1
         if heredoc is not None:
             if raw.strip() == heredoc:
                 heredoc = None
@@ -195,6 +234,12 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
             buf += raw.rstrip()[:-1] + " "
             continue
         buf += raw
+        if ("'" in raw or '"' in raw) and _open_quote(buf):
+            for j in range(i, min(len(lines), i + QUOTED_LINES_MAX - 1)):
+                joined = buf + "\n" + "\n".join(lines[i:j + 1])
+                if _open_quote(joined) is None:
+                    buf, i = joined, j + 1
+                    break
         out.append((start, buf))
         m = HEREDOC_RE.search(buf) if "<<" in buf else None
         if m and not buf.lstrip().startswith("#"):

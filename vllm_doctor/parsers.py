@@ -298,11 +298,27 @@ CUMULATIVE_RE = re.compile(r"total_num_cumulative_preemption=(\d+)")
              'WARNING 08-20 10:18:39 scheduler.py:1141] Sequence group 147 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=1',
          ))
 def _preempted(m, meta):  # V0 core/scheduler.py 0.4.3-0.10.2 (logged for the 1st, 51st, 101st ...)
+    # The sequence group's id is the request id, which from 0.6.4 is the client's X-Request-Id
+    # header verbatim (spaces included): it may hold this very phrase and a count of its own. What
+    # follows the id is vLLM's fixed text, so vLLM's mode and count are those after the LAST
+    # " is preempted by PreemptionMode." of the line.
     text = m.string
     nl = text.find("\n", m.end())
-    c = CUMULATIVE_RE.search(text, m.end(), len(text) if nl < 0 else nl)
-    mode = m["mode"].upper()
-    return ev.Preemption(meta, mode if mode in ("RECOMPUTE", "SWAP") else None, int(c[1]) if c else None, m["s"])
+    end = len(text) if nl < 0 else nl
+    mode, seq = m["mode"], m["s"]
+    last = text.rfind(_PREEMPTED_AT, m.end(), end)
+    if last >= 0:
+        tm = _PREEMPTED_MODE_RE.match(text, last + len(_PREEMPTED_AT))
+        if tm:
+            mode, seq = tm[1], text[m.start("s") : last]
+            last = tm.end()
+    c = CUMULATIVE_RE.search(text, m.end() if last < 0 else last, end)
+    mode = mode.upper()
+    return ev.Preemption(meta, mode if mode in ("RECOMPUTE", "SWAP") else None, int(c[1]) if c else None, seq)
+
+
+_PREEMPTED_AT = " is preempted by PreemptionMode."
+_PREEMPTED_MODE_RE = re.compile(r"(\w+) mode")
 
 
 @matcher("preempting-note", r"Preempting seq_id=(?P<s>\S+?) \((?P<how>swap out|swap|recompute)(?:, (?P<b>\d+) blocks)?\)",
@@ -1007,7 +1023,10 @@ class RecordParser:
         for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
-                res = mt.build(m, meta)
+                try:
+                    res = mt.build(m, meta)
+                except (ValueError, OverflowError):
+                    continue  # a damaged number ("1.2.3", ".", 400 digits: inf): the line says nothing
                 if res is None:
                     continue
                 if type(res) is list:

@@ -61,3 +61,23 @@ def test_diagnose_command_reads_past_a_damaged_number(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [f["name"] for f in json.loads(r.stdout)["findings"]] == ["startup-oom"]
+
+
+# Prefixes that no wrapper of the envelope knows, put before every line by the tools that
+# gather a pod's logs: ``kubectl logs --prefix`` and stern. uvicorn's access line (no vLLM
+# logger prefix of its own) was then not known by its head: its path was parsed as vLLM's text.
+UNKNOWN_PREFIXES = {"kubectl-prefix": "[pod/vllm-0/vllm] ", "stern": "vllm-0 vllm ",
+                    "kubectl-prefix-timestamps": "[pod/vllm-0/vllm] 2026-11-30T10:00:00.123456789Z "}
+
+
+@pytest.mark.parametrize("prefix", sorted(UNKNOWN_PREFIXES))
+@pytest.mark.parametrize("serve", [False, True], ids=["diagnose", "serve"])
+def test_access_line_after_an_unknown_prefix_is_client_text(prefix, serve):
+    from test_hostile_input import assert_nothing_from, hostile_lines
+
+    pre = UNKNOWN_PREFIXES[prefix]
+    pipe, events = run("".join(pre + ln + "\n" for ln in hostile_lines()), serve=serve, chunk=4096 if serve else 0)
+    assert_nothing_from(pipe, events)
+    # vLLM's own lines under the same prefix are still read
+    pipe, events = run("".join(pre + ln + "\n" for ln in hostile_lines() + [REAL]), serve=serve)
+    assert [type(e).__name__ for e in events] == ["ExceptionRaised", "InsufficientFreeMemory"]

@@ -64,6 +64,9 @@ CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler ou
 # uvicorn's access log: ``INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 200 OK`` (the level prefix
 # may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
 ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
+# The same head after a prefix no wrapper here knows (``kubectl logs --prefix``'s ``[pod/x/c] ``,
+# stern's ``pod container ``): up to 200 characters with no quote before the client address.
+ACCESS_ANY_RE = re.compile(r'[^"]{0,200}?(?<!\S)' + ACCESS_RE.pattern)
 CLIENT_RE = re.compile(
     r"\s*(?:" + "|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(CLIENT_HEADS)) + ")"
 )
@@ -84,7 +87,7 @@ def client_head(text: str) -> str | None:
     m = CLIENT_RE.match(text)
     if m:
         return CLIENT_HEADS[int(m.lastgroup[1:])][0]
-    if ' - "' in text and ACCESS_RE.match(text):  # (the substring test: what every access line holds)
+    if ' - "' in text and ACCESS_ANY_RE.match(text):  # (the substring test: what every access line holds)
         return "access-log"
     return None
 
@@ -103,7 +106,7 @@ def _head(text: str) -> str:
     m = CLIENT_RE.match(text)
     if m:
         return m.group(0).strip()
-    return "access log" if ACCESS_RE.match(text) else "dump body"
+    return "access log" if ACCESS_ANY_RE.match(text) else "dump body"
 
 
 def prefilter_patterns(keywords) -> list[bytes]:

@@ -81,3 +81,14 @@ def test_access_line_after_an_unknown_prefix_is_client_text(prefix, serve):
     # vLLM's own lines under the same prefix are still read
     pipe, events = run("".join(pre + ln + "\n" for ln in hostile_lines() + [REAL]), serve=serve)
     assert [type(e).__name__ for e in events] == ["ExceptionRaised", "InsufficientFreeMemory"]
+
+
+@pytest.mark.parametrize("terms", [1500, 20000])
+def test_a_too_deep_line_expression_is_a_rule_error_not_an_internal_error(terms):
+    from vllm_doctor.diagnosis.expr import compile_line
+    from vllm_doctor.errors import RuleLoadError
+
+    with pytest.raises(RuleLoadError, match="nested too deeply"):
+        compile_line(" + ".join(["num_running"] * terms) + " > 1", {"num_running"}, {})
+    assert compile_line(" + ".join(["num_running"] * 50) + " > 60", {"num_running"}, {})(
+        type("Line", (), {"num_running": 1})()) is False

@@ -220,6 +220,8 @@ def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[
         tree = ast.parse(expr.strip(), mode="eval").body
     except SyntaxError as e:
         raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
+    except RecursionError:
+        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
     env: dict[str, Any] = {"__builtins__": {}}
 
     def bind(value: Any) -> ast.Name:
@@ -258,10 +260,13 @@ def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[
         raise RuleLoadError(f"{ast.unparse(n)!r} in {expr!r}: a line's expression has comparisons, and / or / "
                             f"not, arithmetic, 'a if c else b' and calls of the rule functions only")
 
-    body = c(tree)
-    lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg("it")], kwonlyargs=[], kw_defaults=[],
-                                   defaults=[]), body)
-    code = compile(ast.fix_missing_locations(ast.Expression(lam)), f"<line expression {expr!r}>", "eval")
+    try:
+        body = c(tree)
+        lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg("it")], kwonlyargs=[], kw_defaults=[],
+                                       defaults=[]), body)
+        code = compile(ast.fix_missing_locations(ast.Expression(lam)), f"<line expression {expr!r}>", "eval")
+    except RecursionError:  # a chain of thousands of terms: the checker and the compiler recurse per node
+        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
     return eval(code, env)  # noqa: S307 - a tree of the checked node types above, no builtins
 
 

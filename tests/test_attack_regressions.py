@@ -92,3 +92,17 @@ def test_a_too_deep_line_expression_is_a_rule_error_not_an_internal_error(terms)
         compile_line(" + ".join(["num_running"] * terms) + " > 1", {"num_running"}, {})
     assert compile_line(" + ".join(["num_running"] * 50) + " > 60", {"num_running"}, {})(
         type("Line", (), {"num_running": 1})()) is False
+
+
+@pytest.mark.parametrize("serve", [False, True], ids=["diagnose", "serve"])
+def test_json_record_time_no_clock_gives_is_no_time(serve):
+    # "timestamp": Infinity / NaN / 1e400 (json reads them) became the state's clock and the
+    # windows' arithmetic raised: diagnose stopped with an internal error
+    st = ("Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 5 reqs, "
+          "Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit rate: 0.0%")
+    rec = '{"timestamp": %s, "levelname": "INFO", "filename": "loggers.py", "lineno": 1, "message": "%s"}'
+    times = ["1796032800.0", "Infinity", "-Infinity", "NaN", "1e400", "1" + "0" * 400, "true", "1e300", "1796032801.5"]
+    pipe, events = run("".join(rec % (t, st) + "\n" for t in times), serve=serve)
+    stats = [e for e in events if type(e).__name__ == "SchedulerStats"]
+    assert [e.meta.ts for e in stats] == [1796032800.0] * 8 + [1796032801.5]
+    pipe.evaluate()

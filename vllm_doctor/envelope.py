@@ -319,6 +319,11 @@ class LogClock:
         return t
 
 
+# The epoch seconds a datetime can hold (years 1-9999): a JSON record's numeric time outside
+# them (Infinity, NaN, 1e400) is no time (it made the windows' arithmetic raise).
+_MIN_EPOCH, _MAX_EPOCH = -62135596800, 253402300800
+
+
 def _parse_iso(ts: str) -> datetime | None:
     ts = ts.replace(",", ".").replace(" ", "T")
     if ts.endswith("Z"):
@@ -578,8 +583,9 @@ class Envelope:
         for key in ("timestamp", "time", "asctime", "@timestamp"):
             if key in obj:
                 v = obj[key]
-                if isinstance(v, (int, float)):
-                    ts = float(v)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    # epoch seconds; a number no clock gives (Infinity, NaN, 1e400, true) is no time
+                    ts = float(v) if _MIN_EPOCH < v < _MAX_EPOCH else None
                 else:
                     dt = _parse_iso(str(v))
                     if dt:

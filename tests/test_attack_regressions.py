@@ -66,7 +66,7 @@ def test_diagnose_command_reads_past_a_damaged_number(tmp_path):
 # Prefixes that no wrapper of the envelope knows, put before every line by the tools that
 # gather a pod's logs: ``kubectl logs --prefix`` and stern. uvicorn's access line (no vLLM
 # logger prefix of its own) was then not known by its head: its path was parsed as vLLM's text.
-UNKNOWN_PREFIXES = {"kubectl-prefix": "[pod/vllm-0/vllm] ", "stern": "vllm-0 vllm ",
+UNKNOWN_PREFIXES = {"kubectl-prefix": "[pod/vllm-0/vllm] ", "stern": "vllm-0 vllm ", "labels": "{app=\"vllm\", pod=\"vllm-0\"} ",
                     "kubectl-prefix-timestamps": "[pod/vllm-0/vllm] 2026-11-30T10:00:00.123456789Z "}
 
 

@@ -65,8 +65,17 @@ CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler ou
 # may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
 ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
 # The same head after a prefix no wrapper here knows (``kubectl logs --prefix``'s ``[pod/x/c] ``,
-# stern's ``pod container ``): up to 200 characters with no quote before the client address.
-ACCESS_ANY_RE = re.compile(r'[^"]{0,200}?(?<!\S)' + ACCESS_RE.pattern)
+# stern's ``pod container ``, exported labels ``{app="vllm"} ``): the first `` - "`` of the line is
+# uvicorn's (the client's path comes after it), preceded by the client address.
+ACCESS_TAIL_RE = re.compile(r' - "(?:[A-Z]{3,9} |-")')
+ACCESS_ADDR_RE = re.compile(r'(?:^|(?<=\s))[^"\s]{1,80}(?: \d{1,6})?$')
+
+
+def _is_access(text: str) -> bool:
+    """Whether ``text`` is a uvicorn access line, whatever prefix precedes its head."""
+    i = text.find(' - "')
+    return (i > 0 and ACCESS_TAIL_RE.match(text, i) is not None
+            and ACCESS_ADDR_RE.search(text, max(0, i - 90), i) is not None)
 CLIENT_RE = re.compile(
     r"\s*(?:" + "|".join(f"(?P<k{i}>{p})" for i, (_, p) in enumerate(CLIENT_HEADS)) + ")"
 )
@@ -87,7 +96,7 @@ def client_head(text: str) -> str | None:
     m = CLIENT_RE.match(text)
     if m:
         return CLIENT_HEADS[int(m.lastgroup[1:])][0]
-    if ' - "' in text and ACCESS_ANY_RE.match(text):  # (the substring test: what every access line holds)
+    if ' - "' in text and _is_access(text):  # (the substring test: what every access line holds)
         return "access-log"
     return None
 
@@ -106,7 +115,7 @@ def _head(text: str) -> str:
     m = CLIENT_RE.match(text)
     if m:
         return m.group(0).strip()
-    return "access log" if ACCESS_ANY_RE.match(text) else "dump body"
+    return "access log" if _is_access(text) else "dump body"
 
 
 def prefilter_patterns(keywords) -> list[bytes]:

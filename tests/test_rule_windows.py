@@ -188,3 +188,19 @@ def test_an_aggregate_keeps_the_fit_only_of_the_fields_a_rule_fits_and_batches_m
         if a.name == "idle" and va.count >= 3:
             assert va.slope_per_hour("kv_cache_usage_ratio") == pytest.approx(vb.slope_per_hour("kv_cache_usage_ratio"),
                                                                                rel=1e-9, abs=1e-12)
+
+
+def test_a_where_on_a_fact_the_stats_lines_move_judges_each_line_on_its_own_state(tmp_path):
+    """A user rule's condition on ``peak_num_running`` (moved by every stats line) reads it as it
+    is once the line is taken in, line by line: with running rising on every line, every line is
+    at the peak (a batch, or the facts cache, would read a stale peak and miss most of them)."""
+    (tmp_path / "XX101-at-peak.yaml").write_text(
+        "id: XX101\nname: at-peak\ntitle: t\nseverity: info\ncategory: test\nwindow: 300\n"
+        "windows:\n  top:\n    of: stats\n    where: num_running >= peak_num_running\n    fields: [num_running]\n"
+        "values:\n  n_top: top.count\n"
+        "when:\n  all:\n    - top.count > 0\nmessage: '{n_top} lines at the peak'\ndocs: {why: w, example_log: e}\n")
+    rs = load_rules([tmp_path])
+    lines = [_line(i // 4, prompt=0.0, gen=10.0, running=i + 1, waiting=0, kv=10.0) for i in range(240)]
+    _, rep = _diagnose(lines, rs)
+    f = {x.rule_id: x for x in rep.findings}["XX101"]
+    assert f.message == "240 lines at the peak", f.message

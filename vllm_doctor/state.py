@@ -181,7 +181,7 @@ class State:
         if not items:
             return
         self._stats_pending = []
-        aggs = self.windows["stats"]
+        aggs = [a for a in self.windows["stats"] if not getattr(a.where, "per_line", False)]
         ends = []
         for agg in aggs:
             begin = getattr(agg.where, "begin", None)
@@ -354,7 +354,8 @@ class State:
         if aggs:
             if e.meta.ts is None:
                 for agg in aggs:
-                    agg.add(e, None)
+                    if not getattr(agg.where, "per_line", False):
+                        agg.add(e, None)
             else:  # folded with the other lines of its second (flush_windows): a batch is cheaper
                 self._stats_pending.append(e)
                 if self.engine is None or len(self._stats_pending) >= STATS_BATCH_MAX:
@@ -373,6 +374,9 @@ class State:
             self.preemptions_reported = True
             self._v1_interval_sum += e.preemptions
             self._update_preemptions(e.meta.ts)
+        for agg in aggs:  # conditions on the facts this line moved: judged now, on this line's state
+            if getattr(agg.where, "per_line", False):
+                agg.add(e, e.meta.ts)
 
     def note_process(self, process: str | None, pid: int | None) -> None:
         """A record's process prefix: counts distinct worker processes (a lower bound on the

@@ -128,6 +128,15 @@ def _aggregate(name: str, span: float, fields: dict[str, str], cls: type, where=
     return agg
 
 
+#: Facts that a stats line itself moves (State._on_SchedulerStats), read live by a ``where``
+LINE_MOVED_FACTS = {
+    "peak_num_running": lambda st: st.peak_running,
+    "peak_num_waiting": lambda st: st.peak_waiting,
+    "peak_kv_cache_usage_ratio": lambda st: st.peak_kv,
+    "preemptions_total": lambda st: st.preemptions_total if st.preemptions_reported else None,
+}
+
+
 def _fit_fields(rule: Rule) -> dict[str, set[str] | None]:
     """Window name -> the fields whose least-squares fit the rule reads (``w.slope_per_hour('f')``;
     None: a field not named by a constant, so every field). An aggregate keeps the fit's sums of
@@ -253,6 +262,9 @@ class RuleEngine:
             batch[0] = None
 
         def fact(name: str):
+            live = LINE_MOVED_FACTS.get(name)
+            if live is not None:  # moved by the stats lines themselves: read now, not from the cache
+                return live(state)
             return self._cached_facts(state).get(name)  # recomputed only when the facts changed
 
         test = compile_line(expr, _line_fields(cls), self.ruleset.thresholds, {"peak": peak}, fact)
@@ -264,6 +276,9 @@ class RuleEngine:
                 return False  # None in a comparison: the line does not say, so it does not count
 
         where.test = test  # the bare condition: a batch of lines calls it in one comprehension
+        # a condition on a fact the stats lines move (a peak, the preemptions) is judged line by
+        # line, after the state took in the line (State._on_SchedulerStats), never in a batch
+        where.per_line = bool(names_in(expr) & set(LINE_MOVED_FACTS))
         if peaks:
             where.batch, where.begin, where.end = batch, begin, end
         return where

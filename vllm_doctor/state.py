@@ -162,6 +162,10 @@ class State:
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
         # stats lines of the current second not yet folded into the aggregates (flush_windows)
         self._stats_pending: list[ev.SchedulerStats] = []
+        # the stats aggregates folded in batches, and those whose condition reads a fact the stats
+        # lines move (judged line by line, after the line is taken in): split once, in add_window
+        self._stats_batched: list[WindowAggregate] = []
+        self._stats_per_line: list[WindowAggregate] = []
         self._trimmed_at: float | None = None  # the clock at the last _trim
         # events other than stats lines applied (and restores): what the configuration, capacity
         # and memory facts are made of can only change when this moves (RuleEngine caches facts)
@@ -171,6 +175,8 @@ class State:
     def add_window(self, series: str, agg: WindowAggregate) -> WindowAggregate:
         """Keep ``agg`` up to date with every new line of ``series`` ("stats", "engine_metrics", "gpu")."""
         self.windows[series].append(agg)
+        if series == "stats":
+            (self._stats_per_line if getattr(agg.where, "per_line", False) else self._stats_batched).append(agg)
         return agg
 
     def flush_windows(self) -> None:
@@ -181,7 +187,7 @@ class State:
         if not items:
             return
         self._stats_pending = []
-        aggs = [a for a in self.windows["stats"] if not getattr(a.where, "per_line", False)]
+        aggs = self._stats_batched
         ends = []
         for agg in aggs:
             begin = getattr(agg.where, "begin", None)
@@ -350,12 +356,10 @@ class State:
         if len(self.stats) > self.max_items:
             self.stats.popleft()
         self.last_stats = e
-        aggs = self.windows["stats"]
-        if aggs:
+        if self._stats_batched:
             if e.meta.ts is None:
-                for agg in aggs:
-                    if not getattr(agg.where, "per_line", False):
-                        agg.add(e, None)
+                for agg in self._stats_batched:
+                    agg.add(e, None)
             else:  # folded with the other lines of its second (flush_windows): a batch is cheaper
                 self._stats_pending.append(e)
                 if self.engine is None or len(self._stats_pending) >= STATS_BATCH_MAX:
@@ -374,9 +378,8 @@ class State:
             self.preemptions_reported = True
             self._v1_interval_sum += e.preemptions
             self._update_preemptions(e.meta.ts)
-        for agg in aggs:  # conditions on the facts this line moved: judged now, on this line's state
-            if getattr(agg.where, "per_line", False):
-                agg.add(e, e.meta.ts)
+        for agg in self._stats_per_line:  # conditions on the facts this line moved: judged on its state
+            agg.add(e, e.meta.ts)
 
     def note_process(self, process: str | None, pid: int | None) -> None:
         """A record's process prefix: counts distinct worker processes (a lower bound on the

@@ -195,15 +195,7 @@ class WindowAggregate:
             if self.origin is None:
                 self.origin = ts
             t = ts - self.origin
-            key = int(ts // self.resolution)
-            if self.buckets and self.buckets[-1].key >= key:
-                b = self.buckets[-1]  # same bucket (or the clock stepped back): the newest one
-            else:
-                if self._maxq is not None and self.buckets:
-                    self._close(self.buckets[-1])
-                b = _Bucket(key, self.names, self.quantiles)
-                self.buckets.append(b)
-                self._trim(key)
+            b = self._bucket(int(ts // self.resolution))
         fields = b.fields
         for name, get in self.fields.items():
             try:
@@ -260,15 +252,7 @@ class WindowAggregate:
         tss = [it.meta.ts for it in items]
         if self.origin is None:
             self.origin = tss[0]
-        key = int(tss[0] // self.resolution)
-        if self.buckets and self.buckets[-1].key >= key:
-            b = self.buckets[-1]
-        else:
-            if self._maxq is not None and self.buckets:
-                self._close(self.buckets[-1])
-            b = _Bucket(key, self.names, self.quantiles)
-            self.buckets.append(b)
-            self._trim(key)
+        b = self._bucket(int(tss[0] // self.resolution))
         origin = self.origin
         fit = self.fit_fields
         rel = [t - origin for t in tss] if fit is None or fit else None
@@ -306,6 +290,18 @@ class WindowAggregate:
         if b.first is None:
             b.first = items[0]
         b.last = items[-1]
+
+    def _bucket(self, key: int) -> _Bucket:
+        """The bucket of ``key``: the newest one when it is that key (or the clock stepped back),
+        else a new one (the newest is then closed, and the oldest beyond the window dropped)."""
+        if self.buckets and self.buckets[-1].key >= key:
+            return self.buckets[-1]
+        if self._maxq is not None and self.buckets:
+            self._close(self.buckets[-1])
+        b = _Bucket(key, self.names, self.quantiles)
+        self.buckets.append(b)
+        self._trim(key)
+        return b
 
     def _close(self, b: _Bucket) -> None:
         """Bucket ``b`` gets no more lines: its maxima join the monotonic queues."""

@@ -117,6 +117,65 @@ def keyword_throughput(n: int) -> None:
         print(f"keyword-bearing lines, {name:<28} {rate:10,.0f} lines/s per core ({n:,} lines; per line: "
               f"scan {us[0]:.1f} us, envelope {us[1]:.1f} us, parser {us[2]:.1f} us, state+rules {max(rest, 0):.1f} us)")
     print(f"slowest kind: {worst:,.0f} lines/s per core (target >= 300,000): {'OK' if worst >= 300_000 else 'UNDER'}")
+    keyword_floor(n)
+
+
+# The least work any per-line design with typed events does for a line of each kind: one regex
+# written for exactly the bench's line (no alternatives, no wrapper, no fallback), its numbers
+# converted, one Meta and one event built, kept in a bounded ring; nothing else (no state, no
+# rule, no client-text check, no version or shape logic). A lower bound, not a design.
+FLOOR = {
+    "V1 stats line": (r"Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) "
+                      r"tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%, "
+                      r"Prefix cache hit rate: ([\d.]+)%",
+                      lambda meta, g: __import__("vllm_doctor.events").events.SchedulerStats(
+                          meta, float(g[1]), float(g[2]), int(g[3]), int(g[4]), None, round(float(g[5]) / 100, 6), None,
+                          round(float(g[6]) / 100, 6), None, int(g[0]), "GPU")),
+    "V0 preemption warning": (r"Sequence group (\S+) is preempted by PreemptionMode\.(\w+) mode .*"
+                              r"total_num_cumulative_preemption=(\d+)",
+                              lambda meta, g: __import__("vllm_doctor.events").events.Preemption(
+                                  meta, g[1], int(g[2]), g[0])),
+    "OOM line": (r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate ([\d.]+) MiB\. GPU (\d+) has a "
+                 r"total capacity of ([\d.]+) GiB of which ([\d.]+) MiB is free\.",
+                 lambda meta, g: __import__("vllm_doctor.events").events.OutOfMemory(
+                     meta, round(float(g[0]) * 2**20), round(float(g[2]) * 2**30), round(float(g[3]) * 2**20),
+                     int(g[1]))),
+}
+
+
+def keyword_floor(n: int) -> None:
+    """The lower bound of FLOOR per kind: the keyword scan (as in the pipeline) plus decoding,
+    cutting the logger prefix at its first '] ' if any (time read from a cache of the prefix text), the
+    one regex, the numbers, a Meta and the event. Its ceiling (1 / that cost) is what no per-line
+    design with typed events can pass in CPython on this machine, before any state or rule."""
+    import re
+    from collections import deque
+
+    from vllm_doctor import events as ev
+    from vllm_doctor.envelope import KeywordScanner, LineSplitter, candidate_spans
+
+    for name, (pattern, build) in FLOOR.items():
+        data = keyword_data(KEYWORD_LINES[name], n)
+        split = LineSplitter()
+        spans = [sp for i in range(0, len(data), 1 << 20) for sp in split.feed(data[i : i + (1 << 20)])] + split.flush()
+        scanner, rx, ring, times, meta = KeywordScanner(), re.compile(pattern), deque(maxlen=20000), {}, ev.Meta
+        best = None
+        for _ in range(3):  # best of three: a floor
+            t0 = time.process_time()
+            for buf, a, b in spans:
+                starts, ends, idxs, _, _ = candidate_spans(scanner, buf, a, b)
+                for s, e, k in zip(starts, ends, idxs):
+                    line = buf[s:e].decode()
+                    i = line.find("] ")  # -1: a line with no logger prefix (the OOM line's)
+                    ts = times.get(line[:i])
+                    if ts is None:
+                        ts = times[line[:i]] = float(len(times))
+                    msg = line[i + 2 :] if i >= 0 else line
+                    ring.append(build(meta("bench.log", k, k, ts, None, "INFO", msg), rx.match(msg).groups()))
+            t = (time.process_time() - t0) / n
+            best = t if best is None else min(best, t)
+        print(f"floor of any per-line design with typed events, {name:<22} {1e6 * best:.2f} us a line: at most "
+              f"{1 / best:10,.0f} lines/s per core before any state or rule")
 
 
 def main() -> None:

@@ -34,9 +34,10 @@ def test_weights_larger_than_the_gpu_fail_at_load_with_the_arithmetic():
     assert "0.92 x 48.00 GiB = 44.16 GiB" in msg                                    # gpu_memory_utilization x total
     assert not any("No available memory" in m for m in p.startup["messages"])       # not the KV cache message
     fixes = {f["flag"]: f for f in p.fixes}
-    assert fixes["--tensor-parallel-size"]["value"] == 2 and "alternative_to" not in fixes["--tensor-parallel-size"]
-    assert fixes["--pipeline-parallel-size"]["value"] == 2
-    assert fixes["--pipeline-parallel-size"]["alternative_to"] == "--tensor-parallel-size"
+    assert fixes["--tensor-parallel-size"]["value"] == 2 and fixes["--pipeline-parallel-size"]["value"] == 2
+    # alternatives, numbered as diagnose numbers them: one option each, pick one
+    assert [(f["flag"], f["option"], f["relation"]) for f in p.fixes][:2] == [
+        ("--tensor-parallel-size", 1, "alternative"), ("--pipeline-parallel-size", 2, "alternative")]
     assert fixes[None]["hardware"] == "a GPU with at least 82 GiB"
     # every fix it names is the smallest that starts: apply it and the plan starts
     assert not _plan("qwen3-32b", gpu_memory_bytes=48 * cap.GiB, max_model_len=32768, tensor_parallel_size=2).startup["fails"]
@@ -50,7 +51,7 @@ def test_fp8_weights_are_offered_when_they_fit():
     p = _plan("qwen3-14b", gpu_memory_bytes=24 * cap.GiB, max_model_len=8192)
     assert p.startup["stage"] == "load"
     q = next(f for f in p.fixes if f["flag"] == "--quantization")
-    assert q["value"] == "fp8" and q["alternative_to"] == "--tensor-parallel-size"
+    assert q["value"] == "fp8" and q["relation"] == "alternative" and q["option"] > 1
     assert not _plan("qwen3-14b", gpu_memory_bytes=24 * cap.GiB, max_model_len=8192, quantization="fp8").startup["fails"]
 
 
@@ -77,8 +78,9 @@ def test_text_and_markdown_start_with_the_verdict():
     t = to_text(bad).splitlines()
     assert t[3] == "  start-up FAILS while loading the weights:"
     assert t[4].startswith("    Loading the weights fails: torch.OutOfMemoryError: CUDA out of memory.")
-    assert t[6].startswith("Flags (alternatives marked; apply one of them)")
-    assert to_text(bad).index("a GPU with at least 82 GiB (alternative to --tensor-parallel-size)") < to_text(bad).index("Weights")
+    n = len({f["option"] for f in bad.fixes})
+    assert t[6] == f"Flags ({n} options: pick one)"
+    assert to_text(bad).index(f"a GPU with at least 82 GiB (option {n} of {n}: pick one)") < to_text(bad).index("Weights")
 
 
 # ---------------------------------------------------------------- config.json that is not a model's
@@ -166,12 +168,20 @@ def test_max_model_len_above_max_position_embeddings_is_fixed_with_the_models_le
     assert "max_position_embeddings (40,960)" in fixes[0]["why"]
     # also short of KV cache at 40,960 on a 24 GiB GPU: the cap is what the KV cache holds, still no fp8 for a config error
     p = _plan("qwen3-8b", gpu_memory_bytes=24 * cap.GiB, max_model_len=65536)
-    assert [(f["flag"], f["value"]) for f in p.fixes][:2] == [("--max-model-len", 37456), ("--kv-cache-dtype", "fp8")]
+    # two options, each whole: the length the KV cache holds, or an fp8 KV cache at the model's own length
+    assert [(f["option"], f["flag"], f["value"]) for f in p.fixes] == [
+        (1, "--max-model-len", 37456), (2, "--max-model-len", 40960), (2, "--kv-cache-dtype", "fp8")]
+    assert not _plan("qwen3-8b", gpu_memory_bytes=24 * cap.GiB, max_model_len=40960, kv_cache_dtype="fp8").startup["fails"]
+    assert _plan("qwen3-8b", gpu_memory_bytes=24 * cap.GiB, max_model_len=40960).startup["fails"]
     # and the weights do not fit either: more GPUs, sized at the model's length, are needed as well (not instead)
     p = _plan("qwen3-32b", gpu_memory_bytes=24 * cap.GiB, tensor_parallel_size=2, max_model_len=131072)
     fixes = {f["flag"]: f for f in p.fixes}
-    assert fixes["--max-model-len"]["value"] == 40960 and "alternative_to" not in fixes["--max-model-len"]
-    assert fixes["--tensor-parallel-size"]["value"] == 4 and "alternative_to" not in fixes["--tensor-parallel-size"]
+    assert fixes["--max-model-len"]["value"] == 40960 and fixes["--tensor-parallel-size"]["value"] == 4
+    # the model's cap goes with every option: TP 4 is applied together with it
+    tp4 = next(f for f in p.fixes if f["flag"] == "--tensor-parallel-size")
+    assert {(f["flag"], f["value"]) for f in p.fixes if f["option"] == tp4["option"]} >= {
+        ("--max-model-len", 40960), ("--tensor-parallel-size", 4)}
+    assert tp4["relation"] == "set"
     assert "one 40,960-token request" in fixes["--tensor-parallel-size"]["why"]
     # the same through check, on a Kubernetes container asking for 131072
     cfg, _ = load_config(str(MODELS / "qwen3-32b"))
@@ -180,3 +190,109 @@ def test_max_model_len_above_max_position_embeddings_is_fixed_with_the_models_le
            "          args: [\"--model=Qwen/Qwen3-32B\", \"--max-model-len=131072\", \"-tp\", \"2\"]\n")
     vc010 = [f for f in check_text(k8s, "d.yaml", model_config=cfg, gpu_memory=80 * cap.GiB).findings if f.rule_id == "VC010"]
     assert [(f.fix["setting"], f.fix["value"]) for f in vc010] == [("--max-model-len", 40960)]
+
+
+# ---------------------------------------------------------------- flags for a target concurrency
+
+_FIELD = {"--tensor-parallel-size": "tensor_parallel_size", "--max-model-len": "max_model_len",
+          "--kv-cache-dtype": "kv_cache_dtype", "--gpu-memory-utilization": "gpu_memory_utilization",
+          "--max-num-seqs": "max_num_seqs"}
+
+
+def _conc(p) -> float:
+    """The plan's own max concurrency at max_model_len, unrounded (blocks / blocks per request)."""
+    return cap.max_concurrency(p.pool["num_gpu_blocks"], p.concurrency["blocks_per_request"])
+
+
+def _options(p) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for f in p.fixes:
+        if not f.get("informational"):
+            assert f["flag"] not in out.setdefault(f["option"], {}), ("a flag twice in one option", p.fixes)
+            out[f["option"]][f["flag"]] = f["value"]
+    return out
+
+
+def _apply(model, option: dict, **kw):
+    return _plan(model, **{**kw, **{_FIELD[k]: v for k, v in option.items()}})
+
+
+def test_target_tp_is_the_smallest_whose_own_concurrency_reaches_it():
+    kw = dict(gpu_memory_bytes=40 * cap.GiB, max_model_len=16384)
+    conc = {t: _conc(_plan("llama-3.1-8b", tensor_parallel_size=t, **kw)) for t in (1, 2, 4, 8)}
+    smallest = min(t for t, c in conc.items() if c >= 64)
+    assert smallest == 8 and conc[4] < 64 <= conc[8]                    # 62.70x at TP 4, 132.87x at TP 8
+    p = _plan("llama-3.1-8b", target_concurrency=64, **kw)
+    tp = [f for f in p.fixes if f["flag"] == "--tensor-parallel-size" and "--kv-cache-dtype" not in _options(p)[f["option"]]]
+    assert [f["value"] for f in tp] == [smallest]
+    why = tp[0]["why"]
+    assert f"at TP 8: 136,060 blocks / 1,024 blocks per request = {conc[8]:.2f}x >= 64" in why
+    assert f"TP 4: {conc[4]:.2f}x" in why and "gpu_memory_utilization 3.62 (144.80 GiB of the 40.00 GiB GPU)" in why
+    # every option, applied, holds the target by the plan's own arithmetic
+    for option in _options(p).values():
+        assert _conc(_apply("llama-3.1-8b", option, **kw)) >= 64, option
+    # from TP 2 the answer is still TP 8, never the current TP doubled; at TP 4 a utilization within the cap does
+    q = _plan("llama-3.1-8b", target_concurrency=64, tensor_parallel_size=2, **kw)
+    assert _options(q)[1]["--tensor-parallel-size"] == 8
+    q = _plan("llama-3.1-8b", target_concurrency=64, tensor_parallel_size=4, **kw)
+    u = _options(q)[1]["--gpu-memory-utilization"]
+    assert u <= 0.95 and _conc(_plan("llama-3.1-8b", tensor_parallel_size=4, gpu_memory_utilization=u, **kw)) >= 64
+
+
+def test_no_tp_reaching_the_target_is_said_with_the_computed_alternatives():
+    kw = dict(gpu_memory_bytes=80 * cap.GiB)
+    top = _conc(_plan("qwen3-32b", tensor_parallel_size=16, **kw))
+    assert top < 64                                                      # 50.98x: no TP of 64 heads up to 16 gets there
+    for now in (1, 2, 4, 8):
+        p = _plan("qwen3-32b", target_concurrency=64, tensor_parallel_size=now, **kw)
+        info = [f for f in p.fixes if f.get("informational")]
+        assert info and info[0]["summary"] == "no --tensor-parallel-size up to 16 reaches 64 requests of 40,960 tokens"
+        assert f"TP 16: {top:.2f}x" in info[0]["why"]
+        opts = _options(p)
+        assert all("--kv-cache-dtype" in o or "--max-model-len" in o for o in opts.values())   # TP alone is none of them
+        for option in opts.values():
+            assert _conc(_apply("qwen3-32b", option, tensor_parallel_size=now, **kw)) >= 64, (now, option)
+        assert to_text(p).splitlines()[7].startswith("  no --tensor-parallel-size up to 16 reaches 64")
+    # the GPUs there are cap the search: 4 GPUs, no TP 8 + fp8 option
+    p = _plan("qwen3-32b", target_concurrency=64, gpu_count=4, **kw)
+    assert p.fixes[0]["summary"].startswith("no --tensor-parallel-size up to 4 reaches")
+    assert all(v <= 4 for o in _options(p).values() for k, v in o.items() if k == "--tensor-parallel-size")
+
+
+def test_tp_candidates_are_values_vllm_accepts():
+    from vllm_doctor.plan import _tp_candidates
+
+    def cands(model, **kw):
+        cfg, _ = load_config(str(MODELS / model))
+        return _tp_candidates(PlanInputs(config=cfg, **kw), cap.model_shape(cfg))
+    # Qwen2.5-7B: 28 heads, 4 KV heads; 7 and 14 divide the heads but not the KV heads, nor they them
+    # (vLLM's QKVParallelLinear divides one by the other); 28 is above the 16 tried without --gpus
+    assert cands("qwen2.5-7b") == [2, 4]
+    assert cands("qwen2.5-7b", gpu_count=32) == [2, 4, 28]
+    assert cands("llama-3.1-8b", tensor_parallel_size=2, gpu_count=8) == [4, 8]
+    assert cands("llama-3.1-8b", pipeline_parallel_size=2, gpu_count=8) == [2, 4]
+
+
+def test_fixes_are_numbered_options_and_stay_within_the_utilization_cap():
+    from vllm_doctor.diagnosis.loader import load_rules
+    from vllm_doctor.plan import utilization_max
+
+    assert utilization_max() == load_rules().thresholds["gpu_memory_utilization_max"] == 0.95
+    # Qwen3-32B on one 80 GiB GPU for 64 requests: it also fails to start; one plan, one answer per option
+    p = _plan("qwen3-32b", gpu_memory_bytes=80 * cap.GiB, target_concurrency=64)
+    assert p.startup["fails"]
+    opts = _options(p)
+    assert len(opts) == 2 and all(f["relation"] == "set" for f in p.fixes if not f.get("informational"))
+    text = to_text(p)
+    assert "Flags (2 options: pick one)" in text
+    assert "  --max-model-len 432 (option 1 of 2, applied together): " in text
+    assert "  --kv-cache-dtype fp8 (option 2 of 2, applied together): " in text
+    assert "alternative to" not in text and "0.97" not in text
+    for plan_ in (p, _plan("qwen3-32b", gpu_memory_bytes=80 * cap.GiB),
+                  _plan("qwen2.5-7b", gpu_memory_bytes=24 * cap.GiB, target_concurrency=8)):
+        assert all(f["value"] <= utilization_max() for f in plan_.fixes if f["flag"] == "--gpu-memory-utilization")
+    # Qwen2.5-7B on 24 GiB: fp8 is marked as one of the options, and it starts
+    p = _plan("qwen2.5-7b", gpu_memory_bytes=24 * cap.GiB)
+    fp8 = next(f for f in p.fixes if f["flag"] == "--kv-cache-dtype")
+    assert fp8["relation"] == "alternative" and f"--kv-cache-dtype fp8 (option {fp8['option']} of 2: pick one)" in to_text(p)
+    assert not _plan("qwen2.5-7b", gpu_memory_bytes=24 * cap.GiB, kv_cache_dtype="fp8").startup["fails"]

@@ -394,6 +394,7 @@ def plan(
     overhead: Annotated[Optional[str], typer.Option("--overhead", metavar="SIZE", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
     target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
     mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", metavar="N", min=1, help="GPUs there are: a recommended TP x PP stays within them (default: TP up to 16 is tried).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
     """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
@@ -422,7 +423,7 @@ def plan(
             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
-            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens))
+            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

@@ -9,6 +9,7 @@ request length, whether start-up fails (in vLLM's own words) and the flags for a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace as _replace
@@ -48,6 +49,7 @@ class PlanInputs:
     overhead_bytes: int | None = None         # activation peak + non-torch memory; None: estimated
     target_concurrency: int | None = None
     mean_request_tokens: int | None = None
+    gpu_count: int | None = None              # GPUs the operator has: caps a recommended TP x PP; None: unknown
 
 
 @dataclass
@@ -296,6 +298,15 @@ def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int 
     if cpu:
         return 4096
     return 8192 if gpu_bytes and gpu_bytes >= 70 * cap.GiB else 2048
+
+
+@functools.cache
+def utilization_max() -> float:
+    """The highest gpu_memory_utilization a fix recommends: ``gpu_memory_utilization_max`` of
+    rules/thresholds.yaml, the cap the rules of ``diagnose`` apply (``t.gpu_memory_utilization_max``)."""
+    from .diagnosis.loader import builtin_rules_dir, load_thresholds
+
+    return float(load_thresholds(builtin_rules_dir() / "thresholds.yaml")["gpu_memory_utilization_max"])
 
 
 def _gib(n: float) -> str:
@@ -562,106 +573,223 @@ def _startup(inp, shape, groups, avail, block_bytes, mml, block_size, mnbt, engi
 
 def _fixes(inp, shape, groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
            startup, version, util, wbytes: int = 2) -> list[dict]:
-    """Flags for the target (or for a start-up failure), values computed, only flags of that version."""
-    out: list[dict] = []
+    """Flags for the target (or for a start-up failure), values computed, only flags of that version.
+    Each fix belongs to an option (``_number_options``): the options are alternatives, the fixes of
+    one option are applied together; a fix of option ``"*"`` goes with every option."""
+    out: list[tuple[str | None, dict]] = []
 
-    def add(flag: str, value: object, why: str, alt: str | None = None) -> None:
+    def add(option: str | None, flag: str, value: object, why: str) -> None:
         if flag_exists(flag, version):
-            out.append({"flag": flag, "value": value, "why": why, **({"alternative_to": alt} if alt else {})})
+            out.append((option, {"flag": flag, "value": value, "why": why}))
 
     target = inp.target_concurrency
     per_req = max(1, req_blocks)
-    if target:
-        need_blocks = target * per_req
-        if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes:
-            u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, need_blocks, block_bytes)
-            if u <= 0.99:
-                add("--gpu-memory-utilization", u, f"{target} requests x {per_req} blocks = {need_blocks:,} blocks x "
-                    f"{block_bytes:,} B + weights + overhead = {u} of {inp.gpu_memory_bytes / cap.GiB:.1f} GiB")
-            else:
-                add("--tensor-parallel-size", inp.tensor_parallel_size * 2,
-                    f"{target} requests at {mml} tokens need {u:.2f} of one GPU's memory")
-        elif inp.kv_cache_memory_bytes is not None:
-            add("--kv-cache-memory-bytes", need_blocks * block_bytes, f"{need_blocks:,} blocks x {block_bytes:,} B")
-        if blocks and blocks < need_blocks:
-            fit_len = (blocks // target) * block_size
-            if fit_len >= block_size:
-                add("--max-model-len", fit_len, f"{blocks:,} blocks / {target} requests x {block_size} tokens",
-                    alt="--gpu-memory-utilization")
-        add("--max-num-seqs", target, "admit no more sequences than the target")
+    if target and not _SEARCHING:
+        out += _target_fixes(inp, shape, w, overhead, block_bytes, blocks, per_req, mml, block_size, version)
+        if any(n not in (None, "*") for n, _ in out):
+            add("*", "--max-num-seqs", target, "admit no more sequences than the target")
+            return _number_options(out)     # each option reaches the target, so it starts too
+        out = [(None, f) for _, f in out]   # what was tried, informational
     cap_seqs = int(blocks // per_req) if per_req else 0
     if not target and blocks and max_num_seqs > cap_seqs and cap_seqs >= 1 and inp.mean_request_tokens is None:
-        out.append({"flag": "--max-num-seqs", "value": max_num_seqs, "why":
+        out.append((None, {"flag": "--max-num-seqs", "value": max_num_seqs, "why":
                     f"informational: {max_num_seqs} sequences admitted but only {cap_seqs} fit at {mml} tokens each; "
-                    "longer ones are preempted (RECOMPUTE) when the cache fills", "informational": True})
+                    "longer ones are preempted (RECOMPUTE) when the cache fills", "informational": True}))
     if startup.get("stage") == "load":
-        return out + _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version, mml)
+        wf = _weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version, mml)
+        return _number_options(out + [(f"weights {i}", f) for i, f in enumerate(wf)])
     if startup.get("fails") and startup.get("checked"):
-        size_flag = "--kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "--gpu-memory-utilization"
-        mpe, cap_fix = shape.max_position_embeddings, None
+        size_option = "kv-cache-memory-bytes" if inp.kv_cache_memory_bytes is not None else "utilization"
+        mpe, capped = shape.max_position_embeddings, False
         if mpe and mml > mpe:
             # config validation refuses a max_model_len above the model's: the cap is the model's, whatever memory holds
             fit = (blocks - 1) * block_size if blocks > 1 else block_size
-            add("--max-model-len", min(fit, mpe) if blocks * block_size >= block_size else mpe,
+            value = min(fit, mpe) if blocks * block_size >= block_size else mpe
+            capped = value == mpe                    # the model's cap, needed with every option
+            add("*" if capped else "max-model-len", "--max-model-len", value,
                 f"the model's max_position_embeddings ({mpe:,})"
                 + (", and what the KV cache holds" if blocks > 1 and fit < mpe else ""))
-            cap_fix = out[-1] if out and out[-1]["flag"] == "--max-model-len" else None
             if not any(not m.startswith("User-specified max_model_len") for m in startup.get("messages", ())):
-                return _tidy_alternatives(out)   # memory is not the problem: no KV cache fix
+                return _number_options(out)   # memory is not the problem: no KV cache fix
         elif blocks * block_size >= block_size:
             fit = (blocks - 1) * block_size if blocks > 1 else block_size
-            add("--max-model-len", min(fit, mml), "the longest request the KV cache holds", alt=size_flag)
+            add("max-model-len", "--max-model-len", min(fit, mml), "the longest request the KV cache holds")
         if inp.kv_cache_memory_bytes is not None:
             need = (per_req + 1) * block_bytes   # one request at max_model_len plus the null block
-            add("--kv-cache-memory-bytes", need, f"({per_req} blocks per {mml}-token request + 1 null block) x "
-                f"{block_bytes:,} B", alt="--max-model-len")
+            add(size_option, "--kv-cache-memory-bytes", need, f"({per_req} blocks per {mml}-token request + 1 null "
+                f"block) x {block_bytes:,} B")
         if inp.kv_cache_memory_bytes is None and inp.gpu_memory_bytes:
             u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, per_req + 1, block_bytes)
-            if u <= 0.99 and u > util:
-                add("--gpu-memory-utilization", u, f"one {mml}-token request: {per_req} blocks x {block_bytes:,} B", alt="--max-model-len")
+            if util < u <= utilization_max():
+                add(size_option, "--gpu-memory-utilization", u, f"one {mml}-token request: {per_req} blocks x "
+                    f"{block_bytes:,} B + weights + overhead = {u} of {_gib(inp.gpu_memory_bytes)}")
         no_memory = any(m.startswith("No available memory") for m in startup.get("messages", ()))
         if no_memory and inp.gpu_memory_bytes and inp.kv_cache_memory_bytes is None:
             # weights + overhead exceed the budget: a smaller KV cache dtype cannot help; more GPUs split the weights
-            first = next((f["flag"] for f in out if f is not cap_fix), None)   # the model's cap is needed as well
-            out += [dict(f, alternative_to=f.get("alternative_to") or first) if first else f
-                    for f in (_weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version,
-                                            mml) if cap_fix is None else   # sized at the model's own max_model_len
-                              _weight_fixes(_replace(inp, max_model_len=mpe), shape, w, overhead,
-                                            (cap.cdiv(mpe, block_size) + 1) * block_bytes, util, wbytes, version, mpe))]
-        elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto":
-            add("--kv-cache-dtype", "fp8", "halves KV bytes per token (check the model's accuracy)")
-    return _tidy_alternatives(out)
+            wf = (_weight_fixes(inp, shape, w, overhead, (per_req + 1) * block_bytes, util, wbytes, version, mml)
+                  if not capped else   # sized at the model's own max_model_len
+                  _weight_fixes(_replace(inp, max_model_len=mpe), shape, w, overhead,
+                                (cap.cdiv(mpe, block_size) + 1) * block_bytes, util, wbytes, version, mpe))
+            out += [(f"weights {i}", f) for i, f in enumerate(wf)]
+        elif shape.dtype != "fp8" and inp.kv_cache_dtype == "auto" and flag_exists("--kv-cache-dtype", version):
+            at = mpe if mpe and mml > mpe else mml
+            p8 = _replan(inp, kv_cache_dtype="fp8", max_model_len=at)
+            if p8 is not None and not p8.startup["fails"]:
+                if at != mml and not capped:
+                    add("fp8", "--max-model-len", at, f"the model's max_position_embeddings ({mpe:,})")
+                add("fp8", "--kv-cache-dtype", "fp8", f"halves KV bytes per token (check the model's accuracy): "
+                    f"{_conc_arith(p8)} at {at:,} tokens, so it starts")
+    return _number_options(out)
 
 
-def _tidy_alternatives(out: list[dict]) -> list[dict]:
-    """``alternative_to`` must name a fix that is listed: the first listed fix of a failure otherwise."""
-    listed = [f["flag"] for f in out if f.get("flag") and not f.get("informational")]
-    for f in out:
-        alt = f.get("alternative_to")
-        if alt and alt not in listed:
-            others = [x for x in listed if x != f.get("flag")]
-            if others and (f.get("flag") not in listed or listed.index(others[0]) < listed.index(f["flag"])):
-                f["alternative_to"] = others[0]
+def _conc_arith(p: Plan) -> str:
+    c = p.concurrency
+    return f"{p.pool['num_gpu_blocks']:,} blocks / {c['blocks_per_request']:,} blocks per request = {_conc(p):.2f}x"
+
+
+def _conc(p: Plan) -> float:
+    """Max concurrency at max_model_len, unrounded (the figure the plan prints, to 2 decimals)."""
+    return cap.max_concurrency(p.pool["num_gpu_blocks"], p.concurrency["blocks_per_request"])
+
+
+def _target_fixes(inp, shape, w, overhead, block_bytes, blocks, per_req, mml, block_size, version) -> list:
+    """The options that hold ``target_concurrency`` requests of max_model_len, each tried by planning again
+    (it must start and its concurrency, ``cap.max_concurrency``, must reach the target): a
+    gpu_memory_utilization up to ``utilization_max()``, else the smallest tensor_parallel_size that does;
+    the longest max_model_len that does; an fp8 KV cache (with the smallest TP it needs). ``--kv-cache-memory-bytes``
+    given: the size that does. Nothing reaching it: said, with what was tried."""
+    target, tp = inp.target_concurrency, inp.tensor_parallel_size
+    need_blocks = target * per_req
+    out: list[tuple[str | None, dict]] = []
+
+    def opt(name, flag, value, why):
+        if flag_exists(flag, version):
+            out.append((name, {"flag": flag, "value": value, "why": why}))
+
+    def reaches(p):
+        return p is not None and not p.startup["fails"] and _conc(p) >= target
+
+    now = f"{blocks:,} blocks / {per_req:,} blocks per {mml:,}-token request = {blocks / per_req:.2f}x"
+    tp_plan = None
+    if inp.kv_cache_memory_bytes is not None:
+        opt("kv-cache-memory-bytes", "--kv-cache-memory-bytes", need_blocks * block_bytes,
+            f"{target} requests x {per_req:,} blocks = {need_blocks:,} blocks x {block_bytes:,} B")
+    elif inp.gpu_memory_bytes:
+        u = cap.utilization_for_blocks(inp.gpu_memory_bytes, w, overhead, 0, need_blocks, block_bytes)
+        umax = utilization_max()
+        if u <= umax and reaches(_replan(inp, gpu_memory_utilization=u)):
+            opt("utilization", "--gpu-memory-utilization", u, f"{target} requests x {per_req:,} blocks = {need_blocks:,} "
+                f"blocks x {block_bytes:,} B + {_gib(w)} weights + {_gib(overhead)} overhead = {u} of "
+                f"{_gib(inp.gpu_memory_bytes)}")
+        else:
+            tried = []
+            for t in _tp_candidates(inp, shape):
+                p = _replan(inp, tensor_parallel_size=t)
+                if p is None or p.startup["fails"]:
+                    continue
+                if reaches(p):
+                    tp_plan = p
+                    break
+                tried.append(f"TP {t}: {_conc(p):.2f}x")
+            why_more = (f"at TP {tp}: {now} < {target}, and {target} requests x {per_req:,} blocks x {block_bytes:,} B "
+                        f"+ weights + overhead need gpu_memory_utilization {u} ({_gib(u * inp.gpu_memory_bytes)} of the "
+                        f"{_gib(inp.gpu_memory_bytes)} GPU), above the {umax} recommended at most")
+            if tp_plan is not None:
+                t = tp_plan.settings["tensor_parallel_size"]
+                opt("tensor-parallel-size", "--tensor-parallel-size", t,
+                    f"{why_more}; at TP {t}: {_conc_arith(tp_plan)} >= {target} "
+                    + (f"({'; '.join(tried)}); " if tried else "")
+                    + f"{t * inp.pipeline_parallel_size} GPUs")
             else:
-                f.pop("alternative_to")
+                top = max(_tp_candidates(inp, shape), default=tp)
+                out.append((None, {"flag": None, "value": None, "informational": True,
+                                   "summary": f"no --tensor-parallel-size up to {top} reaches {target} requests of "
+                                              f"{mml:,} tokens",
+                                   "why": f"{why_more}; " + (f"{'; '.join(tried)}; " if tried else "")
+                                          + f"TP must divide the {shape.num_heads} attention heads{_gpu_limit(inp)}"}))
+    if blocks < need_blocks:
+        fit_len = (blocks // target) * block_size
+        p = _replan(inp, max_model_len=fit_len) if fit_len >= block_size else None
+        if reaches(p):
+            opt("max-model-len", "--max-model-len", fit_len, f"at TP {tp}: {blocks:,} blocks // {target} requests x "
+                f"{block_size} tokens = {fit_len:,} tokens; {_conc_arith(p)} >= {target}")
+    if (shape.dtype != "fp8" and inp.kv_cache_dtype == "auto" and inp.kv_cache_memory_bytes is None
+            and flag_exists("--kv-cache-dtype", version)):
+        limit = tp_plan.settings["tensor_parallel_size"] if tp_plan is not None else None
+        for t in [tp] + _tp_candidates(inp, shape):
+            if limit is not None and t >= limit:
+                break                              # no fewer GPUs than TP alone: not an option of its own
+            p = _replan(inp, kv_cache_dtype="fp8", tensor_parallel_size=t)
+            if reaches(p):
+                if t != tp:
+                    opt("fp8", "--tensor-parallel-size", t, f"{t * inp.pipeline_parallel_size} GPUs, with an fp8 KV cache")
+                opt("fp8", "--kv-cache-dtype", "fp8", f"halves KV bytes per token (check the model's accuracy): at TP {t}, "
+                    f"{_conc_arith(p)} >= {target}")
+                break
     return out
+
+
+_TP_MAX = 16   # the largest tensor_parallel_size tried when the GPU count is not known
+
+
+def _tp_candidates(inp: PlanInputs, shape) -> list[int]:
+    """Tensor-parallel sizes above the current one that vLLM accepts for the model: the attention heads
+    divide by TP (``verify_with_parallel_config``), and the KV heads divide by it or it by them
+    (``QKVParallelLinear``: fewer KV heads than TP are replicated, ``capacity.kv_heads_per_gpu``; MLA has
+    no KV heads to split); TP x PP no more than the GPUs given (``gpu_count``), else up to 16."""
+    top = inp.gpu_count // inp.pipeline_parallel_size if inp.gpu_count else _TP_MAX
+    heads, kv = shape.num_heads, shape.num_kv_heads
+    return [t for t in range(inp.tensor_parallel_size + 1, top + 1)
+            if (not heads or heads % t == 0)
+            and (shape.kv_lora_rank or not kv or (kv % t == 0 if t < kv else t % kv == 0))]
+
+
+def _gpu_limit(inp: PlanInputs) -> str:
+    return (f", and TP x PP {inp.pipeline_parallel_size} within the {inp.gpu_count} GPUs given" if inp.gpu_count
+            else f"; tried up to {_TP_MAX}: give --gpus to cap it at the GPUs there are")
+
+
+def _number_options(out: list[tuple[str | None, dict]]) -> list[dict]:
+    """Number the options as ``diagnose`` does (``advice.relate_fixes``): each fix gets ``option`` (1-based)
+    and ``relation`` (``only``, ``alternative``: pick one option, ``set``: applied with the rest of its
+    option). A fix of option ``"*"`` is listed in every option; None: informational, no option."""
+    from .advice import relate_fixes
+    from .findings import FlagFix
+
+    names = list(dict.fromkeys(n for n, _ in out if n not in (None, "*"))) or (["*"] if any(n == "*" for n, _ in out) else [])
+    fixes, options = [], []
+    for name in names:
+        for n, f in out:
+            if n == name or n == "*":
+                fixes.append(dict(f))
+                options.append(name)
+    proxies = [FlagFix(str(f["flag"]), str(f["value"]), f["why"]) for f in fixes]
+    relate_fixes(proxies, options)
+    for f, p in zip(fixes, proxies):
+        f["option"], f["relation"] = p.option, p.relation
+    return [dict(f, informational=True) for n, f in out if n is None] + fixes
 
 
 _SEARCHING = False   # a plan made to test a fix computes no fixes of its own
 
 
-def _starts(inp: PlanInputs, **change) -> bool:
-    """Whether the plan with ``change`` applied starts (the fixes below are tried, never guessed)."""
-    from dataclasses import replace as _replace
-
+def _replan(inp: PlanInputs, **change) -> Plan | None:
+    """The plan with ``change`` applied and no target (the fixes are tried, never guessed); None when the
+    change is not a plan (an InputError: a Mamba dimension TP does not divide, ...)."""
     global _SEARCHING
-    _SEARCHING = True
+    was, _SEARCHING = _SEARCHING, True
     try:
-        return not make_plan(_replace(inp, target_concurrency=None, **change)).startup["fails"]
+        return make_plan(_replace(inp, target_concurrency=None, **change))
     except InputError:
-        return False
+        return None
     finally:
-        _SEARCHING = False
+        _SEARCHING = was
+
+
+def _starts(inp: PlanInputs, **change) -> bool:
+    """Whether the plan with ``change`` applied starts."""
+    p = _replan(inp, **change)
+    return p is not None and not p.startup["fails"]
 
 
 def _weight_fixes(inp, shape, w, overhead, one_request_kv, util, wbytes, version, mml) -> list[dict]:
@@ -677,14 +805,10 @@ def _weight_fixes(inp, shape, w, overhead, one_request_kv, util, wbytes, version
 
     def add(flag, value, why):
         if flag_exists(flag, version):
-            out.append({"flag": flag, "value": value, "why": why,
-                        **({"alternative_to": out[0]["flag"]} if out else {})})
+            out.append({"flag": flag, "value": value, "why": why})
     now = (f"weights {_gib(w)} per GPU at TP {tp} x PP {pp} + {_gib(overhead)} overhead + one {mml:,}-token "
            f"request exceed {_gib(total)} x {util} = {_gib(total * util)}")
-    for t in (2, 4, 8, 16):
-        tp2 = tp * t
-        if shape.num_heads and shape.num_heads % tp2:
-            continue
+    for tp2 in _tp_candidates(inp, shape):
         if _starts(inp, tensor_parallel_size=tp2):
             add("--tensor-parallel-size", tp2, f"{now}; at TP {tp2}: "
                 f"{_gib(cap.weight_bytes_per_gpu(shape, wbytes, tp2, pp))} weights per GPU ({tp2 * pp} GPUs)")
@@ -708,8 +832,7 @@ def _weight_fixes(inp, shape, w, overhead, one_request_kv, util, wbytes, version
     if need:
         out.append({"flag": None, "value": None, "hardware": f"a GPU with at least {need} GiB",
                     "why": f"{_gib(w)} weights + activations, non-torch memory and one {mml:,}-token request's KV "
-                           f"cache within gpu_memory_utilization {util} x {need} GiB",
-                    **({"alternative_to": out[0]["flag"]} if out else {})})
+                           f"cache within gpu_memory_utilization {util} x {need} GiB"})
     return out
 
 
@@ -738,10 +861,17 @@ def verdict(p: Plan) -> list[str]:
     return out
 
 
-def _fix_line(f: dict, code) -> str:
-    alt = f" (alternative to {f['alternative_to']})" if f.get("alternative_to") else ""
-    what = code(str(f["flag"]) + " " + str(f["value"])) if f.get("flag") else f.get("hardware", "")
-    return f"{what}{alt}: {f['why']}"
+def _fix_line(f: dict, fixes: list[dict], code) -> str:
+    """A fix as ``diagnose`` labels it (``advice.fix_label``): "(option 1 of 3: pick one)", "(option 2 of 3,
+    applied together)", "(apply together)", nothing for the only fix."""
+    from types import SimpleNamespace
+
+    from .advice import fix_label
+
+    numbered = [SimpleNamespace(**g) for g in fixes if not g.get("informational")]
+    label = "" if f.get("informational") else fix_label(SimpleNamespace(**f), numbered)
+    what = code(str(f["flag"]) + " " + str(f["value"])) if f.get("flag") else f.get("hardware") or f.get("summary", "")
+    return f"{what}{f' ({label})' if label else ''}: {f['why']}"
 
 
 def _lines(p: Plan, md: bool) -> list[str]:
@@ -754,9 +884,9 @@ def _lines(p: Plan, md: bool) -> list[str]:
            h("Verdict"), f"{b}{v[0]}"]
     out += [(f"  {x.strip()}" if md else f"{b}{x}") for x in v[1:]]
     if p.fixes:
-        alts = sum(1 for f in p.fixes if f.get("alternative_to"))
-        out += ["", h("Flags" + (" (alternatives marked; apply one of them)" if alts else ""))]
-        out += [f"{b}{_fix_line(f, code)}" for f in p.fixes]
+        n = len({f["option"] for f in p.fixes if not f.get("informational")})
+        out += ["", h("Flags" + (f" ({n} options: pick one)" if n > 1 else ""))]
+        out += [f"{b}{_fix_line(f, p.fixes, code)}" for f in p.fixes]
     out += ["", h("Settings"),
             f"{b}vLLM {p.vllm_version} ({p.engine.upper()} engine), {s['device']}, TP {s['tensor_parallel_size']} x PP {s['pipeline_parallel_size']}, "
             f"dtype {s['dtype']}, kv_cache_dtype {s['kv_cache_dtype']}, block_size {s['block_size']}, max_model_len {s['max_model_len']:,}, "

@@ -234,7 +234,10 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
     out = []
     if p.startup["fails"]:
         fixes = [f for f in p.fixes if not f.get("informational")]
-        alts = [f"{f['flag']} {f['value']}" if f.get("flag") else f.get("hardware", "") for f in fixes[1:]]
+        by_option: dict[int, list[str]] = {}    # plan's options: alternatives; the fixes of one go together
+        for f in fixes:
+            by_option.setdefault(f["option"], []).append(f"{f['flag']} {f['value']}" if f.get("flag") else f.get("hardware", ""))
+        alts = [" ".join(c) for o, c in by_option.items() if fixes and o != fixes[0]["option"]]
         line = _flag_line(la, text, "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
                           "--tensor-parallel-size", "--max-num-seqs")
         out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, line,

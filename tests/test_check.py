@@ -31,9 +31,43 @@ def ids(res) -> list[tuple[str, int, str | None]]:
 def test_note_docker_run_template():
     r = run(NOTE / "s8-docker-run.sh")
     assert r.kind == "shell" and r.launches == 1
-    assert ids(r) == [("VC007", 2, "--no-enable-chunked-prefill"), ("VC008", 3, "image"),
+    assert ids(r) == [("VC007", 2, "VLLM_USE_PREFILL"), ("VC008", 3, "image"),
                       ("VC001", 10, "--max-num-batched-tokens")]
+    assert r.findings[0].fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
     assert r.findings[2].fix["value"] == "4096"
+
+
+@pytest.mark.parametrize("version,said", [
+    ("0.3.3", "vLLM 0.3.3 has no chunked prefill at all"),
+    ("0.6.3", "this launch turns chunked prefill on with --enable-chunked-prefill, and the variable does not change that"),
+    ("0.11.0", "(on vLLM 0.11.0's V1 engine it is always on for generative models anyway)"),
+    ("0.33.0", "this launch turns chunked prefill on with --enable-chunked-prefill"),
+])
+def test_note_use_prefill_false_is_deleted_never_turned_into_a_disabling_flag(version, said):
+    """VLLM_USE_PREFILL=False next to --enable-chunked-prefill: the variable does nothing; advising
+    --no-enable-chunked-prefill contradicted the launch (and is overridden on V1 0.8-0.11)."""
+    r = run(NOTE / "s8-docker-run.sh", version)
+    f = next(f for f in r.findings if f.rule_id == "VC007")
+    assert f.message.startswith("VLLM_USE_PREFILL is not read by any vLLM release: setting it does nothing")
+    assert said in f.message and "--no-enable-chunked-prefill" not in f.message
+    assert f.fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
+    assert "-> delete VLLM_USE_PREFILL\n" in FORMATS["text"]([r])
+
+
+@pytest.mark.parametrize("version,real", [
+    ("0.3.3", None),                                                      # no chunked prefill at all
+    ("0.4.3", None),                                                      # off unless the flag is given
+    ("0.6.3", {"setting": "--enable-chunked-prefill", "value": "false"}),  # auto-on above 32768 tokens
+    ("0.8.5", None),                                                      # V1: forced on, the flag is overridden
+    ("0.11.0", None),
+    ("0.12.0", {"setting": "--no-enable-chunked-prefill", "value": None}),
+])
+def test_use_prefill_false_alone_names_a_flag_only_where_it_turns_chunked_prefill_off(version, real):
+    r = check_text("VLLM_USE_PREFILL=False\n", "a.env", vllm_version=version)
+    (f,) = r.findings
+    assert f.fix.get("and") == real and f.fix["action"] == "delete"
+    if version in ("0.8.5", "0.11.0"):
+        assert "no flag turns it off (--no-enable-chunked-prefill is overridden)" in f.message
 
 
 def test_note_compose_template():
@@ -50,7 +84,7 @@ def test_note_start_sh_expands_its_variables():
 
 def test_note_dockerfile_env_and_ci():
     d = run(NOTE / "A10-Dockerfile")
-    assert d.kind == "dockerfile" and ids(d) == [("VC008", 2, "image"), ("VC007", 3, "--no-enable-chunked-prefill")]
+    assert d.kind == "dockerfile" and ids(d) == [("VC008", 2, "image"), ("VC007", 3, "VLLM_USE_PREFILL")]
     e = run(NOTE / "A10.env")
     assert e.kind == "dotenv" and ids(e) == [("VC001", 5, "--max-num-batched-tokens")]
     ci = run(NOTE / "A17-gitlab-ci.yml")
@@ -63,7 +97,7 @@ def test_note_k8s_and_env_list():
     k = run(NOTE / "A20-deployment.yaml")
     assert k.kind == "kubernetes" and k.launches == 1 and ids(k) == [("VC008", 12, "image")]
     a = run(NOTE / "A25-env.txt")
-    assert ids(a) == [("VC007", 1, "--no-enable-chunked-prefill"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
+    assert ids(a) == [("VC007", 1, "VLLM_USE_PREFILL"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
 
 
 @pytest.mark.parametrize("version,rule,setting", [

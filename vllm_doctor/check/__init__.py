@@ -392,16 +392,34 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
 
 # ---------------------------------------------------------------- output
 
+def _setting(d: dict) -> str:
+    return f"{d['setting']}" + (f" {d['value']}" if d.get("value") not in (None, "") else "")
+
+
+def fix_text(fix: dict | None) -> str:
+    """A finding's fix in words, for every format: the setting and its value ("delete X" for a variable
+    that does nothing), and the alternatives numbered as the diagnose report numbers them ("option 1 of
+    2: pick one"). "" when there is no fix."""
+    if not fix or not fix.get("setting"):
+        return ""
+    first = f"delete {fix['setting']}" if fix.get("action") == "delete" else _setting(fix)
+    if fix.get("and"):
+        first += f" (and, only if that is meant: {_setting(fix['and'])})"
+    alts = [a for a in fix.get("alternatives") or () if a]
+    if not alts:
+        return first
+    n = len(alts) + 1
+    return "; ".join(f"{s} (option {i} of {n}: pick one)" for i, s in enumerate([first, *alts], 1))
+
+
 def to_text(results: list[CheckResult]) -> str:
     out = []
     for r in results:
         empty = "" if r.launches or r.kind in MONITORING_KINDS else "; no vLLM launch found in it"
         out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s){empty}")
         for f in r.findings:
-            fix = ""
-            if f.fix and f.fix.get("setting"):
-                fix = f" -> {f.fix['setting']}" + (f" {f.fix['value']}" if f.fix.get("value") not in (None, "") else "")
-            out.append(f"  {f.file}:{f.line}: {f.level} {f.rule_id} {f.name}: {f.message}{fix}")
+            fix = fix_text(f.fix)
+            out.append(f"  {f.file}:{f.line}: {f.level} {f.rule_id} {f.name}: {f.message}" + (f" -> {fix}" if fix else ""))
     return "\n".join(out) + "\n"
 
 
@@ -418,8 +436,7 @@ def to_sarif(results: list[CheckResult]) -> str:
     res = []
     for r in results:
         for f in r.findings:
-            msg = f.message + (f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip()
-                               if f.fix and f.fix.get("setting") else "")
+            msg = f.message + (f" Fix: {fix_text(f.fix)}" if fix_text(f.fix) else "")
             res.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": f.level,
                         "message": {"text": msg},
                         "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.file},
@@ -441,7 +458,7 @@ def to_github(results: list[CheckResult]) -> str:
     for r in results:
         for f in r.findings:
             cmd = {"error": "error", "warning": "warning", "note": "notice"}[f.level]
-            fix = f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip() if f.fix and f.fix.get("setting") else ""
+            fix = f" Fix: {fix_text(f.fix)}" if fix_text(f.fix) else ""
             out.append(f"::{cmd} file={_gh_escape(f.file, True)},line={max(1, f.line)},"
                        f"title={_gh_escape(f.rule_id + ' ' + f.name, True)}::{_gh_escape(f.message + fix)}")
     return "\n".join(out) + ("\n" if out else "")

@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from .. import versions
 from .findings import CheckFinding
-from .knowledge import INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, value_problem
+from .knowledge import INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, use_prefill_advice, value_problem
 
 IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?::([\w.\-]+))?(?:@sha256:\w+)?$")
 VERSION_TAG_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+){0,2})")
@@ -711,13 +711,14 @@ def lint_env(la: Launch, version: str, text: str) -> list[CheckFinding]:
     for k, (v, line) in la.env.items():
         if not k.startswith("VLLM_") or k.startswith("VLLM_DOCTOR_"):
             continue
-        if k in INVENTED_ENV:
+        if k == "VLLM_USE_PREFILL":
+            said, real = use_prefill_advice(v, version, _chunked_prefill_switch(la.argv))
+            fix = {"setting": k, "value": None, "action": "delete", **({"and": real} if real else {})}
+            out.append(CheckFinding("VC007", f"{INVENTED_ENV[k][1]}; {said}", la.file, line, fix=fix,
+                                    snippet=f"{k}={v}"))
+        elif k in INVENTED_ENV:
             real, why = INVENTED_ENV[k]
             val: object = v.split()[0] if v.split() else None
-            if real and real.startswith("--enable-") and str(val).lower() in ("false", "0", "no", "off"):
-                real, val = "--no-" + real[2:], None
-            elif real and real.startswith("--"):
-                val = None
             out.append(CheckFinding("VC007", why, la.file, line, fix={"setting": real, "value": val}, snippet=f"{k}={v}"))
         elif not versions.flag_exists(k, version):
             where = _ranges_text(k)
@@ -725,6 +726,22 @@ def lint_env(la: Launch, version: str, text: str) -> list[CheckFinding]:
                                     + (f" (it exists in {where})" if where else " (not in any vLLM release's envs.py)"),
                                     la.file, line, snippet=f"{k}={v}"))
     return out
+
+
+def _chunked_prefill_switch(argv: list[str]) -> bool | None:
+    """The launch's own chunked prefill switch: True (--enable-chunked-prefill[=true]), False (its
+    disabling forms, --enable-chunked-prefill=false), None (not given)."""
+    got = None
+    for i, a in enumerate(argv):
+        name, eq, val = a.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--no-enable-chunked-prefill", "--disable-chunked-prefill"):
+            got = False
+        elif name == "--enable-chunked-prefill":
+            if not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false", "1", "0"):
+                val = argv[i + 1]
+            got = val.lower() not in ("false", "0")
+    return got
 
 
 def lint_shm(la: Launch, flags: dict[str, str | None]) -> list[CheckFinding]:

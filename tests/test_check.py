@@ -112,6 +112,51 @@ def test_note_kv_cache_flag_by_version(version, rule, setting):
     assert r.findings[0].fix["value"] == 31250          # 500,000 tokens / 16-token blocks
 
 
+@pytest.mark.parametrize("version,blocks_flag,bytes_flag", [
+    ("0.4.0", "--forced-num-gpu-blocks", False), ("0.4.3", "--num-gpu-blocks-override", False),
+    ("0.10.1", "--num-gpu-blocks-override", False), ("0.11.0", "--num-gpu-blocks-override", True),
+])
+def test_kv_cache_token_count_without_a_model_shows_the_arithmetic_and_says_the_fit_is_unchecked(version, blocks_flag,
+                                                                                                 bytes_flag):
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", version).findings[-1:]
+    assert f.fix == {"setting": blocks_flag, "value": 31250, "alternatives": []}
+    assert (f"for a KV cache of 500,000 tokens: {blocks_flag} 31250 (ceil(500,000 / 16 tokens per block, vLLM's CUDA "
+            "default; MLA models use 64) = 31,250 blocks") in f.message
+    assert ("or, instead: --kv-cache-memory-bytes = 500,000 x the model's KV bytes per token per GPU" in f.message) is bytes_flag
+    assert "--gpu-memory-utilization" not in f.message      # sizes a fraction of memory, not a token count
+    assert f.message.endswith("Not checked: whether 31,250 blocks fit in GPU memory (no --model-config given: each "
+                              "block is 16 tokens x the model's KV bytes per token)")
+    if version == "0.10.1":    # read as --kv-cache-dtype 500000, which vLLM rejects
+        assert "so --kv-cache 500000 is --kv-cache-dtype 500000: not a KV cache dtype vLLM knows" in f.message
+
+
+def test_kv_cache_token_count_with_the_notes_model_and_card_does_not_fit():
+    """The note's 8B model (bf16 KV: 128 KiB/token, 2 MiB per 16-token block) on its A100 40 GB."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg).findings[-1:]
+    assert f.fix == {"setting": "--num-gpu-blocks-override", "value": 31250,
+                     "alternatives": ["--kv-cache-memory-bytes 65536000000"]}      # 31,250 x 2,097,152 B
+    assert "(31,250 blocks x 2,097,152 B per block = 61.04 GiB per GPU)" in f.message
+    assert "Not checked: whether 61.04 GiB of KV cache fits next to the weights (no --gpu-memory given)" in f.message
+    assert ("-> --num-gpu-blocks-override 31250 (option 1 of 2: pick one); --kv-cache-memory-bytes 65536000000 "
+            "(option 2 of 2: pick one)\n") in FORMATS["text"]([run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg)])
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg, gpu_memory=40 << 30).findings[-1:]
+    assert f.level == "error" and f.fix == {"setting": "--kv-cache", "value": None, "action": "delete"}
+    assert "It does not fit: 61.04 GiB of KV cache, but this GPU leaves 19.58 GiB for it" in f.message
+    assert "about 10,025 blocks = 160,400 tokens here" in f.message
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg, gpu_memory=80 << 30).findings[-1:]
+    assert "It does not fit: 61.04 GiB of KV cache, but this GPU leaves 52.09 GiB" in f.message
+
+
+def test_kv_cache_token_count_that_fits():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    r = check_text("vllm serve m --kv-cache 500000 --kv-cache-dtype fp8\n", "a.sh", vllm_version="0.11.0",
+                   model_config=cfg, gpu_memory=80 << 30)
+    (f,) = r.findings
+    assert f.fix["alternatives"] == ["--kv-cache-memory-bytes 32768000000"]     # fp8: 1 MiB per block
+    assert f.message.endswith("It fits: 30.52 GiB of the 52.09 GiB this GPU leaves the KV cache")
+
+
 def test_note_templates_on_an_old_version():
     """fp8 KV cache and the underscore-free names on 0.4.0: --kv-cache-dtype fp8 is an invalid choice."""
     r = run(NOTE / "s8-docker-run.sh", "0.4.0")

@@ -13,6 +13,69 @@ INVENTED_FLAGS: dict[str, tuple[str, str]] = {
     "--chunked-prefill-size": ("--max-num-batched-tokens", "--chunked-prefill-size is SGLang's flag; vLLM's chunk "
                                "size is the per-step token budget --max-num-batched-tokens (with --enable-chunked-prefill)"),
 }
+GiB = 1 << 30
+
+
+def kv_cache_size_advice(tokens: int, version: str, flags: set[str], block_size: int | None = None,
+                         sized: dict | None = None) -> tuple[str, dict | None, str | None]:
+    """``--kv-cache N``: the operator asked for a KV cache of N tokens. (what to write instead, with the
+    arithmetic; the fix; "error" when it cannot fit, else None). ``flags``: the flags of ``version``;
+    ``block_size``: the launch's --block-size (else 16, vLLM's CUDA default); ``sized``: from ``plan`` on the
+    model (``bytes_per_block``, ``block_size``, and ``available``: the bytes vLLM leaves the KV cache on that
+    GPU, None when the GPU memory is not given)."""
+    bs = (sized or {}).get("block_size") or block_size or 16
+    blocks = -(-tokens // bs)
+    src = ("this model's block size" if sized else "--block-size" if block_size
+           else "vLLM's CUDA default; MLA models use 64")
+    blocks_flag = next((f for f in ("--num-gpu-blocks-override", "--forced-num-gpu-blocks") if f in flags), None)
+    has_bytes = "--kv-cache-memory-bytes" in flags
+    out = [f"{tokens} is a token count, and no --kv-cache* flag takes one; for a KV cache of {tokens:,} tokens"]
+    fix: dict | None = None
+    need = blocks * sized["bytes_per_block"] if sized else None
+    if blocks_flag:
+        out.append(f"{blocks_flag} {blocks} (ceil({tokens:,} / {bs} tokens per block, {src}) = {blocks:,} blocks; it "
+                   "replaces the number of blocks vLLM profiles, and is not checked against free memory)")
+        fix = {"setting": blocks_flag, "value": blocks, "alternatives": []}
+    if has_bytes:
+        if need is not None:
+            alt = (f"--kv-cache-memory-bytes {need} ({blocks:,} blocks x {sized['bytes_per_block']:,} B per block "
+                   f"= {need / GiB:.2f} GiB per GPU)")
+            if fix:
+                fix["alternatives"].append(f"--kv-cache-memory-bytes {need}")
+            else:
+                fix = {"setting": "--kv-cache-memory-bytes", "value": need}
+        else:
+            alt = (f"--kv-cache-memory-bytes = {tokens:,} x the model's KV bytes per token per GPU (give "
+                   "--model-config to have it computed)")
+        out.append(("or, instead: " if blocks_flag else "") + alt)
+    if not blocks_flag and not has_bytes:
+        fix = {"setting": "--gpu-memory-utilization", "value": None}
+        out.append(f"vLLM {version} has no flag for it: --gpu-memory-utilization sizes the cache as a fraction of "
+                   "GPU memory instead")
+    said = out[0] + ": " + "; ".join(out[1:])
+    level = None
+    if not blocks_flag and not has_bytes:
+        pass
+    elif need is None:
+        said += (f". Not checked: whether {blocks:,} blocks fit in GPU memory (no --model-config given: each block "
+                 f"is {bs} tokens x the model's KV bytes per token)")
+    elif sized.get("available") is None:
+        said += (f". Not checked: whether {need / GiB:.2f} GiB of KV cache fits next to the weights (no "
+                 "--gpu-memory given)")
+    elif need > sized["available"]:
+        fit = sized["available"] // sized["bytes_per_block"]
+        said += (f". It does not fit: {need / GiB:.2f} GiB of KV cache, but this GPU leaves "
+                 f"{sized['available'] / GiB:.2f} GiB for it ({sized['available_arithmetic']}): vLLM runs out of "
+                 f"memory at start-up. Delete --kv-cache and let vLLM size the cache: about {fit:,} blocks = "
+                 f"{fit * bs:,} tokens here ({sized['available']:,} B // {sized['bytes_per_block']:,} B per block); "
+                 f"{tokens:,} tokens need more GPU memory, tensor parallelism"
+                 + (" or --kv-cache-dtype fp8" if not sized.get("fp8") and blocks_flag == "--num-gpu-blocks-override" else ""))
+        fix, level = {"setting": "--kv-cache", "value": None, "action": "delete"}, "error"
+    else:
+        said += f". It fits: {need / GiB:.2f} GiB of the {sized['available'] / GiB:.2f} GiB this GPU leaves the KV cache"
+    return said, fix, level
+
+
 INVENTED_ENV: dict[str, tuple[str | None, str]] = {
     # no real setting: what it would mean depends on the version and the launch (use_prefill_advice)
     "VLLM_USE_PREFILL": (None, "VLLM_USE_PREFILL is not read by any vLLM release: setting it does nothing "

@@ -31,9 +31,43 @@ def ids(res) -> list[tuple[str, int, str | None]]:
 def test_note_docker_run_template():
     r = run(NOTE / "s8-docker-run.sh")
     assert r.kind == "shell" and r.launches == 1
-    assert ids(r) == [("VC007", 2, "--no-enable-chunked-prefill"), ("VC008", 3, "image"),
+    assert ids(r) == [("VC007", 2, "VLLM_USE_PREFILL"), ("VC008", 3, "image"),
                       ("VC001", 10, "--max-num-batched-tokens")]
+    assert r.findings[0].fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
     assert r.findings[2].fix["value"] == "4096"
+
+
+@pytest.mark.parametrize("version,said", [
+    ("0.3.3", "vLLM 0.3.3 has no chunked prefill at all"),
+    ("0.6.3", "this launch turns chunked prefill on with --enable-chunked-prefill, and the variable does not change that"),
+    ("0.11.0", "(on vLLM 0.11.0's V1 engine it is always on for generative models anyway)"),
+    ("0.33.0", "this launch turns chunked prefill on with --enable-chunked-prefill"),
+])
+def test_note_use_prefill_false_is_deleted_never_turned_into_a_disabling_flag(version, said):
+    """VLLM_USE_PREFILL=False next to --enable-chunked-prefill: the variable does nothing; advising
+    --no-enable-chunked-prefill contradicted the launch (and is overridden on V1 0.8-0.11)."""
+    r = run(NOTE / "s8-docker-run.sh", version)
+    f = next(f for f in r.findings if f.rule_id == "VC007")
+    assert f.message.startswith("VLLM_USE_PREFILL is not read by any vLLM release: setting it does nothing")
+    assert said in f.message and "--no-enable-chunked-prefill" not in f.message
+    assert f.fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
+    assert "-> delete VLLM_USE_PREFILL\n" in FORMATS["text"]([r])
+
+
+@pytest.mark.parametrize("version,real", [
+    ("0.3.3", None),                                                      # no chunked prefill at all
+    ("0.4.3", None),                                                      # off unless the flag is given
+    ("0.6.3", {"setting": "--enable-chunked-prefill", "value": "false"}),  # auto-on above 32768 tokens
+    ("0.8.5", None),                                                      # V1: forced on, the flag is overridden
+    ("0.11.0", None),
+    ("0.12.0", {"setting": "--no-enable-chunked-prefill", "value": None}),
+])
+def test_use_prefill_false_alone_names_a_flag_only_where_it_turns_chunked_prefill_off(version, real):
+    r = check_text("VLLM_USE_PREFILL=False\n", "a.env", vllm_version=version)
+    (f,) = r.findings
+    assert f.fix.get("and") == real and f.fix["action"] == "delete"
+    if version in ("0.8.5", "0.11.0"):
+        assert "no flag turns it off (--no-enable-chunked-prefill is overridden)" in f.message
 
 
 def test_note_compose_template():
@@ -50,7 +84,7 @@ def test_note_start_sh_expands_its_variables():
 
 def test_note_dockerfile_env_and_ci():
     d = run(NOTE / "A10-Dockerfile")
-    assert d.kind == "dockerfile" and ids(d) == [("VC008", 2, "image"), ("VC007", 3, "--no-enable-chunked-prefill")]
+    assert d.kind == "dockerfile" and ids(d) == [("VC008", 2, "image"), ("VC007", 3, "VLLM_USE_PREFILL")]
     e = run(NOTE / "A10.env")
     assert e.kind == "dotenv" and ids(e) == [("VC001", 5, "--max-num-batched-tokens")]
     ci = run(NOTE / "A17-gitlab-ci.yml")
@@ -63,7 +97,7 @@ def test_note_k8s_and_env_list():
     k = run(NOTE / "A20-deployment.yaml")
     assert k.kind == "kubernetes" and k.launches == 1 and ids(k) == [("VC008", 12, "image")]
     a = run(NOTE / "A25-env.txt")
-    assert ids(a) == [("VC007", 1, "--no-enable-chunked-prefill"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
+    assert ids(a) == [("VC007", 1, "VLLM_USE_PREFILL"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
 
 
 @pytest.mark.parametrize("version,rule,setting", [
@@ -76,6 +110,51 @@ def test_note_kv_cache_flag_by_version(version, rule, setting):
     r = run(NOTE / "s3.3-kv-flags.sh", version)
     assert ids(r) == [(rule, 6, setting)]
     assert r.findings[0].fix["value"] == 31250          # 500,000 tokens / 16-token blocks
+
+
+@pytest.mark.parametrize("version,blocks_flag,bytes_flag", [
+    ("0.4.0", "--forced-num-gpu-blocks", False), ("0.4.3", "--num-gpu-blocks-override", False),
+    ("0.10.1", "--num-gpu-blocks-override", False), ("0.11.0", "--num-gpu-blocks-override", True),
+])
+def test_kv_cache_token_count_without_a_model_shows_the_arithmetic_and_says_the_fit_is_unchecked(version, blocks_flag,
+                                                                                                 bytes_flag):
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", version).findings[-1:]
+    assert f.fix == {"setting": blocks_flag, "value": 31250, "alternatives": []}
+    assert (f"for a KV cache of 500,000 tokens: {blocks_flag} 31250 (ceil(500,000 / 16 tokens per block, vLLM's CUDA "
+            "default; MLA models use 64) = 31,250 blocks") in f.message
+    assert ("or, instead: --kv-cache-memory-bytes = 500,000 x the model's KV bytes per token per GPU" in f.message) is bytes_flag
+    assert "--gpu-memory-utilization" not in f.message      # sizes a fraction of memory, not a token count
+    assert f.message.endswith("Not checked: whether 31,250 blocks fit in GPU memory (no --model-config given: each "
+                              "block is 16 tokens x the model's KV bytes per token)")
+    if version == "0.10.1":    # read as --kv-cache-dtype 500000, which vLLM rejects
+        assert "so --kv-cache 500000 is --kv-cache-dtype 500000: not a KV cache dtype vLLM knows" in f.message
+
+
+def test_kv_cache_token_count_with_the_notes_model_and_card_does_not_fit():
+    """The note's 8B model (bf16 KV: 128 KiB/token, 2 MiB per 16-token block) on its A100 40 GB."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg).findings[-1:]
+    assert f.fix == {"setting": "--num-gpu-blocks-override", "value": 31250,
+                     "alternatives": ["--kv-cache-memory-bytes 65536000000"]}      # 31,250 x 2,097,152 B
+    assert "(31,250 blocks x 2,097,152 B per block = 61.04 GiB per GPU)" in f.message
+    assert "Not checked: whether 61.04 GiB of KV cache fits next to the weights (no --gpu-memory given)" in f.message
+    assert ("-> --num-gpu-blocks-override 31250 (option 1 of 2: pick one); --kv-cache-memory-bytes 65536000000 "
+            "(option 2 of 2: pick one)\n") in FORMATS["text"]([run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg)])
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg, gpu_memory=40 << 30).findings[-1:]
+    assert f.level == "error" and f.fix == {"setting": "--kv-cache", "value": None, "action": "delete"}
+    assert "It does not fit: 61.04 GiB of KV cache, but this GPU leaves 19.58 GiB for it" in f.message
+    assert "about 10,025 blocks = 160,400 tokens here" in f.message
+    (f,) = run(NOTE / "s3.3-kv-flags.sh", "0.11.0", model_config=cfg, gpu_memory=80 << 30).findings[-1:]
+    assert "It does not fit: 61.04 GiB of KV cache, but this GPU leaves 52.09 GiB" in f.message
+
+
+def test_kv_cache_token_count_that_fits():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    r = check_text("vllm serve m --kv-cache 500000 --kv-cache-dtype fp8\n", "a.sh", vllm_version="0.11.0",
+                   model_config=cfg, gpu_memory=80 << 30)
+    (f,) = r.findings
+    assert f.fix["alternatives"] == ["--kv-cache-memory-bytes 32768000000"]     # fp8: 1 MiB per block
+    assert f.message.endswith("It fits: 30.52 GiB of the 52.09 GiB this GPU leaves the KV cache")
 
 
 def test_note_templates_on_an_old_version():

@@ -282,7 +282,8 @@ def test_the_whole_tuning_note_names_every_invented_setting_with_the_real_one():
     for f in r.findings:
         fixes.setdefault(f.snippet.split("=")[0].split()[0] if f.rule_id == "VC007" else f.rule_id, set()).add(
             (f.fix or {}).get("setting"))
-    assert fixes["VLLM_USE_PREFILL"] == {"--no-enable-chunked-prefill"}
+    assert fixes["VLLM_USE_PREFILL"] == {"VLLM_USE_PREFILL"}                 # delete it: it does nothing
+    assert not [f for f in r.findings if "VLLM_USE_PREFILL" in f.snippet and "--no-enable-chunked-prefill" in str(f.fix)]
     assert fixes["VLLM_LOG_LEVEL"] == {"VLLM_LOGGING_LEVEL"}
     assert fixes["VC011"] == {"vllm bench serve"}                                  # python -m vllm.bench_serving
     assert {(f.fix or {}).get("setting") for f in r.findings if "--chunked-prefill-size" in f.message} == {"--max-num-batched-tokens"}

@@ -172,6 +172,34 @@ def test_page_escapes_log_text(tmp_path):
         assert "<th>enable_prefix_caching</th><td class=\"num\">on</td>" in page
 
 
+def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
+    """The Fix list of the page is diagnose -f html's (one template macro, the same FlagFix data): the
+    two alternatives of kv-capacity-bound say "option N of 2: pick one", and a command never wraps
+    mid-flag (the old table broke --kv-cache-/memory-bytes)."""
+    import re
+
+    from vllm_doctor.oneshot import diagnose
+    from vllm_doctor.report import to_html
+
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with live_sidecar({"logs": [str(log)]}) as s:
+        append(log, V1_RUN)
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 235.0)
+        s.sidecar.evaluate()
+        page = s.get("/").text
+    fixes = re.findall(r'<ul class="fixes">.*?</ul>', page, re.S)
+    assert len(fixes) == 1
+    assert '<li><code class="fix">--max-num-seqs 4</code> <em>(option 1 of 2: pick one)</em>' in fixes[0]
+    assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> <em>(option 2 of 2: pick one)</em>' in fixes[0]
+    assert "code.fix{white-space:nowrap}" in page
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "vllm.log").write_bytes(V1_RUN)       # the same name in the arithmetic's line reference
+    report = to_html(diagnose([str(tmp_path / "d" / "vllm.log")]))
+    # the sidecar names a log by the path it follows, diagnose by its file name
+    assert re.findall(r'<ul class="fixes">.*?</ul>', report, re.S) == [x.replace(str(log), "vllm.log") for x in fixes]
+
+
 def test_collector_never_raises(tmp_path):
     with live_sidecar({"logs": [str(tmp_path / "x.log")]}) as s:
         st = s.sidecar.pipeline.state

@@ -25,24 +25,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from jinja2 import Environment, PackageLoader
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from vllm_doctor import __version__
 from vllm_doctor.collectors import SidecarCollector
-from vllm_doctor.report import fmt_time
+from vllm_doctor.report import fmt_time, jinja_env  # one environment (autoescaped, fix_label) for both pages
 from vllm_doctor.serve import human_duration
 
-_env: Environment | None = None
-
-
-def _jinja() -> Environment:
-    global _env
-    if _env is None:
-        # autoescape=True for every template: nothing from a log is ever trusted as markup
-        _env = Environment(loader=PackageLoader("vllm_doctor", "templates"), autoescape=True)
-    return _env
 
 
 def make_registry(sidecar: Any) -> CollectorRegistry:
@@ -154,8 +144,9 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
         v = verdict(rep if d["clock"]["mode"] == "replay" else
                     dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
         chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"), live=True)
-        html = _jinja().get_template("serve.html.j2").render(
-            d=d, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact,
+        # the findings from the report the verdict reads, with their fixes as diagnose numbers them
+        html = jinja_env().get_template("serve.html.j2").render(
+            d=d, findings=rep.findings, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact,
             now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
         return HTMLResponse(html)
 

@@ -18,7 +18,7 @@ import yaml
 
 from .. import versions
 from .findings import RULES, CheckFinding
-from .launch import (Launch, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+from .launch import (Launch, _flags_in, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
 from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
@@ -199,14 +199,12 @@ def _flag_line(la: Launch, text: str, *flags: str) -> int:
     return la.line
 
 
-def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None,
-              text: str = "") -> list[CheckFinding]:
-    """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
+def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int | None,
+                 kv_cache_memory_bytes: int | None = None):
+    """``plan`` on the launch's flags (``kv_cache_memory_bytes``: a KV cache size to assume when the launch
+    gives none), or None when a flag has a value plan cannot use (0, -5, abc, 32k, $VAR: reported by the flag
+    checks, never sized with a default in its place) or the plan fails."""
     from ..plan import PlanInputs, make_plan, parse_size
-
-    kvb = flags.get("--kv-cache-memory-bytes")
-    if model_config is None or (gpu_memory is None and not kvb):
-        return []
 
     def num(k, cast):
         v = flags.get(k)
@@ -218,9 +216,10 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
                     ("--max-model-len", int), ("--gpu-memory-utilization", float), ("--max-num-seqs", int),
                     ("--max-num-batched-tokens", int)):
         if flags.get(k) is not None and not (num(k, cast) or 0) > 0:
-            return []   # a value plan cannot use (0, -5, abc, 32k, $VAR): not sized with a default in its place
+            return None
+    kvb = flags.get("--kv-cache-memory-bytes")
     try:
-        p = make_plan(PlanInputs(
+        return make_plan(PlanInputs(
             config=model_config, gpu_memory_bytes=gpu_memory, vllm_version=version,
             tensor_parallel_size=num("--tensor-parallel-size", int) or 1,
             pipeline_parallel_size=num("--pipeline-parallel-size", int) or 1,
@@ -228,8 +227,43 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
             block_size=num("--block-size", int), max_model_len=num("--max-model-len", int),
             gpu_memory_utilization=num("--gpu-memory-utilization", float), max_num_seqs=num("--max-num-seqs", int),
             max_num_batched_tokens=num("--max-num-batched-tokens", int),
-            kv_cache_memory_bytes=parse_size(kvb) if kvb else None))
+            kv_cache_memory_bytes=parse_size(kvb) if kvb else kv_cache_memory_bytes))
     except Exception:  # noqa: BLE001 - a value plan cannot use is reported by the flag checks
+        return None
+
+
+def _kv_cache_tokens(found: list[CheckFinding], flags: dict, version: str, model_config: dict | None,
+                     gpu_memory: int | None) -> None:
+    """``--kv-cache N`` (a token count) with the model known: the --kv-cache-memory-bytes that holds N tokens,
+    and whether that fits in the GPU's memory (``gpu_memory``), rewritten into the finding in place."""
+    from .knowledge import kv_cache_size_advice
+
+    for f in found:
+        tokens = f.extra.get("kv_cache_tokens")
+        if tokens is None or model_config is None:
+            continue
+        if str(flags.get("--kv-cache-dtype")).isdigit():      # --kv-cache N read as --kv-cache-dtype N (<= 0.10.1)
+            flags = {k: v for k, v in flags.items() if k != "--kv-cache-dtype"}
+        p = _launch_plan(flags, version, model_config, gpu_memory, None if gpu_memory else 1 << 30)
+        if p is None:
+            continue
+        sized = {"bytes_per_block": p.pool["bytes_per_block"], "block_size": p.settings["block_size"],
+                 "available": p.pool["available_kv_cache_bytes"] if gpu_memory else None,
+                 "available_arithmetic": p.pool["available_arithmetic"] if gpu_memory else None,
+                 "fp8": str(flags.get("--kv-cache-dtype") or "auto").startswith("fp8")}
+        said, fix, level = kv_cache_size_advice(tokens, version, set(_flags_in(version)), sized=sized)
+        f.message, f.fix = f.extra["read_as"] + ". " + said, fix
+        f.level = level or f.level
+
+
+def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None,
+              text: str = "") -> list[CheckFinding]:
+    """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
+    kvb = flags.get("--kv-cache-memory-bytes")
+    if model_config is None or (gpu_memory is None and not kvb):
+        return []
+    p = _launch_plan(flags, version, model_config, gpu_memory)
+    if p is None:
         return []
     out = []
     if p.startup["fails"]:
@@ -306,8 +340,10 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     elif kind_ == "promql":
         findings += lint_promql_text(text, name, version, known, recorded)
     for la in launches:
-        findings += lint_launch(la, version, text)
+        found = lint_launch(la, version, text)
         flags = parsed_flags(la, version)
+        _kv_cache_tokens(found, flags, version, model_config, gpu_memory)
+        findings += found
         findings += lint_shm(la, flags)
         findings += _capacity(la, flags, version, model_config, gpu_memory, text)
     seen, uniq = set(), []
@@ -395,16 +431,34 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
 
 # ---------------------------------------------------------------- output
 
+def _setting(d: dict) -> str:
+    return f"{d['setting']}" + (f" {d['value']}" if d.get("value") not in (None, "") else "")
+
+
+def fix_text(fix: dict | None) -> str:
+    """A finding's fix in words, for every format: the setting and its value ("delete X" for a variable
+    that does nothing), and the alternatives numbered as the diagnose report numbers them ("option 1 of
+    2: pick one"). "" when there is no fix."""
+    if not fix or not fix.get("setting"):
+        return ""
+    first = f"delete {fix['setting']}" if fix.get("action") == "delete" else _setting(fix)
+    if fix.get("and"):
+        first += f" (and, only if that is meant: {_setting(fix['and'])})"
+    alts = [a for a in fix.get("alternatives") or () if a]
+    if not alts:
+        return first
+    n = len(alts) + 1
+    return "; ".join(f"{s} (option {i} of {n}: pick one)" for i, s in enumerate([first, *alts], 1))
+
+
 def to_text(results: list[CheckResult]) -> str:
     out = []
     for r in results:
         empty = "" if r.launches or r.kind in MONITORING_KINDS else "; no vLLM launch found in it"
         out.append(f"{r.file}: {r.kind}, vLLM {r.vllm_version} ({r.version_source}), {len(r.findings)} finding(s){empty}")
         for f in r.findings:
-            fix = ""
-            if f.fix and f.fix.get("setting"):
-                fix = f" -> {f.fix['setting']}" + (f" {f.fix['value']}" if f.fix.get("value") not in (None, "") else "")
-            out.append(f"  {f.file}:{f.line}: {f.level} {f.rule_id} {f.name}: {f.message}{fix}")
+            fix = fix_text(f.fix)
+            out.append(f"  {f.file}:{f.line}: {f.level} {f.rule_id} {f.name}: {f.message}" + (f" -> {fix}" if fix else ""))
     return "\n".join(out) + "\n"
 
 
@@ -421,8 +475,7 @@ def to_sarif(results: list[CheckResult]) -> str:
     res = []
     for r in results:
         for f in r.findings:
-            msg = f.message + (f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip()
-                               if f.fix and f.fix.get("setting") else "")
+            msg = f.message + (f" Fix: {fix_text(f.fix)}" if fix_text(f.fix) else "")
             res.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": f.level,
                         "message": {"text": msg},
                         "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.file},
@@ -444,7 +497,7 @@ def to_github(results: list[CheckResult]) -> str:
     for r in results:
         for f in r.findings:
             cmd = {"error": "error", "warning": "warning", "note": "notice"}[f.level]
-            fix = f" Fix: {f.fix['setting']} {f.fix.get('value') or ''}".rstrip() if f.fix and f.fix.get("setting") else ""
+            fix = f" Fix: {fix_text(f.fix)}" if fix_text(f.fix) else ""
             out.append(f"::{cmd} file={_gh_escape(f.file, True)},line={max(1, f.line)},"
                        f"title={_gh_escape(f.rule_id + ' ' + f.name, True)}::{_gh_escape(f.message + fix)}")
     return "\n".join(out) + ("\n" if out else "")

@@ -13,12 +13,122 @@ INVENTED_FLAGS: dict[str, tuple[str, str]] = {
     "--chunked-prefill-size": ("--max-num-batched-tokens", "--chunked-prefill-size is SGLang's flag; vLLM's chunk "
                                "size is the per-step token budget --max-num-batched-tokens (with --enable-chunked-prefill)"),
 }
+GiB = 1 << 30
+
+
+def kv_cache_size_advice(tokens: int, version: str, flags: set[str], block_size: int | None = None,
+                         sized: dict | None = None) -> tuple[str, dict | None, str | None]:
+    """``--kv-cache N``: the operator asked for a KV cache of N tokens. (what to write instead, with the
+    arithmetic; the fix; "error" when it cannot fit, else None). ``flags``: the flags of ``version``;
+    ``block_size``: the launch's --block-size (else 16, vLLM's CUDA default); ``sized``: from ``plan`` on the
+    model (``bytes_per_block``, ``block_size``, and ``available``: the bytes vLLM leaves the KV cache on that
+    GPU, None when the GPU memory is not given)."""
+    bs = (sized or {}).get("block_size") or block_size or 16
+    blocks = -(-tokens // bs)
+    src = ("this model's block size" if sized else "--block-size" if block_size
+           else "vLLM's CUDA default; MLA models use 64")
+    blocks_flag = next((f for f in ("--num-gpu-blocks-override", "--forced-num-gpu-blocks") if f in flags), None)
+    has_bytes = "--kv-cache-memory-bytes" in flags
+    out = [f"{tokens} is a token count, and no --kv-cache* flag takes one; for a KV cache of {tokens:,} tokens"]
+    fix: dict | None = None
+    need = blocks * sized["bytes_per_block"] if sized else None
+    if blocks_flag:
+        out.append(f"{blocks_flag} {blocks} (ceil({tokens:,} / {bs} tokens per block, {src}) = {blocks:,} blocks; it "
+                   "replaces the number of blocks vLLM profiles, and is not checked against free memory)")
+        fix = {"setting": blocks_flag, "value": blocks, "alternatives": []}
+    if has_bytes:
+        if need is not None:
+            alt = (f"--kv-cache-memory-bytes {need} ({blocks:,} blocks x {sized['bytes_per_block']:,} B per block "
+                   f"= {need / GiB:.2f} GiB per GPU)")
+            if fix:
+                fix["alternatives"].append(f"--kv-cache-memory-bytes {need}")
+            else:
+                fix = {"setting": "--kv-cache-memory-bytes", "value": need}
+        else:
+            alt = (f"--kv-cache-memory-bytes = {tokens:,} x the model's KV bytes per token per GPU (give "
+                   "--model-config to have it computed)")
+        out.append(("or, instead: " if blocks_flag else "") + alt)
+    if not blocks_flag and not has_bytes:
+        fix = {"setting": "--gpu-memory-utilization", "value": None}
+        out.append(f"vLLM {version} has no flag for it: --gpu-memory-utilization sizes the cache as a fraction of "
+                   "GPU memory instead")
+    said = out[0] + ": " + "; ".join(out[1:])
+    level = None
+    if not blocks_flag and not has_bytes:
+        pass
+    elif need is None:
+        said += (f". Not checked: whether {blocks:,} blocks fit in GPU memory (no --model-config given: each block "
+                 f"is {bs} tokens x the model's KV bytes per token)")
+    elif sized.get("available") is None:
+        said += (f". Not checked: whether {need / GiB:.2f} GiB of KV cache fits next to the weights (no "
+                 "--gpu-memory given)")
+    elif need > sized["available"]:
+        fit = sized["available"] // sized["bytes_per_block"]
+        said += (f". It does not fit: {need / GiB:.2f} GiB of KV cache, but this GPU leaves "
+                 f"{sized['available'] / GiB:.2f} GiB for it ({sized['available_arithmetic']}): vLLM runs out of "
+                 f"memory at start-up. Delete --kv-cache and let vLLM size the cache: about {fit:,} blocks = "
+                 f"{fit * bs:,} tokens here ({sized['available']:,} B // {sized['bytes_per_block']:,} B per block); "
+                 f"{tokens:,} tokens need more GPU memory, tensor parallelism"
+                 + (" or --kv-cache-dtype fp8" if not sized.get("fp8") and blocks_flag == "--num-gpu-blocks-override" else ""))
+        fix, level = {"setting": "--kv-cache", "value": None, "action": "delete"}, "error"
+    else:
+        said += f". It fits: {need / GiB:.2f} GiB of the {sized['available'] / GiB:.2f} GiB this GPU leaves the KV cache"
+    return said, fix, level
+
+
 INVENTED_ENV: dict[str, tuple[str | None, str]] = {
-    "VLLM_USE_PREFILL": ("--enable-chunked-prefill", "VLLM_USE_PREFILL is not read by any vLLM release; "
-                         "chunked prefill is the flag --enable-chunked-prefill / --no-enable-chunked-prefill"),
+    # no real setting: what it would mean depends on the version and the launch (use_prefill_advice)
+    "VLLM_USE_PREFILL": (None, "VLLM_USE_PREFILL is not read by any vLLM release: setting it does nothing "
+                         "(vLLM has no 'prefill prefetch'); delete it"),
     "VLLM_LOG_LEVEL": ("VLLM_LOGGING_LEVEL", "VLLM_LOG_LEVEL is not read by any vLLM release; the real variable "
                        "is VLLM_LOGGING_LEVEL (0.4.3+)"),
 }
+_FALSY = ("false", "0", "no", "off", "")
+
+
+def use_prefill_advice(value: str | None, version: str, enables: bool | None) -> tuple[str, dict | None]:
+    """What vLLM ``version`` does about chunked prefill, for an operator who wrote ``VLLM_USE_PREFILL=value``
+    (a variable no release reads): (the sentence, the real flag that has the meant effect in that version, or
+    None where none does). ``enables``: the launch's own --enable-chunked-prefill (True), its disabling form
+    (False), or neither (None). Per vllm-flags.md: no chunked prefill before 0.4.0; off by default on V0
+    (0.4.0-0.7.x; from 0.5.4 turned on by itself for --max-model-len > 32768 on CUDA, kept off by
+    --enable-chunked-prefill=false); forced on for generative models on V1 0.8.0-0.11.0 (the disabling flag is
+    overridden); on by default from 0.12.0, --no-enable-chunked-prefill turns it off."""
+    from packaging.version import Version
+
+    from ..versions import parse_version
+
+    pv = parse_version(version) or Version("0.33.0")
+    off = (str(value or "").split() or [""])[0].strip("'\"").lower() in _FALSY    # "False  # comment" is False
+    if pv < Version("0.4.0"):
+        return f"vLLM {version} has no chunked prefill at all", None
+    if enables:
+        state = "this launch turns chunked prefill on with --enable-chunked-prefill, and the variable does not change that"
+        if pv >= Version("0.8.0") and pv < Version("0.12.0"):
+            state += f" (on vLLM {version}'s V1 engine it is always on for generative models anyway)"
+        return state, None
+    if Version("0.8.0") <= pv < Version("0.12.0"):
+        return (f"on vLLM {version}'s V1 engine chunked prefill is always on for generative models: "
+                + ("no flag turns it off (--no-enable-chunked-prefill is overridden)" if off else "nothing to set")), None
+    if pv >= Version("0.12.0"):
+        if not off:
+            return f"vLLM {version} turns chunked prefill on by default for generative models: nothing to set", None
+        if enables is False:
+            return "this launch already turns chunked prefill off with its own flag", None
+        return (f"chunked prefill is on by default in vLLM {version}; only if it must be off (long prompts then hold "
+                "up decoding: TTFT and ITL spikes): --no-enable-chunked-prefill",
+                {"setting": "--no-enable-chunked-prefill", "value": None})
+    # V0: 0.4.0 - 0.7.x, off by default
+    if not off:
+        return (f"chunked prefill is off by default in vLLM {version}; to turn it on: --enable-chunked-prefill",
+                {"setting": "--enable-chunked-prefill", "value": "True" if pv < Version("0.4.3") else None})
+    if pv < Version("0.5.4"):
+        return f"chunked prefill is off in vLLM {version} unless --enable-chunked-prefill is given: nothing to set", None
+    return (f"chunked prefill is off by default in vLLM {version} but turns itself on for --max-model-len above 32768 "
+            "(CUDA); only to keep it off there: --enable-chunked-prefill false",
+            {"setting": "--enable-chunked-prefill", "value": "false"})
+
+
 INVENTED_MODULES: dict[str, tuple[str, str]] = {
     "vllm.bench_serving": ("vllm bench serve", "no module vllm.bench_serving exists in any vLLM wheel; the "
                            "benchmark is `vllm bench serve` (0.8.0+)"),

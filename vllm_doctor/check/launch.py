@@ -22,7 +22,8 @@ from packaging.version import Version
 
 from .. import versions
 from .findings import CheckFinding
-from .knowledge import INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, value_problem
+from .knowledge import (INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, kv_cache_size_advice, use_prefill_advice,
+                        value_problem)
 
 IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?::([\w.\-]+))?(?:@sha256:\w+)?$")
 VERSION_TAG_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+){0,2})")
@@ -661,18 +662,27 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
         if name not in allset:
             cands = sorted(x for x in allf if x.startswith(name))
             real, why = INVENTED_FLAGS.get(name, (None, None))
-            if name == "--kv-cache" and has_value and val.isdigit() and "--num-gpu-blocks-override" in allset:
-                real, val = "--num-gpu-blocks-override", -(-int(val) // 16)   # tokens -> 16-token blocks
+            fix = {"setting": real or (cands[0] if cands else None), "value": val if has_value else None}
+            sized: dict = {}
+            if name == "--kv-cache" and has_value and val.isdigit():     # a token count (the note's 500000)
+                why, fix, _ = kv_cache_size_advice(int(val), version, allset, _block_size(argv))
+                sized = {"kv_cache_tokens": int(val)}
             if len(cands) > 1:
                 msg = (f"{raw}: ambiguous option in vLLM {version} (could match {', '.join(cands[:6])}"
                        f"{', ...' if len(cands) > 6 else ''}): vLLM exits at start-up")
+                if sized:
+                    msg = sized["read_as"] = msg + ". --kv-cache is not a vLLM flag"
                 out.append(CheckFinding("VC002", msg + (f". {why}" if why else ""), f, line,
-                                        fix={"setting": real or cands[0], "value": val if has_value else None}, snippet=tok))
+                                        fix=fix, snippet=tok, extra=sized))
             elif len(cands) == 1:
                 msg = f"{raw} is not a flag; vLLM {version}'s argparse reads it as the abbreviation of {cands[0]}"
+                if sized:
+                    prob = value_problem(cands[0], val, version)
+                    msg = sized["read_as"] = msg + (f", so {raw} {val} is {cands[0]} {val}"
+                                                    + (f": {prob[0].split(': ', 1)[1]}" if prob else ""))
                 lvl = "error" if why else "warning"
                 out.append(CheckFinding("VC003", msg + (f". {why}" if why else ""), f, line, level=lvl,
-                                        fix={"setting": real or cands[0], "value": val if has_value else None}, snippet=tok))
+                                        fix=fix, snippet=tok, extra=sized))
                 name = cands[0]
             elif versions.known_flag(name):
                 out.append(CheckFinding("VC004", f"{raw} exists only in vLLM {_ranges_text(name)}, not in {version}: "
@@ -711,13 +721,14 @@ def lint_env(la: Launch, version: str, text: str) -> list[CheckFinding]:
     for k, (v, line) in la.env.items():
         if not k.startswith("VLLM_") or k.startswith("VLLM_DOCTOR_"):
             continue
-        if k in INVENTED_ENV:
+        if k == "VLLM_USE_PREFILL":
+            said, real = use_prefill_advice(v, version, _chunked_prefill_switch(la.argv))
+            fix = {"setting": k, "value": None, "action": "delete", **({"and": real} if real else {})}
+            out.append(CheckFinding("VC007", f"{INVENTED_ENV[k][1]}; {said}", la.file, line, fix=fix,
+                                    snippet=f"{k}={v}"))
+        elif k in INVENTED_ENV:
             real, why = INVENTED_ENV[k]
             val: object = v.split()[0] if v.split() else None
-            if real and real.startswith("--enable-") and str(val).lower() in ("false", "0", "no", "off"):
-                real, val = "--no-" + real[2:], None
-            elif real and real.startswith("--"):
-                val = None
             out.append(CheckFinding("VC007", why, la.file, line, fix={"setting": real, "value": val}, snippet=f"{k}={v}"))
         elif not versions.flag_exists(k, version):
             where = _ranges_text(k)
@@ -725,6 +736,32 @@ def lint_env(la: Launch, version: str, text: str) -> list[CheckFinding]:
                                     + (f" (it exists in {where})" if where else " (not in any vLLM release's envs.py)"),
                                     la.file, line, snippet=f"{k}={v}"))
     return out
+
+
+def _block_size(argv: list[str]) -> int | None:
+    """The launch's --block-size, when it is a number."""
+    for i, a in enumerate(argv):
+        name, eq, val = a.partition("=")
+        if name.replace("_", "-") == "--block-size":
+            val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(val) if val.isdigit() and int(val) > 0 else None
+    return None
+
+
+def _chunked_prefill_switch(argv: list[str]) -> bool | None:
+    """The launch's own chunked prefill switch: True (--enable-chunked-prefill[=true]), False (its
+    disabling forms, --enable-chunked-prefill=false), None (not given)."""
+    got = None
+    for i, a in enumerate(argv):
+        name, eq, val = a.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--no-enable-chunked-prefill", "--disable-chunked-prefill"):
+            got = False
+        elif name == "--enable-chunked-prefill":
+            if not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false", "1", "0"):
+                val = argv[i + 1]
+            got = val.lower() not in ("false", "0")
+    return got
 
 
 def lint_shm(la: Launch, flags: dict[str, str | None]) -> list[CheckFinding]:

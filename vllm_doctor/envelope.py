@@ -60,7 +60,68 @@ CLIENT_HEADS: tuple[tuple[str, str], ...] = (
     # prompts and sampling params.
     ("engine-dump", r"Dumping (?:input data for V1 LLM engine|scheduler output for model execution|scheduler stats)"),
 )
-CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler output", "Dumping scheduler stats", "dump_input.py")
+# vLLM's own messages that go on, after a fixed head, with a client's text or the model's output
+# (which a prompt steers), read from the released source (0.6.6, 0.10.2, 0.32): the head is kept, the
+# rest is never parsed nor split at an embedded logger prefix, and so is every following line that
+# carries the same vLLM prefix (process, level, time to the second, file and line: the same logger
+# call), which is how vLLM's NewLineFormatter writes the other lines of one message (a newline in the
+# client's text, the traceback of ``logger.exception``). A head that quotes only a request id, with a
+# traceback that is vLLM's own, is a "request-id" head: only its line is cut.
+ECHO_HEADS: tuple[tuple[str, str], ...] = (
+    # entrypoints/openai/protocol.py OpenAIBaseModel.__log_extra_fields__ (WARNING 0.6.6, 0.10.2;
+    # entrypoints/serve/engine/protocol.py DEBUG 0.32): the request's unknown JSON keys.
+    ("client-echo", "The following fields were present in the request but ignored: "),
+    # serving_chat.py / serving_responses.py 0.6.6-0.10.2, chat_completion/serving.py 0.32: the
+    # ErrorResponse quotes the request's model ("The model `%s` does not exist.").
+    ("client-echo", "Error with model "),
+    # serving_*.py 0.6.6-0.10.2 (logger.exception): the traceback of the request's own error (a chat
+    # template's raise_exception(), the request's model in a ValueError).
+    ("client-echo", "Error in preprocessing prompt inputs"),
+    # entrypoints/chat_utils.py 0.10.2, renderers/mistral.py 0.32 (logger.exception), renderers/hf.py
+    # 0.32: the chat template's exception (the template and what it quotes are the request's).
+    ("client-echo", "An error occurred in `transformers` while applying chat template"),
+    ("client-echo", "An error occurred in `mistral_common` while applying chat template"),
+    ("client-echo", "Chat template rejected the request: "),
+    # tool parsers 0.6.6+ (entrypoints/openai/tool_parsers/*, tool_parsers/*, parser/mistral.py 0.32):
+    # the model's output or the exception parsing it (pydantic quotes the input value).
+    ("client-echo", "Error in extracting tool call from response"),
+    ("client-echo", "Error trying to handle streaming tool call"),
+    # tool_parsers/utils.py 0.32: ast.dump() of the model's tool call.
+    ("client-echo", "Non-JSON-representable constant in tool call arguments: "),
+    ("client-echo", "Unsupported unary operand in tool call arguments: "),
+    ("client-echo", "Unsupported AST node type in tool call arguments: "),
+    ("client-echo", "Dict argument keys are not all literals: "),
+    ("client-echo", "Tool call has non-simple function name: "),
+    # entrypoints/openai/serving_models.py 0.10.2, openai/models/serving.py 0.32: a LoRA name (the
+    # request's model) and path (load_lora_adapter), and the loader's exception.
+    ("client-echo", "Failed to load LoRA '"),
+    ("client-echo", "Loaded new LoRA adapter: name '"),
+    ("client-echo", "Removed LoRA adapter: name '"),
+    ("client-echo", "Resolved and loaded LoRA adapter '"),
+    # structured outputs: v1/structured_output/__init__.py 0.32 (logger.exception: a request id, then
+    # the grammar compiler's error on the request's schema), backend_guidance.py 0.10.2-0.32,
+    # backend_xgrammar.py 0.10.2-0.32 (a request id and the model's token).
+    ("client-echo", "Failed to compile grammar for request "),
+    ("client-echo", "LLMatcher error: "),
+    ("client-echo", "Failed to advance FSM for request "),
+    # entrypoints/openai/api_server.py 0.10.2, serve/middleware/log_response.py 0.32 (the model's output).
+    ("client-echo", "response_body={"),
+    # entrypoints/chat_utils.py 0.6.6-0.10.2, renderers/chat_utils.py 0.32: a content part of the request.
+    ("client-echo", "Skipping multimodal part '"),
+    # serve/exception_handling/handlers/*.py 0.32 (with --log-error-stack): a request id; the
+    # validation error's traceback quotes the request's values, the others' are vLLM's own.
+    ("client-echo", "RequestValidationError caught. Request id: "),
+    ("request-id", "Exception caught. Request id: "),
+    ("request-id", "HTTPException caught. Request id: "),
+    ("request-id", "Engine Exception caught. Request id: "),
+)
+CLIENT_HEADS += tuple((kind, re.escape(head)) for kind, head in ECHO_HEADS)
+# Source files whose every message is the model's output or about it: vLLM's tool and reasoning
+# parsers (``*_tool_parser.py``, ``*_reasoning_parser.py`` in entrypoints/openai/tool_parsers 0.6.6-0.10.2,
+# tool_parsers/ and reasoning/ 0.10.2-0.32).
+ECHO_FILES = ("_tool_parser.py", "_reasoning_parser.py")
+CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler output", "Dumping scheduler stats", "dump_input.py",
+                   *(head for kind, head in ECHO_HEADS if kind == "client-echo"))  # (their next lines are read by it)
 # uvicorn's access log: ``INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 200 OK`` (the level prefix
 # may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
 ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
@@ -110,12 +171,26 @@ def _cut_client_field(text: str) -> str:
     return text
 
 
-def _head(text: str) -> str:
-    """The fixed head of a client-text line, without the client's part."""
+def _head(text: str, kind: str | None = None) -> str:
+    """The fixed head of a client-text line of ``kind``, without the client's part."""
     m = CLIENT_RE.match(text)
     if m:
         return m.group(0).strip()
+    if kind == "client-echo":
+        return "echo body"  # a line of a client-echo message after its head (see ECHO_HEADS)
     return "access log" if _is_access(text) else "dump body"
+
+
+_ECHO_NAMES = tuple(f[:-3] for f in ECHO_FILES)  # the same files as logger names (JSON records)
+
+
+def _file_kind(file: str) -> str | None:
+    """The kind of every message written from vLLM's source ``file`` (as its logger prefix names
+    it): "engine-dump" (the fatal-step dump), "client-echo" (a tool or reasoning parser:
+    :data:`ECHO_FILES`) or None."""
+    if file.endswith(ECHO_FILES):
+        return "client-echo"
+    return "engine-dump" if file.startswith("dump_input.py") else None
 
 
 def prefilter_patterns(keywords) -> list[bytes]:
@@ -367,6 +442,9 @@ class Envelope:
         self._heads: dict[str, tuple | bool] = {}
         self._last_head: str | None = None
         self._last_h: tuple | bool = False
+        # The vLLM prefixes ``(level, src, process, pid, (month, day, hms))`` of the client-echo
+        # messages seen (see ECHO_HEADS): a line with one of them is a line of that message.
+        self._echo: dict[tuple, None] = {}
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
         """Records in one raw line (usually one; several when records were glued together).
@@ -415,12 +493,12 @@ class Envelope:
                 body = msg
             if c == "(":
                 return self._unwrap(lineno, text)  # a process prefix after the logger prefix (0.31+)
-            level, src, process, pid, mdh, dump = h
-            kind = (client_head(msg) if ((c in _CLIENT_FIRST and body.startswith(_CLIENT_WORDS))
+            level, src, process, pid, mdh, hkind = h
+            kind = (client_head(msg) if (((w := _CLIENT_BY_FIRST.get(c)) is not None and body.startswith(w))
                                          or ('"' in msg and ' - "' in msg)) else None)
             if kind is None:
-                if dump:
-                    kind = "engine-dump"
+                if hkind:
+                    kind = hkind  # the dump's body, a parser's file, a line of a client-echo message
                 else:
                     if "=" in msg and "request_id=" in msg:
                         msg = _cut_client_field(msg)
@@ -437,14 +515,16 @@ class Envelope:
             else:
                 self.last_ts = ts
             if kind:
-                return [_new(Record, (lineno, _head(msg), level, ts, process, pid, src, kind))]
+                if kind == "client-echo" and hkind is None:
+                    self._echoed(h[:5])  # a client-echo head: the next lines with this prefix are its own
+                return [_new(Record, (lineno, _head(msg, kind), level, ts, process, pid, src, kind))]
             return [_new(Record, (lineno, msg, level, ts, process, pid, src, None))]
         if kind == 1:
             if line[:1] == "(":
                 return self._unwrap(lineno, text)
         # _one and _split, for a line with no wrapper and no prefix: its text, the last time
         body = line.lstrip() if kind == 3 else line
-        if (body[:1] == "(" or body.startswith(_NOT_PLAIN)
+        if (body[:1] == "(" or body.startswith(_NOT_PLAIN_BY_FIRST.get(body[:1], ()))
                 or ("|" in line and "| " in line) or ('"' in line and ' - "' in line)):
             return self._unwrap(lineno, text)  # a process prefix, a level, a client head, a journald date, compose, access log
         msg = _cut_client_field(line) if "=" in line else line
@@ -466,11 +546,33 @@ class Envelope:
             process = hm.group("proc")
             h = ("WARNING" if level == "WARN" else level, src, process,
                  int(hm.group("pid")) if process is not None else None,
-                 (int(hm.group("mon")), int(hm.group("day")), hm.group("hms")), src.startswith("dump_input.py"))
+                 (int(hm.group("mon")), int(hm.group("day")), hm.group("hms")))
+            h += (_file_kind(hm.group("file")) or ("client-echo" if h in self._echo else None),)
         if len(self._heads) >= 1024:
             self._heads.clear()
         self._heads[head] = h
         return h
+
+    def _echoed(self, key: tuple) -> None:
+        """Remember the vLLM prefix ``key`` of a client-echo message's head (see :data:`ECHO_HEADS`),
+        in the cached heads too (:meth:`_fast_head`). Bounded: the oldest go first."""
+        if key in self._echo:
+            return
+        if len(self._echo) >= MAX_ECHO_PREFIXES:
+            old = next(iter(self._echo))
+            del self._echo[old]
+            self._mark_heads(old, None)
+        self._echo[key] = None
+        self._mark_heads(key, "client-echo")
+
+    def _mark_heads(self, key: tuple, kind: str | None) -> None:
+        """The cached heads with vLLM's prefix ``key``: of ``kind`` unless their file has one."""
+        def marked(h):
+            return key + (_file_kind(h[1].rpartition(":")[0]) or kind,) if h and h[:5] == key else h
+
+        for head, h in self._heads.items():
+            self._heads[head] = marked(h)
+        self._last_h = marked(self._last_h)
 
     def _unwrap(self, lineno: int, text: str) -> list[Record]:
         """:meth:`records`, the general way (``text``: the line decoded): wrappers, prefixes,
@@ -613,9 +715,11 @@ class Envelope:
         pid = obj.get("process") if isinstance(obj.get("process"), int) else None
         pm = LEADING_PROCS_RE.match(msg) if msg[:1] == "(" else None
         bare = msg[pm.end():] if pm else msg
-        kind = client_head(bare) or ("engine-dump" if src.startswith("dump_input.py") else None)
-        if kind:  # the whole message, newlines included, is the client's text
-            return [Record(lineno, _head(bare), level, ts, process, pid, src, kind)]
+        name = obj.get("name")
+        kind = (client_head(bare) or _file_kind(src.rpartition(":")[0])
+                or ("client-echo" if isinstance(name, str) and name.endswith(_ECHO_NAMES) else None))
+        if kind:  # the whole message, newlines included (and its exc_info), is the client's text
+            return [Record(lineno, _head(bare, kind), level, ts, process, pid, src, kind)]
         if pm and "\n" not in msg:  # a relayed line of a vLLM process: "(EngineCore pid=N) text"
             procs = PROC_RE.findall(pm.group(1))
             if procs and process is None:
@@ -670,6 +774,7 @@ class Envelope:
             text = text[m.end():]
         level = src = None
         ts = outer_ts
+        file = None
         kind = client_head(text)
         # The logger prefix must start the message, or follow non-vLLM text glued before it
         # (tqdm): accept it anywhere only when a level is present, and never inside client text.
@@ -680,7 +785,8 @@ class Envelope:
             if level == "WARN":
                 level = "WARNING"
             src = f"{lm.group('file')}:{lm.group('line')}" if lm.group("file") else "?"
-            t = self.clock.to_epoch(int(lm.group("mon")), int(lm.group("day")), lm.group("hms"))
+            mdh = (int(lm.group("mon")), int(lm.group("day")), lm.group("hms"))
+            t = self.clock.to_epoch(*mdh)
             if ts is None:
                 ts = t
             text = text[lm.end():]
@@ -693,6 +799,7 @@ class Envelope:
                     pid = int(pid_s)
                 text = text[m2.end():]
             kind = client_head(text)
+            file = lm.group("file")
         elif not kind and text[:1] in "DIWEC":
             um = UVICORN_LEVEL_RE.match(text)
             if um:
@@ -704,10 +811,12 @@ class Envelope:
             ts = self.last_ts
         else:
             self.last_ts = ts
-        if kind is None and src is not None and src.startswith("dump_input.py"):
-            kind = "engine-dump"  # a line of the dump's body
+        if file and kind is None:
+            kind = _file_kind(file)
+        if file and (kind == "client-echo" or self._echo and kind is None):
+            kind = self._prefix_kind(kind, file, (level, src, process, pid, mdh))
         if kind:
-            return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+            return Record(lineno, _head(text, kind), level, ts, process, pid, src, kind)
         return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
 
     def _vllm(self, lineno: int, hm: re.Match, text: str, outer_ts: float | None) -> Record:
@@ -728,11 +837,24 @@ class Envelope:
             ts = self.last_ts
         else:
             self.last_ts = ts
-        if kind is None and src.startswith("dump_input.py"):
-            kind = "engine-dump"  # a line of the dump's body
+        if file and kind is None:
+            kind = _file_kind(file)
+        if file and (kind == "client-echo" or self._echo and kind is None):
+            kind = self._prefix_kind(kind, file, (level, src, process, pid, (int(hm.group("mon")), int(hm.group("day")), hm.group("hms"))))
         if kind:
-            return Record(lineno, _head(text), level, ts, process, pid, src, kind)
+            return Record(lineno, _head(text, kind), level, ts, process, pid, src, kind)
         return Record(lineno, _cut_client_field(text), level, ts, process, pid, src)
+
+    def _prefix_kind(self, kind: str | None, file: str, key: tuple) -> str | None:
+        """The kind of a message written from ``file`` with vLLM's prefix ``key`` (``(level, src,
+        process, pid, (month, day, hms))``), of ``kind`` by its text and its file (None or
+        "client-echo"): "client-echo" when it repeats a client-echo message's prefix; a client-echo
+        head's prefix is remembered (not a parser file's: every line of those is known by its file)."""
+        if kind is None:
+            return "client-echo" if key in self._echo else None
+        if _file_kind(file) is None:
+            self._echoed(key)
+        return kind
 
     def flush(self) -> list[Record]:
         """Records still held (a CRI partial line with no final ``F`` line)."""
@@ -750,14 +872,33 @@ class Envelope:
 # non-ASCII).
 _FIRST = {chr(c): 2 for c in range(0x21, 0x7F) if chr(c) not in "0123456789[{>("}
 _FIRST.update({"(": 1, "D": 1, "I": 1, "W": 1, "E": 1, "C": 1, " ": 3, "\t": 3})
-# What every CLIENT_HEADS pattern starts with.
+# What every CLIENT_HEADS pattern starts with (the echo heads by a shorter prefix: fewer words to
+# test on each line; :func:`client_head` then tells).
 _CLIENT_WORDS = ("Received request", "Added request", "Aborted request", "Finished request",
-                 "Generated response", "Abort", "Request", "Dumping")
-_CLIENT_FIRST = frozenset(w[0] for w in _CLIENT_WORDS)
+                 "Generated response", "Abort", "Request", "Dumping",
+                 "The following fields", "Error ", "An error occurred in", "Chat template rejected", "Non-JSON-representable",
+                 "Unsupported ", "Dict argument", "Tool call has", "Failed to ", "Loaded new LoRA", "Removed LoRA",
+                 "Resolved and loaded LoRA", "LLMatcher error", "response_body=", "Skipping multimodal", "Exception caught",
+                 "HTTPException caught", "Engine Exception")
+assert all(head.startswith(_CLIENT_WORDS) for _, head in ECHO_HEADS)
 # What no fast-path plain line starts with: a level (vLLM's prefix, uvicorn's), a client head,
 # a month (journald).
 _NOT_PLAIN = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL", *_CLIENT_WORDS,
               "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _by_first(words: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``words`` by their first character: ``text.startswith(d.get(text[:1], ()))`` is
+    ``text.startswith(words)`` at the cost of the few words of that character."""
+    out: dict[str, tuple[str, ...]] = {}
+    for w in words:
+        out[w[0]] = out.get(w[0], ()) + (w,)
+    return out
+
+
+_CLIENT_BY_FIRST = _by_first(_CLIENT_WORDS)
+_NOT_PLAIN_BY_FIRST = _by_first(_NOT_PLAIN)
+MAX_ECHO_PREFIXES = 64  # client-echo prefixes remembered (their lines come right after the head)
 
 
 def _has_level(text: str) -> bool:

@@ -322,9 +322,11 @@ def test_cli_since_until_and_bad_values(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since 'yesterday': bad time 'yesterday'" in r.stderr
     r = subprocess.run(cmd + ["--since", "2026-03-23", "--until", "2026-03-22"], capture_output=True, text=True)
     assert r.returncode == 2 and "is after --until" in r.stderr
-    # a duration counts back from now: this 2026-03 log has nothing in the last hour
-    r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True, check=True)
-    assert json.loads(r.stdout)["findings"] == []
+    # a duration counts back from now: this 2026-03 log has nothing in the last hour: nothing was
+    # judged (exit 3, not the healthy 0, even with --fail-on never)
+    r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True)
+    d = json.loads(r.stdout)
+    assert r.returncode == 3 and d["findings"] == [] and d["time_range"]["nothing_in_range"] is True
 
 
 def test_reports_say_which_fixes_are_alternatives_and_show_checks():

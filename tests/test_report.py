@@ -120,3 +120,23 @@ def test_the_memory_a_refused_start_names_is_a_fact_of_the_report():
     assert re.search(r"^  available_kv_cache_bytes +9\.97 GiB$", text, re.M), text
     # the fix's arithmetic writes token counts as the facts do, with thousands separators
     assert "how: 1,048,576 x 9.97 GiB available / 24.00 GiB needed, rounded down to a multiple of block_size 16 = 435,584" in text
+
+
+def test_sizes_below_a_gib_print_in_their_unit_and_a_printed_zero_is_no_size():
+    """The demo's KV cache is 4,194,304 B (--kv-cache-memory-bytes): 4.00 MiB in every format, never
+    "0.00 GiB"; vLLM's "Explicitly set (0.0/11.71) GiB for KV cache" is 4 MiB rounded to 0.0 GiB, so
+    no fact says the available KV cache memory was 0; the fix's arithmetic uses the exact bytes."""
+    _, js = run("diagnose", "--format", "json", *demo_args())
+    rep = json.loads(js)
+    assert rep["facts"]["kv_cache_memory_bytes"] == 4194304 and rep["facts"]["available_kv_cache_bytes"] is None
+    fixes = [fx for f in rep["findings"] for fx in f["fixes"] if fx["flag"] == "--kv-cache-memory-bytes"]
+    assert fixes and fixes[0]["arithmetic"].startswith("4,194,304 bytes x 16 sequences / 4 held")
+    _, text = run("diagnose", *demo_args())
+    assert re.search(r"^  kv_cache_memory_bytes +4\.00 MiB$", text, re.M), text
+    assert re.search(r"^  device_total_memory_bytes +11\.71 GiB$", text, re.M)
+    _, md = run("diagnose", "--format", "markdown", *demo_args())
+    _, page = run("diagnose", "--format", "html", *demo_args())
+    assert "| `kv_cache_memory_bytes` | 4.00 MiB |" in md
+    assert "4.00 MiB" in page
+    for out in (text, md, page):
+        assert "0.00 GiB" not in out and "available_kv_cache_bytes" not in out

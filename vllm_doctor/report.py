@@ -13,6 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from .advice import fix_label
 from .pipeline import Report
 from .diagnosis.evaluate import RULE_ERROR_ID
+from .diagnosis.expr import human_bytes
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -32,7 +33,7 @@ def fmt_fact(name: str, v: object) -> str:
     if name.endswith("_ratio") and isinstance(v, (int, float)):
         return f"{v:.1%}"
     if name.endswith("_bytes") and isinstance(v, (int, float)):
-        return f"{v / (1 << 30):.2f} GiB"
+        return human_bytes(v)  # in the unit that fits: 4.00 MiB, not 0.00 GiB
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)

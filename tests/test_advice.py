@@ -84,7 +84,8 @@ def test_demo_leads_with_the_bound_below_what_ran_and_both_rules_agree():
     # the same calculation in both rules, so one value; listed once (under the first finding)
     assert storm.values["c"] == bound.values["c"]
     assert not any(x.flag == "--max-num-seqs" for x in bound.fixes)
-    assert any(n.startswith("--max-num-seqs 2: the same fix as preemption-storm (VD001)") for n in bound.notes)
+    # a whole sentence that says where the fix is
+    assert "--max-num-seqs 2 also fixes this; it is listed under preemption-storm (VD001)" in bound.notes
     # alternatives, not a set: admit fewer OR a larger explicitly sized KV cache (never both)
     assert {(x.flag, x.option, x.relation) for x in storm.fixes} == {
         ("--max-num-seqs", 1, "alternative"), ("--kv-cache-memory-bytes", 2, "alternative")}
@@ -297,7 +298,7 @@ def test_a_restart_splits_incidents(tmp_path):
     assert [(f.occurrence, f.run) for f in occ] == [(1, 0), (2, 1)]
     # each occurrence quotes its own run's lines, and the fix is listed once
     assert all(e.lineno <= n for e in occ[0].evidence) and all(e.lineno > n for e in occ[1].evidence)
-    assert occ[0].fixes and not occ[1].fixes and "its occurrence 1" in occ[1].notes[0]
+    assert occ[0].fixes and not occ[1].fixes and "it is listed under occurrence 1 of this incident" in occ[1].notes[0]
 
 
 def test_two_incidents_an_hour_apart_are_two(tmp_path):

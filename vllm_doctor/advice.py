@@ -277,10 +277,10 @@ def share_fixes(findings: list[Finding]) -> list[Finding]:
             elif owner[0] is not f:
                 o = owner[0]
                 if o.rule_id == f.rule_id:  # an earlier occurrence of the same incident
-                    f.notes.append(f"{key}: the same fix as its occurrence {o.occurrence} gives")
+                    f.notes.append(f"{key} also fixes this; it is listed under occurrence {o.occurrence} of this incident")
                 else:
                     owner[1].also_for.append(f.name)
-                    f.notes.append(f"{key}: the same fix as {o.name} ({o.rule_id}) gives")
+                    f.notes.append(f"{key} also fixes this; it is listed under {o.name} ({o.rule_id})")
             else:
                 kept.append(fx)
         f.fixes = kept

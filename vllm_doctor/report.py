@@ -117,13 +117,17 @@ def verdict(rep: Report) -> dict:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
     if top.fixes:
-        first, why = first_step(top.fixes), top.fixes[0].why
+        parts, why = first_step_parts(top.fixes), top.fixes[0].why
     elif checks:
-        first, why = checks[0], None
+        parts, why = [(checks[0], "")], None
     else:
-        first = f"read the evidence of {top.name} below (vllm-doctor explain {top.name})"
+        parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
-    return {"status": top.severity, "headline": head, "first": first, "why": why, "more": more}
+    first = ", then ".join(f"{p} {c}".strip() for p, c in parts)
+    # first: the whole step in words (text); first_parts: [words, what to type] for formats that
+    # set the typed part as code (markdown, html)
+    return {"status": top.severity, "headline": head, "first": first, "first_parts": parts, "why": why,
+            "more": more}
 
 
 def _ago(seconds: float) -> str:
@@ -164,6 +168,12 @@ def nothing_judged(rep: Report) -> bool:
 def first_step(fixes: list) -> str:
     """The first option of a finding's fixes as one instruction: the fixes that go together with
     the first one (same ``option``; an upgrade first, then the environment, then the flags)."""
+    return ", then ".join(f"{prose} {code}" for prose, code in first_step_parts(fixes))
+
+
+def first_step_parts(fixes: list) -> list[tuple[str, str]]:
+    """:func:`first_step` as (words, what to type) pairs, so a format can set only what is typed as
+    code: ``[("restart vLLM with", "--max-num-seqs 2")]``."""
     if not hasattr(fixes[0], "option"):  # fixes not yet grouped into options: the first alone
         group = fixes[:1]
     else:
@@ -173,12 +183,12 @@ def first_step(fixes: list) -> str:
     env = [fx.command() for fx in group if fx.kind == "env"]
     flags = [fx.command() for fx in group if fx.kind not in ("upgrade", "env")]
     if up:
-        parts.append("upgrade vLLM: " + "; ".join(up))
+        parts.append(("upgrade vLLM:", "; ".join(up)))
     if env:
-        parts.append("set " + " ".join(env))
+        parts.append(("set", " ".join(env)))
     if flags:
-        parts.append("restart vLLM with " + " ".join(flags))
-    return ", then ".join(parts)
+        parts.append(("restart vLLM with", " ".join(flags)))
+    return parts
 
 
 def split_facts(rep: Report) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:
@@ -280,7 +290,8 @@ def to_markdown(rep: Report) -> str:
     v = verdict(rep)
     out = ["# vllm-doctor report", "", f"**{_md(v['headline'])}**", ""]
     if v["first"]:
-        out += [f"**Do this first:** `{v['first']}`" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
+        step = ", then ".join(_md(p) + (f" `{c}`" if c else "") for p, c in v["first_parts"])
+        out += [f"**Do this first:** {step}" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
     out += [f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
             "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
     if nothing_judged(rep):

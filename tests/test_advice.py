@@ -48,9 +48,9 @@ def test_the_issue_case_922496_tokens_182_running_is_not_cut_to_23(tmp_path):
     assert rep.facts["kv_cache_tokens"] == 922496 and rep.facts["max_model_len"] == 40000
     f = by_name(rep)["kv-capacity-bound"]
     mns = {x.flag: x for x in f.fixes}.get("--max-num-seqs")
-    # 182 ran with the cache full: never 922,496 / 40,000 = 23 (an 8x cut); 182 is only recommended
-    # when it is below max_num_seqs, and the never-preempt bound is named as such
-    assert mns is None or mns.value == "182"
+    # 182 ran with the cache full: 182 is what vLLM already admits, no fix; and no preemption was
+    # counted or inferred, so no cut to the never-preempt bound 922,496 / 40,000 = 23 either
+    assert mns is None
     assert "23 sequences" not in f.message and "which held 182 running sequences when it was full" in f.message
     c = f.values["c"]
     assert c is not None
@@ -68,18 +68,24 @@ def _concurrency_of(path: Path):
                        facts["block_size"])
 
 
-def test_demo_recommends_what_ran_and_both_rules_agree():
+def test_demo_leads_with_the_bound_below_what_ran_and_both_rules_agree():
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     f = by_name(rep)
     storm, bound = f["preemption-storm"], f["kv-capacity-bound"]
-    # 4 ran at 100 % (line 138): not 4,096 / 2,048 = 2
+    # vLLM never ran more than 4 (peak_num_running) and preempted 105 times: --max-num-seqs 4 is no
+    # fix. The never-preempt bound 4,096 / 2,048 = 2 is below the 4 that ran at 100 % (line 138)
+    assert (rep.facts["peak_num_running"], rep.facts["preemptions_total"]) == (4, 105)
     fx = {x.flag: x for x in storm.fixes}
-    assert fx["--max-num-seqs"].value == "4"
+    assert fx["--max-num-seqs"].value == "2"
+    assert fx["--max-num-seqs"].arithmetic.startswith("never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2")
+    assert "; 4 were running when the KV cache was full (100.0%, engine 0, cpu-preemption-tiny-kv-cache.log:138)" \
+        in fx["--max-num-seqs"].arithmetic
     assert fx["--max-num-seqs"].also_for == ["kv-capacity-bound"]
     # the same calculation in both rules, so one value; listed once (under the first finding)
     assert storm.values["c"] == bound.values["c"]
     assert not any(x.flag == "--max-num-seqs" for x in bound.fixes)
-    assert "--max-num-seqs 4: the same fix as preemption-storm (VD001) gives" in bound.notes
+    # a whole sentence that says where the fix is
+    assert "--max-num-seqs 2 also fixes this; it is listed under preemption-storm (VD001)" in bound.notes
     # alternatives, not a set: admit fewer OR a larger explicitly sized KV cache (never both)
     assert {(x.flag, x.option, x.relation) for x in storm.fixes} == {
         ("--max-num-seqs", 1, "alternative"), ("--kv-cache-memory-bytes", 2, "alternative")}
@@ -102,10 +108,33 @@ def test_the_demo_states_no_false_fact_and_quotes_only_what_supports_it():
     assert [e.lineno for e in storm.evidence] == [125, 138]
 
 
-def test_054_sizes_from_the_260_that_ran_at_full():
-    f = by_name(diagnose_file(log("054")))["kv-capacity-bound"]
-    assert {x.flag: x.value for x in f.fixes}.get("--max-num-seqs") == "260"
-    assert f.fixes[0].arithmetic.startswith("260 sequences were running when the KV cache was full (100.0%, engine 0")
+def test_054_the_260_that_ran_at_full_is_no_fix():
+    # 260 ran at 100 % and vLLM never ran more (peak_num_running 260): admitting 260 changes nothing,
+    # and without the KV cache size in the log there is no never-preempt bound to lead with
+    rep = diagnose_file(log("054"))
+    f = by_name(rep)["kv-capacity-bound"]
+    assert rep.facts["peak_num_running"] == 260 and f.values["c"]["value"] == 260
+    assert "--max-num-seqs" not in {x.flag for x in f.fixes}
+    assert "which held 260 running sequences when it was full" in f.message
+
+
+def test_max_num_seqs_below_what_ran_only_reduces_preemption():
+    # V1 stats in 0.11.1+ wording: 40 ran when vLLM counted preemptions at 91 % (never full), the
+    # cache held about 30 at the length then observed; with no KV cache size there is no bound:
+    # 30 is proposed as what reduces preemption, never as what stops it
+    from vllm_doctor.advice import Concurrency
+
+    c = Concurrency(30, "tokens-per-sequence", 40, 0.91, 100.0, None, 3000, None, None,
+                    pressure_running=40, pressure_full=False)
+    assert (c.admit, c.admit_stops) == (30, False)
+    assert c.admit_why.startswith("Fewer preemptions, not none: 30 is below what vLLM ran (40 ran at most)")
+    # at or above what ran: nothing to propose; with a bound below it, the bound (it stops them)
+    assert Concurrency(40, "running-at-full", 40, 1.0, pressure_running=40).admit is None
+    b = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, kv_cache_tokens=65536, max_model_len=8192,
+                    block_size=16, pressure_running=40, pressure_full=True)
+    assert (b.admit, b.admit_stops) == (8, True)
+    assert b.admit_text.startswith("never-preempt bound: 65,536 KV cache tokens / max_model_len 8,192 = 8 "
+                                   "(4,096 blocks of 16 tokens / 512 blocks per sequence); 40 were running when the KV cache was full")
 
 
 # ---- evidence and wording ------------------------------------------------------------------------
@@ -141,9 +170,12 @@ def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
     f = by_name(diagnose_file(log("072")))["startup-oom"]
     assert "after the weights loaded: they take 16.56 GiB of the 44.40 GiB device" in f.message
     assert "33.75 GiB more with 26.88 GiB free" in f.message and "--max-model-len" in f.message
-    got = {x.flag: x.value for x in f.fixes}
-    # the weights fit: no tensor parallelism, no quantization; eager mode drops CUDA graph memory
-    assert got == {"--enforce-eager": ""}
+    # the weights fit: no tensor parallelism, no quantization; one 33.75 GiB allocation with no KV
+    # cache size logged before it is the profiling run, not CUDA graphs: no --enforce-eager, and
+    # nothing said about running eager. The log shows neither batch size: a check, with the share
+    assert "profiling run" in f.message and "eager" not in f.message
+    assert "At most 79% of that batch fits in what was free (26.88 / 33.75 GiB)" in f.message
+    assert f.fixes == [] and f.checks and "at most 79% of it" in f.checks[0]
 
 
 def test_startup_oom_without_the_weights_size_names_fp8_but_no_parallel_size():
@@ -266,7 +298,7 @@ def test_a_restart_splits_incidents(tmp_path):
     assert [(f.occurrence, f.run) for f in occ] == [(1, 0), (2, 1)]
     # each occurrence quotes its own run's lines, and the fix is listed once
     assert all(e.lineno <= n for e in occ[0].evidence) and all(e.lineno > n for e in occ[1].evidence)
-    assert occ[0].fixes and not occ[1].fixes and "its occurrence 1" in occ[1].notes[0]
+    assert occ[0].fixes and not occ[1].fixes and "it is listed under occurrence 1 of this incident" in occ[1].notes[0]
 
 
 def test_two_incidents_an_hour_apart_are_two(tmp_path):
@@ -294,9 +326,11 @@ def test_cli_since_until_and_bad_values(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since 'yesterday': bad time 'yesterday'" in r.stderr
     r = subprocess.run(cmd + ["--since", "2026-03-23", "--until", "2026-03-22"], capture_output=True, text=True)
     assert r.returncode == 2 and "is after --until" in r.stderr
-    # a duration counts back from now: this 2026-03 log has nothing in the last hour
-    r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True, check=True)
-    assert json.loads(r.stdout)["findings"] == []
+    # a duration counts back from now: this 2026-03 log has nothing in the last hour: nothing was
+    # judged (exit 3, not the healthy 0, even with --fail-on never)
+    r = subprocess.run(cmd + ["--since", "1h"], capture_output=True, text=True)
+    d = json.loads(r.stdout)
+    assert r.returncode == 3 and d["findings"] == [] and d["time_range"]["nothing_in_range"] is True
 
 
 def test_reports_say_which_fixes_are_alternatives_and_show_checks():
@@ -304,11 +338,11 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
 
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     text = to_text(rep, color=False)
-    assert "--max-num-seqs 4   (option 1 of 2: pick one)" in text
+    assert "--max-num-seqs 2   (option 1 of 2: pick one)" in text
     assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
     html = FORMATS["html"](rep)
-    assert "<code>--max-num-seqs 4</code> <em>(option 1 of 2: pick one)</em>" in html
-    assert "`--max-num-seqs 4` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
+    assert "<code>--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
+    assert "`--max-num-seqs 2` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
     assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)

@@ -111,6 +111,34 @@ def test_empty_and_not_vllm(tmp_path):
     assert "Nothing to diagnose" in out
 
 
+def test_since_after_the_log_is_no_all_clear():
+    # the demo log ended at 11-30 09:12:09 (of its file's year), long before the last 30 minutes: no
+    # line fell in the span, so the report says so and when the log ran, and exits 3, not 0 (healthy)
+    demo = LOGS / "cpu-preemption-tiny-kv-cache.log"
+    rc, out, err = run("diagnose", "--since", "30m", demo)
+    assert rc == 3, err
+    head = out.splitlines()[0]
+    assert head.startswith("Nothing to diagnose in the span since ") and "No incident found" not in out
+    assert "no vLLM line read (21 events) falls in it; the log runs " in head
+    assert re.search(r"the log runs \d{4}-11-30 09:10:22 \.\. \d{4}-11-30 09:12:09, ending [\d.]+ (h|days) before "
+                     r"the span begins\. Nothing was judged\.$", head), head
+    assert "Facts" not in out
+    rc, out, _ = run("diagnose", "-f", "json", "--since", "30m", demo)
+    tr = json.loads(out)["time_range"]
+    assert rc == 3 and (tr["events_in_range"], tr["events_outside"], tr["nothing_in_range"]) == (0, 21, True)
+    assert tr["log_last_ts"] - tr["log_first_ts"] == 107.0 and tr["until"] is None
+    for fmt, needle in (("markdown", "**Nothing to diagnose in the span since "), ("html", "Nothing to diagnose in the span since ")):
+        rc, out, _ = run("diagnose", "-f", fmt, "--fail-on", "never", "--since", "30m", demo)
+        assert rc == 3 and needle in out and "No incident found" not in out
+    rc, out, _ = run("diagnose", "--until", "2000-01-01", demo)
+    assert rc == 3 and ", starting " in out.splitlines()[0] and "after the span ends. Nothing was judged." in out
+    # a span holding the whole log judges it as without one
+    rc, out, _ = run("diagnose", "-f", "json", "--since", "2000-01-01", demo)
+    d = json.loads(out)
+    assert rc == 1 and d["time_range"]["nothing_in_range"] is False and d["time_range"]["events_outside"] == 0
+    assert {f["name"] for f in d["findings"]} == {"kv-capacity-bound"}
+
+
 def test_truncated_lines_and_invalid_utf8(tmp_path):
     raw = log("014").read_bytes()
     p = tmp_path / "cut.log"

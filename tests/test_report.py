@@ -77,7 +77,7 @@ def test_markdown_opens_with_the_verdict():
     lines = [ln for ln in md.splitlines() if ln]
     assert lines[0] == "# vllm-doctor report"
     assert lines[1].startswith("**WARNING ") or lines[1].startswith("**CRITICAL ")
-    assert lines[2].startswith("**Do this first:** `restart vLLM with --")
+    assert lines[2].startswith("**Do this first:** restart vLLM with `--")
     assert md.index("## Findings") < md.index("## Facts")
 
 
@@ -120,3 +120,66 @@ def test_the_memory_a_refused_start_names_is_a_fact_of_the_report():
     assert re.search(r"^  available_kv_cache_bytes +9\.97 GiB$", text, re.M), text
     # the fix's arithmetic writes token counts as the facts do, with thousands separators
     assert "how: 1,048,576 x 9.97 GiB available / 24.00 GiB needed, rounded down to a multiple of block_size 16 = 435,584" in text
+
+
+def test_sizes_below_a_gib_print_in_their_unit_and_a_printed_zero_is_no_size():
+    """The demo's KV cache is 4,194,304 B (--kv-cache-memory-bytes): 4.00 MiB in every format, never
+    "0.00 GiB"; vLLM's "Explicitly set (0.0/11.71) GiB for KV cache" is 4 MiB rounded to 0.0 GiB, so
+    no fact says the available KV cache memory was 0; the fix's arithmetic uses the exact bytes."""
+    _, js = run("diagnose", "--format", "json", *demo_args())
+    rep = json.loads(js)
+    assert rep["facts"]["kv_cache_memory_bytes"] == 4194304 and rep["facts"]["available_kv_cache_bytes"] is None
+    fixes = [fx for f in rep["findings"] for fx in f["fixes"] if fx["flag"] == "--kv-cache-memory-bytes"]
+    assert fixes and fixes[0]["arithmetic"].startswith("4,194,304 bytes x 16 sequences / 4 held")
+    _, text = run("diagnose", *demo_args())
+    assert re.search(r"^  kv_cache_memory_bytes +4\.00 MiB$", text, re.M), text
+    assert re.search(r"^  device_total_memory_bytes +11\.71 GiB$", text, re.M)
+    _, md = run("diagnose", "--format", "markdown", *demo_args())
+    _, page = run("diagnose", "--format", "html", *demo_args())
+    assert "| `kv_cache_memory_bytes` | 4.00 MiB |" in md
+    assert "4.00 MiB" in page
+    for out in (text, md, page):
+        assert "0.00 GiB" not in out and "available_kv_cache_bytes" not in out
+
+
+def test_do_this_first_sets_only_what_is_typed_as_code():
+    """Markdown and HTML: "restart vLLM with" is words, only the flags are code; a check (a sentence
+    to read, not to type) is no code at all."""
+    _, md = run("diagnose", "--format", "markdown", *demo_args())
+    assert "**Do this first:** restart vLLM with `--max-num-seqs 2`: " in md
+    assert "`restart vLLM" not in md
+    _, page = run("diagnose", "--format", "html", *demo_args())
+    assert "<b>Do this first:</b> restart vLLM with <code>--max-num-seqs 2</code> &mdash; " in page
+    assert "<code>restart vLLM" not in page
+    nccl = LOGS / "048-v0.5.4-nccl-init-error-newlines-collapsed.log"
+    _, md = run("diagnose", "--format", "markdown", nccl)
+    assert "**Do this first:** set `NCCL_P2P_DISABLE=1`: " in md
+    dead = LOGS / "043-v0.20.2-v1-enginedeaderror-apiserver.log"
+    _, md = run("diagnose", "--format", "markdown", dead)
+    step = next(ln for ln in md.splitlines() if ln.startswith("**Do this first:**"))
+    assert step.startswith("**Do this first:** Collect the complete output") and "`Collect" not in step
+
+
+def test_counts_in_messages_are_written_as_the_facts_are_and_a_shared_fix_note_is_a_sentence():
+    # 014: 9,832 requests pending (V0 "Pending: 9832 reqs"): the messages write it as Facts does
+    rc, text = run("diagnose", LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log")
+    assert "(34 running, 9,832 waiting)" in text and "with up to 9,832 requests waiting while only 34 ran" in text
+    assert re.search(r"^  peak_num_waiting +9,832$", text, re.M)
+    assert "9832 waiting" not in text and "9832 requests" not in text
+    # the demo: kv-capacity-bound's fix is listed under preemption-storm, said in a whole sentence
+    _, text = run("diagnose", *demo_args())
+    assert "  note: --max-num-seqs 2 also fixes this; it is listed under preemption-storm (VD001)" in text
+    assert "gives\n" not in text
+
+
+def test_an_oom_message_writes_sizes_as_the_log_did(tmp_path):
+    # "Tried to allocate 2.00 GiB ... 23.57 GiB of which 1.00 GiB is free": not "2048 MiB", "1024.0 MiB"
+    p = tmp_path / "vllm.log"
+    p.write_text("(EngineCore pid=9) ERROR 11-30 09:00:07 [core.py:710] torch.OutOfMemoryError: CUDA out of "
+                 "memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.57 GiB of which 1.00 GiB is free.\n")
+    _, text = run("diagnose", p)
+    assert "(tried to allocate 2.00 GiB; 23.57 GiB device, 1.00 GiB free)" in text
+    assert "MiB" not in text
+    # 006: "Tried to allocate 20.00 MiB ... 14.62 GiB of which 3.31 MiB is free"
+    _, text = run("diagnose", LOGS / "006-v0.7dev-mp-worker-cuda-oom-14GiB-gpu.log")
+    assert "(tried to allocate 20.00 MiB; 14.62 GiB device, 3.31 MiB free)" in text

@@ -25,8 +25,11 @@ def test_preemption_storm_v0_counts_from_cumulative_counter_not_lines():
     assert rep.facts["preemptions_total"] == 151  # one warning line, cumulative 151
     assert f.values["preempted"] == 151
     assert f.values["kv_peak"] == pytest.approx(0.992)
-    assert fixes(f)["--max-num-seqs"] == "34"  # running when the KV cache was full
-    assert "34 sequences were running when the KV cache was full" in f.fixes[0].arithmetic
+    # vLLM preempted with 34 running at 99.2 % (lines 1-2): --max-num-seqs 34 changes nothing, and the
+    # KV cache size is not in the log (no never-preempt bound): no --max-num-seqs at all
+    assert f.values["c"] is not None
+    assert "--max-num-seqs" not in fixes(f) and "--max-num-seqs" not in fixes(findings(rep)["kv-capacity-bound"])
+    assert fixes(f)["--gpu-memory-utilization"] == "0.95"
     assert [e.lineno for e in f.evidence][:2] == [1, 2]
 
 
@@ -43,15 +46,18 @@ def test_preemption_storm_v1_from_metrics_capture():
     f = findings(rep)["preemption-storm"]
     assert rep.facts["preemptions_total"] == 105
     assert f.values["preempted"] == 105
-    # 4 ran when the KV cache was full (line 138, 100 %); 4,096 / 2,048 = 2 is only the never-preempt bound
-    assert fixes(f)["--max-num-seqs"] == "4"
-    assert f.fixes[0].arithmetic.startswith("4 sequences were running when the KV cache was full (100.0%, engine 0, "
-                                            "cpu-preemption-tiny-kv-cache.log:138)")
-    assert "never-preempt bound (every sequence at max_model_len) would be 4,096 / 2,048 = 2" in f.fixes[0].arithmetic
+    # vLLM never ran more than 4 and preempted 105 times (4 ran at 100 %, line 138): 4 is no fix;
+    # the never-preempt bound 4,096 / 2,048 = 2 (32 blocks of 128 / 16 per sequence) stops it, and leads
+    assert fixes(f)["--max-num-seqs"] == "2"
+    assert f.fixes[0].arithmetic == (
+        "never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2 (32 blocks of 128 tokens / 16 "
+        "blocks per sequence); 4 were running when the KV cache was full (100.0%, engine 0, "
+        "cpu-preemption-tiny-kv-cache.log:138) (max_num_seqs was 32)")
+    assert f.fixes[0].why.startswith("No running sequence can be preempted: the KV cache holds 2 sequences")
     # kv-capacity-bound computes the same value with the same calculation: it is listed once
     kv = findings(rep)["kv-capacity-bound"]
     assert kv.values["c"] is not None and "--max-num-seqs" not in fixes(kv)
-    assert "--max-num-seqs 4: the same fix as preemption-storm (VD001) gives" in kv.notes
+    assert "--max-num-seqs 2 also fixes this; it is listed under preemption-storm (VD001)" in kv.notes
     assert f.fixes[0].also_for == ["kv-capacity-bound"]
     # vllm:cache_config_info gives what vLLM resolved: block_size 128 on CPU, not the default 16
     assert rep.facts["block_size"] == 128 and "block_size" not in rep.facts_defaulted
@@ -147,8 +153,8 @@ def test_kv_capacity_bound_cpu_run_max_num_seqs_from_capacity():
     assert f.values["running"] == 4 and f.values["waiting_peak"] == 12
     assert "full (95% or more) with up to 12 requests waiting while only 4 ran" in f.message
     assert [e.lineno for e in f.evidence] == [138]
-    # 4 ran when the cache was full: not 4,096 / 2,048 = 2 (the never-preempt bound)
-    assert fixes(f)["--max-num-seqs"] == "4"
+    # 4 ran when the cache was full, all vLLM ever ran: 4 is no fix; the never-preempt bound is 2
+    assert fixes(f)["--max-num-seqs"] == "2"
     # the explicitly sized KV cache for the 16 requests running or waiting at once: 4 MiB x 16 / 4
     assert fixes(f)["--kv-cache-memory-bytes"] == str(4194304 * 4)
     rel = {x.flag: x.relation for x in f.fixes}
@@ -335,7 +341,7 @@ def test_tuning_note_lines_and_fake_flags(tmp_path):
     # the value given to the fake flag goes to the real one
     assert fixes(f) == {"--max-num-batched-tokens": "4096"}
     # --kv-cache-dtype fp8 is also preemption-storm's fix: listed once, there, and said here
-    assert "--kv-cache-dtype fp8: the same fix as preemption-storm (VD001) gives" in f.notes
+    assert "--kv-cache-dtype fp8 also fixes this; it is listed under preemption-storm (VD001)" in f.notes
     assert set(rep.unknown_flags) == {"--kv-cache", "--chunked-prefill-size"}
 
 
@@ -344,9 +350,12 @@ def test_kv_capacity_bound_plateau_with_short_queue_near_full():
     # (sampled below the 95 % "full" mark): the plateau counts when the cache is nearly full.
     p = Path(__file__).parent / "fixtures" / "regressions" / "cpu-0.32-storm-long-short-queue.log"
     f = findings(diagnose_file(p))["kv-capacity-bound"]
-    # never full: sized from the tokens a running sequence held (93.5 % x 4,096 / 4 = 957), not 4,096 / 2,048
-    assert f.values["running"] == 4 and fixes(f)["--max-num-seqs"] == "4"
-    assert "tokens per running sequence observed" in f.fixes[0].arithmetic
+    # never full: the cache held 4 (93.5 % x 4,096 / 4 = 957 tokens each), but 4 is what ran: no fix;
+    # 2 (4,096 / 2,048) is the never-preempt bound, yet this log shows no preemption (none counted,
+    # running never fell under a full cache): admitting fewer buys nothing seen here, so no such fix
+    assert f.values["running"] == 4 and f.values["c"]["value"] == 4
+    assert (f.values["c"]["method"], f.values["c"]["never_preempt"]) == ("tokens-per-sequence", 2)
+    assert "--max-num-seqs" not in fixes(f)
     assert len(f.evidence) == 2
 
 

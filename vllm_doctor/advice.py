@@ -12,6 +12,14 @@ Concurrency (``--max-num-seqs``) is sized from what the server was seen doing, i
    ever be preempted because every one could grow to max_model_len. It is a worst case (real
    requests are far shorter), used only when nothing was observed, and always labelled.
 
+That number is what the KV cache *held*; it is not by itself a fix for preemption. vLLM preempts
+when the cache is full, so the sequences that ran then are what it preempted at: a
+``--max-num-seqs`` at or above that count changes nothing. :attr:`Concurrency.admit` is the
+value a rule may recommend: the never-preempt bound when it is below what ran under pressure
+(that is the only value that *stops* preemption: every admitted sequence can grow to
+max_model_len), else the observed value when it is below (it only *reduces* preemption), else
+none.
+
 Every rule that recommends ``--max-num-seqs`` calls :func:`concurrency` (exposed to rule
 expressions), so preemption-storm and kv-capacity-bound cannot disagree. The block arithmetic is
 :mod:`vllm_doctor.capacity`'s (the one ``plan`` and ``check`` use): whole KV cache blocks per
@@ -52,6 +60,11 @@ class Concurrency:
     max_model_len: int | None = None
     block_size: int | None = None
     sample: Any = None
+    #: the most sequences running where vLLM preempted or had to (a sample with the KV cache full
+    #: or with preemptions counted in its interval; without one, the most seen running), and that sample
+    pressure_running: int | None = None
+    pressure_sample: Any = None
+    pressure_full: bool = False
 
     def bytes_for(self, kv_cache_memory_bytes: int | None, sequences: int | None) -> int | None:
         """The ``--kv-cache-memory-bytes`` that holds ``sequences`` at the size observed per
@@ -97,6 +110,80 @@ class Concurrency:
         return "unknown"
 
 
+    # ---- the --max-num-seqs fix --------------------------------------------------------------
+    @property
+    def admit(self) -> int | None:
+        """The ``--max-num-seqs`` that changes preemption: the never-preempt bound when it is below
+        what ran under pressure (or nothing was seen running), else the observed value when it is
+        below that, else None (a value at or above what vLLM already ran is no fix)."""
+        p = self.pressure_running
+        if self.never_preempt is not None and (p is None or self.never_preempt < p):
+            return self.never_preempt
+        if self.value is not None and p is not None and self.value < p and self.method != "never-preempt-bound":
+            return self.value
+        return None
+
+    @property
+    def admit_stops(self) -> bool:
+        """True when :attr:`admit` is the never-preempt bound (it stops preemption), False when it
+        only reduces it."""
+        return self.admit is not None and self.admit == self.never_preempt
+
+    @property
+    def _pressure(self) -> str:
+        if self.pressure_running is None:
+            return "how many ran when vLLM preempted is not in the inputs"
+        s = self.pressure_sample
+        ratio = getattr(s, "kv_cache_usage_ratio", None)
+        when = ("when the KV cache was full" if self.pressure_full else
+                "when vLLM counted preemptions" if getattr(s, "preemptions", None) else "at the most seen")
+        kv = f"{ratio:.1%}" if ratio is not None else "KV cache usage unknown"
+        return f"{self.pressure_running} were running {when} ({kv}{_where(s)})"
+
+    @property
+    def _ran(self) -> str:
+        """What ran under pressure, as a clause: "4 ran with the KV cache full"."""
+        s = self.pressure_sample
+        how = ("with the KV cache full" if self.pressure_full else
+               "while vLLM preempted" if getattr(s, "preemptions", None) else "at most")
+        return f"{self.pressure_running} ran {how}"
+
+    @property
+    def admit_why(self) -> str:
+        """The reason for :attr:`admit`, in words (what it stops or only reduces, and its cost)."""
+        if self.admit is None:
+            return ""
+        if self.admit_stops:
+            ran = "" if self.pressure_running is None else f" ({self._ran})"
+            return (f"No running sequence can be preempted: the KV cache holds {self.admit} sequences even if "
+                    f"every one grows to max_model_len{ran}; the rest wait in the queue, so concurrency is "
+                    f"lower than what ran.")
+        bound = ("the KV cache size or max_model_len is not in the inputs" if self.never_preempt is None else
+                 f"above the never-preempt bound of {self.never_preempt}")
+        return (f"Fewer preemptions, not none: {self.admit} is below what vLLM ran ({self._ran}), but "
+                f"sequences that grow can still be preempted ({bound}).")
+
+    @property
+    def admit_text(self) -> str:
+        """The arithmetic of :attr:`admit`: the bound or the observation, against what ran under pressure."""
+        if self.admit is None:
+            return "unknown"
+        if self.admit_stops:
+            blocks = ""
+            if self.block_size and self.block_size > 1 and self.kv_cache_tokens and self.max_model_len:
+                per = -(-int(self.max_model_len) // int(self.block_size))
+                blocks = (f" ({int(self.kv_cache_tokens) // int(self.block_size):,} blocks of {self.block_size} "
+                          f"tokens / {per:,} blocks per sequence)")
+            return (f"never-preempt bound: {self.kv_cache_tokens:,} KV cache tokens / max_model_len "
+                    f"{self.max_model_len:,} = {self.never_preempt}{blocks}; {self._pressure}")
+        where = _where(self.sample)
+        if self.method == "running-at-full":
+            seen = f"{self.running} sequences were running when the KV cache was full ({self.usage_ratio:.1%}{where})"
+        else:
+            seen = self.text.split("; the never-preempt bound")[0]
+        return f"{seen}; {self._pressure}"
+
+
 def _where(sample: Any) -> str:
     meta = getattr(sample, "meta", None)
     if meta is None:
@@ -121,6 +208,13 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
     common = dict(never_preempt=never, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len,
                   block_size=block_size)
     full = [s for s in samples if s.kv_cache_usage_ratio >= full_ratio]
+    counted = [s for s in list(stats) if getattr(s, "preemptions", None) and s.num_running is not None]
+    full_ids = {id(s) for s in full}
+    pressed = full + [s for s in counted if id(s) not in full_ids]
+    seen_running = [s for s in list(stats) + list(metrics) if s.num_running is not None and s.num_running >= 1]
+    top = max(pressed or seen_running, key=lambda x: x.num_running, default=None)
+    common.update(pressure_running=None if top is None else int(top.num_running), pressure_sample=top,
+                  pressure_full=id(top) in full_ids)
     if full:
         s = max(full, key=lambda x: (x.num_running, x.kv_cache_usage_ratio))
         return Concurrency(int(s.num_running), "running-at-full", int(s.num_running), s.kv_cache_usage_ratio,
@@ -183,10 +277,10 @@ def share_fixes(findings: list[Finding]) -> list[Finding]:
             elif owner[0] is not f:
                 o = owner[0]
                 if o.rule_id == f.rule_id:  # an earlier occurrence of the same incident
-                    f.notes.append(f"{key}: the same fix as its occurrence {o.occurrence} gives")
+                    f.notes.append(f"{key} also fixes this; it is listed under occurrence {o.occurrence} of this incident")
                 else:
                     owner[1].also_for.append(f.name)
-                    f.notes.append(f"{key}: the same fix as {o.name} ({o.rule_id}) gives")
+                    f.notes.append(f"{key} also fixes this; it is listed under {o.name} ({o.rule_id})")
             else:
                 kept.append(fx)
         f.fixes = kept

@@ -1,7 +1,8 @@
 """The ``vllm-doctor`` command (typer). Each command is a thin wrapper over the public API.
 
 Exit codes (vllm_doctor.errors): 0 nothing at or above ``--fail-on``; 1 findings at or above it;
-2 unusable input, usage error or invalid rules (a one-line message on stderr, never a traceback).
+2 unusable input, usage error or invalid rules (a one-line message on stderr, never a traceback);
+3 (diagnose --since / --until) no line of the logs fell in the span: nothing was judged.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import typer
 import typer.core
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
+from .errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -186,6 +187,8 @@ def diagnose(
         level = SEVERITY_ORDER[fail_on.value]
         if any(SEVERITY_ORDER[f.severity] >= level for f in rep.findings):
             raise typer.Exit(EXIT_FINDINGS)
+    if rep.nothing_in_range and not rep.findings:  # not "healthy": no line was in the span to judge
+        raise typer.Exit(EXIT_NOTHING_IN_RANGE)
     raise typer.Exit(EXIT_OK)
 
 

@@ -147,6 +147,10 @@ class Pipeline:
         # except what a starting engine writes (version, configuration, KV cache size: sticky facts)
         self.time_range: tuple[float | None, float | None] = (None, None)
         self._last_ts: float | None = None
+        # with a time range: the log's first and last times, and the timed events inside / outside it
+        self._first_ts: float | None = None
+        self._max_ts: float | None = None
+        self._in_range = self._out_of_range = 0
 
     @property
     def follow(self) -> bool:
@@ -235,9 +239,18 @@ class Pipeline:
             ts = e.meta.ts
             if ts is not None:
                 self._last_ts = ts
-            if (lo is not None or hi is not None) and type(e).__name__ not in QUIET_KINDS:
+            if lo is not None or hi is not None:
                 t = self._last_ts  # an untimed line (a traceback) belongs where the log was
-                if t is not None and (lo is not None and t < lo or hi is not None and t > hi):
+                outside = t is not None and (lo is not None and t < lo or hi is not None and t > hi)
+                if ts is not None:
+                    self._first_ts = ts if self._first_ts is None else min(self._first_ts, ts)
+                    self._max_ts = ts if self._max_ts is None else max(self._max_ts, ts)
+                if outside:
+                    self._out_of_range += 1
+                elif t is not None:  # a line before any time cannot be placed in the span
+                    self._in_range += 1
+            if (lo is not None or hi is not None) and type(e).__name__ not in QUIET_KINDS:
+                if outside:
                     if hi is not None and t > hi and (st.now is None or st.now < hi):
                         st.now = hi  # the log went on: what was still going on lasted until --until
                     n += 1
@@ -439,6 +452,10 @@ class Pipeline:
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
             timeline=st.timeline.snapshot(),
+            time_range=None if self.time_range == (None, None) else {
+                "since": self.time_range[0], "until": self.time_range[1],
+                "log_first_ts": self._first_ts, "log_last_ts": self._max_ts,
+                "events_in_range": self._in_range, "events_outside": self._out_of_range},
         )
 
 
@@ -461,6 +478,16 @@ class Report:
     generated_at: float = 0.0
     timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
     replicas: list[dict] = field(default_factory=list)  # diagnose --prometheus: the per-replica table
+    # diagnose --since / --until on logs: the span (epoch s, log clock), the log's first and last
+    # times, and how many events fell in it and outside it; None without a span
+    time_range: dict | None = None
+
+    @property
+    def nothing_in_range(self) -> bool:
+        """True when --since / --until was given and no event of the logs fell in that span (the
+        logs hold vLLM lines, all of them before or after it): nothing was judged."""
+        tr = self.time_range
+        return bool(tr) and tr["events_in_range"] == 0 and tr["events_outside"] > 0
 
     @property
     def nothing_to_diagnose(self) -> bool:
@@ -482,6 +509,8 @@ class Report:
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
             "timeline": self.timeline,
+            **({"time_range": {**self.time_range, "nothing_in_range": self.nothing_in_range}}
+               if self.time_range else {}),
             **({"replicas": self.replicas} if self.replicas else {}),
         }
 

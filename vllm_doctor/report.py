@@ -13,6 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from .advice import fix_label
 from .pipeline import Report
 from .diagnosis.evaluate import RULE_ERROR_ID
+from .diagnosis.expr import human_bytes
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -32,7 +33,7 @@ def fmt_fact(name: str, v: object) -> str:
     if name.endswith("_ratio") and isinstance(v, (int, float)):
         return f"{v:.1%}"
     if name.endswith("_bytes") and isinstance(v, (int, float)):
-        return f"{v / (1 << 30):.2f} GiB"
+        return human_bytes(v)  # in the unit that fits: 4.00 MiB, not 0.00 GiB
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
@@ -101,6 +102,8 @@ def verdict(rep: Report) -> dict:
     if not rep.findings and rep.nothing_to_diagnose and not sampled:
         return {"status": "nothing", "headline": "Nothing to diagnose: no vLLM log lines were recognised "
                 f"in the input ({plural(lines, 'line')}).", "first": None, "why": None, "more": []}
+    if not rep.findings and rep.nothing_in_range:
+        return {"status": "nothing", "headline": out_of_range_headline(rep), "first": None, "why": None, "more": []}
     if not rep.findings:
         return {"status": "ok", "headline": "No incident found"
                 + (f" in {plural(lines, 'line')}" if lines else "")
@@ -114,18 +117,63 @@ def verdict(rep: Report) -> dict:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
     if top.fixes:
-        first, why = first_step(top.fixes), top.fixes[0].why
+        parts, why = first_step_parts(top.fixes), top.fixes[0].why
     elif checks:
-        first, why = checks[0], None
+        parts, why = [(checks[0], "")], None
     else:
-        first = f"read the evidence of {top.name} below (vllm-doctor explain {top.name})"
+        parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
-    return {"status": top.severity, "headline": head, "first": first, "why": why, "more": more}
+    first = ", then ".join(f"{p} {c}".strip() for p, c in parts)
+    # first: the whole step in words (text); first_parts: [words, what to type] for formats that
+    # set the typed part as code (markdown, html)
+    return {"status": top.severity, "headline": head, "first": first, "first_parts": parts, "why": why,
+            "more": more}
+
+
+def _ago(seconds: float) -> str:
+    """A duration as a person reads it: ``40 min``, ``34.2 h``, ``3.5 days``."""
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def out_of_range_headline(rep: Report) -> str:
+    """The verdict when ``--since`` / ``--until`` left nothing to judge: the span, that no line of
+    the logs fell in it, and when the logs begin and end (on their own clock)."""
+    tr = rep.time_range or {}
+    lo, hi, first, last = tr.get("since"), tr.get("until"), tr.get("log_first_ts"), tr.get("log_last_ts")
+    def at(ts: float) -> str:
+        return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+    span = (f"{at(lo)} .. {at(hi)}" if lo is not None and hi is not None else
+            f"since {at(lo)}" if lo is not None else f"until {at(hi)}")
+    head = (f"Nothing to diagnose in the span {span} (UTC, the log's clock): no vLLM line read "
+            f"({plural(tr.get('events_outside', 0), 'event')}) falls in it")
+    if first is not None and last is not None:
+        head += f"; the log runs {at(first)} .. {at(last)}"
+        if lo is not None and last < lo:
+            head += f", ending {_ago(lo - last)} before the span begins"
+        elif hi is not None and first > hi:
+            head += f", starting {_ago(first - hi)} after the span ends"
+    return head + ". Nothing was judged."
+
+
+def nothing_judged(rep: Report) -> bool:
+    """The report stops after its header: no vLLM line at all, or none in the --since / --until span."""
+    return rep.nothing_to_diagnose or (rep.nothing_in_range and not rep.findings)
 
 
 def first_step(fixes: list) -> str:
     """The first option of a finding's fixes as one instruction: the fixes that go together with
     the first one (same ``option``; an upgrade first, then the environment, then the flags)."""
+    return ", then ".join(f"{prose} {code}" for prose, code in first_step_parts(fixes))
+
+
+def first_step_parts(fixes: list) -> list[tuple[str, str]]:
+    """:func:`first_step` as (words, what to type) pairs, so a format can set only what is typed as
+    code: ``[("restart vLLM with", "--max-num-seqs 2")]``."""
     if not hasattr(fixes[0], "option"):  # fixes not yet grouped into options: the first alone
         group = fixes[:1]
     else:
@@ -135,12 +183,12 @@ def first_step(fixes: list) -> str:
     env = [fx.command() for fx in group if fx.kind == "env"]
     flags = [fx.command() for fx in group if fx.kind not in ("upgrade", "env")]
     if up:
-        parts.append("upgrade vLLM: " + "; ".join(up))
+        parts.append(("upgrade vLLM:", "; ".join(up)))
     if env:
-        parts.append("set " + " ".join(env))
+        parts.append(("set", " ".join(env)))
     if flags:
-        parts.append("restart vLLM with " + " ".join(flags))
-    return ", then ".join(parts)
+        parts.append(("restart vLLM with", " ".join(flags)))
+    return parts
 
 
 def split_facts(rep: Report) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:
@@ -176,7 +224,7 @@ def to_text(rep: Report, color: bool = False) -> str:
         lines.append(c("1", "Do this first: ") + v["first"] + (f"  ({v['why']})" if v["why"] else ""))
     src = ", ".join(f"{s['name']} ({plural(s['lines_total'], 'line')})" for s in rep.sources)
     lines.append(f"Read {src}; {version_line(rep)}")
-    if rep.nothing_to_diagnose:
+    if nothing_judged(rep):
         return "\n".join(lines) + "\n"
     if rep.findings:
         lines.append("")
@@ -242,10 +290,11 @@ def to_markdown(rep: Report) -> str:
     v = verdict(rep)
     out = ["# vllm-doctor report", "", f"**{_md(v['headline'])}**", ""]
     if v["first"]:
-        out += [f"**Do this first:** `{v['first']}`" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
+        step = ", then ".join(_md(p) + (f" `{c}`" if c else "") for p, c in v["first_parts"])
+        out += [f"**Do this first:** {step}" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
     out += [f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
             "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
-    if rep.nothing_to_diagnose:
+    if nothing_judged(rep):
         return "\n".join(out) + "\n"
     if rep.findings:
         out += [f"## Findings ({len(rep.findings)})", ""]
@@ -313,7 +362,7 @@ def to_html(rep: Report) -> str:
 
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(
-        rep=rep, verdict=verdict(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
+        rep=rep, verdict=verdict(rep), stop=nothing_judged(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
         version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")),
         replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas])
 

@@ -548,7 +548,9 @@ class State:
         f["kv_cache_tokens"] = kv
         if f["max_concurrency"] is None and kv and f["max_model_len"] and cap.get("num_gpu_blocks") is not None:
             f["max_concurrency"] = round(kv / int(f["max_model_len"]), 2)
-        f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes")
+        # vLLM prints this memory in GiB at one or two decimals: a printed 0.0 is a size below that
+        # precision (4 MiB reads "0.0 GiB"), not an exact 0 bytes: left out, never shown as 0
+        f["available_kv_cache_bytes"] = self.memory.get("available_kv_cache_bytes") or None
         if f["available_kv_cache_bytes"] is None:  # V1's refusal to start names the memory it had
             for e in self.kept("KvCacheTooSmall"):
                 if e.available_bytes:

@@ -98,8 +98,16 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
     elif scenario == "preemption-storm":
         check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"), where)
         storm = [f for f in d.findings if f.get("name") in MUST[scenario][0]]
-        if require or storm:
+        # Admitting fewer sequences only buys fewer preemptions, so a --max-num-seqs fix is due
+        # where the inputs show preemption: counted (vLLM's counter, --metrics) or inferred from the
+        # log (running dropping while the KV cache is full). A V1 log whose stats lines never caught
+        # that shows a capacity cap only, and cutting concurrency there is no fix.
+        seen = (d.facts.get("preemptions_total") or 0) > 0 or d.facts.get("preemptions_inferred") is True
+        if (require or storm) and seen:
             check_max_num_seqs_fix(storm, truth, where)
+        elif storm:
+            assert not fix_values(storm, "--max-num-seqs"), (
+                f"{where}: --max-num-seqs proposed with no preemption counted or inferred: {storm}")
         if with_metrics:  # the capture's vllm:cache_config_info names them: they must be read
             check_facts(d.facts, truth, ("block_size", "num_gpu_blocks"), where)
             assert d.facts.get("preemptions_total") == truth["preemptions_total"], (

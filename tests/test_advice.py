@@ -341,7 +341,7 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
     assert "--max-num-seqs 2   (option 1 of 2: pick one)" in text
     assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
     html = FORMATS["html"](rep)
-    assert "<code>--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
+    assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
     assert "`--max-num-seqs 2` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)

@@ -190,7 +190,7 @@ def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
         page = s.get("/").text
     fixes = re.findall(r'<ul class="fixes">.*?</ul>', page, re.S)
     assert len(fixes) == 1
-    assert '<li><code class="fix">--max-num-seqs 4</code> <em>(option 1 of 2: pick one)</em>' in fixes[0]
+    assert '<li><code class="fix">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>' in fixes[0]
     assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> <em>(option 2 of 2: pick one)</em>' in fixes[0]
     assert "code.fix{white-space:nowrap}" in page
     (tmp_path / "d").mkdir()

@@ -32,7 +32,9 @@ def test_one_frame_shows_state_gpu_and_findings(tmp_path):
         line = next(x for x in out.splitlines() if label in x)
         assert v in line, (label, line)
     assert "120.0/140.4 GiB (85%)" in out and "93.0%" in out
-    assert "VD001 preemption-storm (warning)" in out and "--max-num-seqs" in out
+    # 014: 34 ran when vLLM preempted and the never-preempt bound is not below it: no --max-num-seqs fix
+    assert "VD001 preemption-storm (warning)" in out and "--gpu-memory-utilization 0.95" in out
+    assert "--max-num-seqs" not in out
 
 
 def test_cli_watch_once_and_usage_error(tmp_path):

@@ -59,7 +59,10 @@ class Matcher:
     matcher can match contains (the prefilter is derived from them: :func:`prefilter_keywords`);
     versions / source: the vLLM versions and source files the wording comes from; examples: real
     log lines (as printed, with vLLM's prefix) that it must turn into an event (tests feed them
-    through :class:`~vllm_doctor.pipeline.Pipeline` under every wrapper).
+    through :class:`~vllm_doctor.pipeline.Pipeline` under every wrapper). exc_types: on a
+    traceback's exception line (``Type: message``, :data:`EXC_LINE_RE`) it matches only when the
+    type's last dotted name is one of these (the types its failure is raised as; any other type's
+    message is someone else's text: a request's, a template's, the model's output); None: any line.
     """
 
     name: str
@@ -70,18 +73,19 @@ class Matcher:
     versions: str
     source: str
     examples: tuple[str, ...]
+    exc_types: frozenset[str] | None = None
 
 
 MATCHERS: list[Matcher] = []
 
 
 def matcher(name: str, pattern: str, search: bool = False, flags: int = 0, *, keywords: tuple[str, ...],
-            versions: str, source: str, examples: tuple[str, ...]):
+            versions: str, source: str, examples: tuple[str, ...], exc_types: frozenset[str] | None = None):
     """Register a builder for messages matching ``pattern`` (anchored unless ``search``)."""
 
     def deco(fn: Builder) -> Builder:
         rx = re.compile(pattern if search else r"\s*" + EXC_PREFIX + pattern, flags)
-        MATCHERS.append(Matcher(name, rx, fn, search, tuple(keywords), versions, source, tuple(examples)))
+        MATCHERS.append(Matcher(name, rx, fn, search, tuple(keywords), versions, source, tuple(examples), exc_types))
         return fn
 
     return deco
@@ -443,8 +447,45 @@ def _cpu_free_mem(m, meta):  # CPU backend cpu_worker.py 0.3x
     return ev.InsufficientFreeMemory(meta, to_bytes(m["f"], "GiB"), to_bytes(m["t"], "GiB"), to_bytes(m["r"], "GiB"), _float(m["u"]), "CPU")
 
 
+# ---- the exception types a failure is raised as (the last dotted name of a traceback's exception
+# line: module paths differ by version, and a cut line keeps the end: ``orch.OutOfMemoryError``).
+# Read from the real logs (tests/fixtures/corpus/logs, tests/fixtures/logs, the shared fixtures: every
+# exception line on which these matchers match) and from where torch and vLLM raise them; on an
+# exception line of any other type (ValueError, KeyError, TypeError, jinja2's TemplateError, pydantic's
+# ValidationError, JSONDecodeError, vLLM's VLLMValidationError, openai's BadRequestError, ...) the
+# phrase is in someone else's text: a request's, a chat template's, the model's output (vLLM 0.32
+# chat_completion/serving.py:929 "Error in chat completion stream generator." logs the traceback of
+# whatever the stream raised, a parser's error on the model's output included).
+# vLLM's engine-death wrappers quote the error that stopped the engine (V0 MQEngineDeadError: "...
+# the original error: OutOfMemoryError('CUDA out of memory. ...')", corpus 009).
+ENGINE_DEAD_TYPES = frozenset(("EngineDeadError", "MQEngineDeadError", "AsyncEngineDeadError"))
+# torch.OutOfMemoryError / torch.cuda.OutOfMemoryError (torch 2.x; RuntimeError's subclass), the
+# RuntimeError of torch 1.x, torch_xla (TPU) and torch_npu (Ascend), torch.AcceleratorError (2.8+:
+# c10's CUDA errors, "CUDA error: out of memory"); ray's RayTaskError when it cannot take the cause's type.
+OOM_TYPES = frozenset(("OutOfMemoryError", "RuntimeError", "AcceleratorError", "RayTaskError")) | ENGINE_DEAD_TYPES
+# vLLM's pynccl_wrapper.py ``RuntimeError(f"NCCL error: {error_str}")``, torch ProcessGroupNCCL's
+# DistBackendError (DistError's subclasses: torch.distributed.DistBackendError, DistNetworkError) and the
+# line of its message that starts with NCCL's result name (c10d NCCLUtils getNcclErrorDetailStr:
+# "ncclSystemError: System call ...", "ncclUnhandledCudaError: Call to CUDA function failed.").
+NCCL_TYPES = frozenset(("RuntimeError", "DistBackendError", "DistError", "DistNetworkError", "RayTaskError",
+                        "ncclSystemError", "ncclInternalError", "ncclUnhandledCudaError", "ncclInvalidUsage",
+                        "ncclInvalidArgument", "ncclRemoteError")) | ENGINE_DEAD_TYPES
+# vLLM's EngineDeadError (V1), MQEngineDeadError (V0 multiprocessing), AsyncEngineDeadError (V0
+# async_llm_engine.py "Background loop is stopped."), RuntimeError (v1/engine/utils.py "Engine core
+# initialization failed. ...", v1/utils.py "Process ... died with exit code N", V0 "Engine process
+# failed to start", "RPCServer process died before responding to readiness probe"), TimeoutError
+# (v1/engine/core_client.py "Timed out waiting for engine core processes to start."), and V0's failed
+# step (worker/model_runner_base.py ``type(err)(f"Error in model execution (input dumped to ...): ...")``:
+# the step's own error type, an out-of-memory one in the corpus; its "Writing input of failed execution
+# to" line, logged first, is no exception line).
+ENGINE_TYPES = frozenset(("RuntimeError", "TimeoutError", "OutOfMemoryError", "AcceleratorError",
+                          "RayTaskError")) | ENGINE_DEAD_TYPES
+assert not any(c.isdigit() for t in OOM_TYPES | NCCL_TYPES | ENGINE_TYPES for c in t)  # the shape table's
+
+
 # ---- out of memory (torch caching allocator messages, all torch versions in use)
 @matcher("cuda-oom", r"(?P<dev>CUDA|XPU|HIP|NPU) out of memory\.(?: Tried to allocate (?P<a>[\d.]+) (?P<au>[KMGT]?i?B)\.)?(?: GPU (?P<i>\d+) has a total capac(?:i)?ty of (?P<t>[\d.]+) (?P<tu>[KMGT]?i?B) of which (?P<f>[\d.]+) (?P<fu>[KMGT]?i?B) is free\.)?(?: Including non-PyTorch memory, this process has (?P<u>[\d.]+) (?P<uu>[KMGT]?i?B) memory in use)?", search=True,
+         exc_types=OOM_TYPES,
          keywords=(' out of memory.',),
          versions='every (torch caching allocator)', source='torch c10/cuda/CUDACachingAllocator.cpp (and HIP/XPU/NPU ports)',
          examples=(
@@ -465,6 +506,7 @@ def _oom(m, meta):
 
 
 @matcher("cuda-error-oom", r"(?:CUDA (?:driver )?error: out of memory|OutOfMemoryError: (?!\w+ out of memory\.)|cudaErrorMemoryAllocation|(?:CUDA|HIP|XPU|NPU) out of memory occurred|(?:CUDA|HIP|XPU|NPU) out of(?: mem\w*)?$|Ran out of memory in memory space \w+)", search=True,
+         exc_types=OOM_TYPES,
          keywords=('error: out of memory', 'OutOfMemoryError: ', 'cudaErrorMemoryAllocation', ' out of', 'Ran out of memory'),
          versions='every (torch / CUDA runtime / XLA), 0.8+ sampler warm-up', source='torch c10/cuda/CUDAException.h, CUDA runtime, XLA (TPU), v1/worker/gpu_model_runner.py _dummy_sampler_run (CUDA out of memory occurred when warming up sampler)',
          examples=(
@@ -493,6 +535,7 @@ _EXIT_CODE_RE = re.compile(r"died unexpectedly \(exit code: (?P<c>-?\d+)\)|died 
 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True,
+         exc_types=ENGINE_TYPES,
          keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
          versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
          examples=(
@@ -511,6 +554,7 @@ def _engine_failure(m, meta):  # V0 async_llm_engine.py, V1 v1/engine/core.py, c
 
 # ---- NCCL (vLLM pynccl_wrapper.py 0.4.3+; torch ProcessGroupNCCL.cpp)
 @matcher("nccl-watchdog", r"Watchdog caught collective operation timeout: WorkNCCL\((?:.*?OpType=(?P<op>\w+))?(?:.*?Timeout\(ms\)=(?P<t>\d+))?", search=True,
+         exc_types=NCCL_TYPES,
          keywords=('Watchdog caught collective operation timeout',),
          versions='every (torch ProcessGroupNCCL)', source='torch csrc/distributed/c10d/ProcessGroupNCCL.cpp',
          examples=(
@@ -521,6 +565,7 @@ def _nccl_watchdog(m, meta):
 
 
 @matcher("nccl-error", r"pynccl_wrapper\.py\", line \d+, in \w+|NCCL [Ee]rror(?: \d+)?: |Some NCCL operations have failed or timed out|NCCL watchdog thread terminated|ncclCommInitRank failed|ncclSystemError|ncclInternalError|ncclUnhandledCudaError", search=True,
+         exc_types=NCCL_TYPES,
          keywords=('pynccl_wrapper.py", line', 'NCCL error', 'NCCL Error', 'NCCL operations have failed', 'NCCL watchdog thread terminated', 'ncclCommInitRank failed', 'ncclSystemError', 'ncclInternalError', 'ncclUnhandledCudaError'),
          versions='0.4.3-0.33 (pynccl), every (torch)', source='distributed/device_communicators/pynccl_wrapper.py, torch ProcessGroupNCCL.cpp',
          examples=(
@@ -1105,6 +1150,9 @@ class RecordParser:
             off = len(msg) - len(msg.lstrip())
             exc = ((em.start("t") + off, em.end("t") + off),
                    (em.start("m") + off, em.end("m") + off) if em.group("m") is not None else None)
+            if matchers:  # a failure's phrase counts on the types it is raised as (Matcher.exc_types)
+                last = em.group("t").rpartition(".")[2]
+                matchers = tuple(mt for mt in matchers if mt.exc_types is None or last in mt.exc_types)
         got = (stripped.startswith("Traceback (most recent call last)"), exc,
                FRAME_RE.match(msg) is not None, matchers, "--" in msg or "VLLM_" in msg)
         if shape is not None and len(shape) <= MAX_SHAPE_BYTES:

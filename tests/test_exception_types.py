@@ -142,3 +142,34 @@ def test_json_record_with_the_traceback_in_exc_info(serve):
                                 "exc_info": "\n".join(x.split("] ", 1)[1] for x in tb[1:])}))
     pipe, events = run("\n".join(recs) + "\n", serve=serve)
     _assert_no_incident(pipe, events)
+
+
+# vLLM's logged facts inside an exception's message (the model's output or a client's schema under
+# the same streaming error path): an anchored matcher reads vLLM's own message from its start, never
+# after a ``SomeError: `` head, so none of these moves a fact. Each is vLLM's wording of the fact
+# (v1/core/kv_cache_utils.py, v1/metrics/loggers.py, V0 core/scheduler.py, v1/engine/core.py).
+FACT_EXC = [
+    "ValueError: GPU KV cache size: 1 tokens",
+    "ValueError: Maximum concurrency for 2,048 tokens per request: 0.01x",
+    "KeyError: 'Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 9999 reqs, "
+    "Waiting: 9999 reqs, GPU KV cache usage: 100.0%, Prefix cache hit rate: 0.0%'",
+    "TypeError: Sequence group 1 is preempted by PreemptionMode.SWAP mode because there is not enough KV cache space. "
+    "total_num_cumulative_preemption=99999",
+    "jinja2.exceptions.TemplateError: # GPU blocks: 1, # CPU blocks: 1",
+]
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+@pytest.mark.parametrize("serve", [False, True], ids=["diagnose", "serve"])
+def test_facts_inside_an_exception_message_move_nothing(wrapper, serve):
+    lines = [SERVED]
+    for i, exc in enumerate(FACT_EXC):
+        lines += _traceback(CHAT if i % 2 == 0 else COMPLETION, i, False, exc)
+    pipe, events = run(wrap(wrapper, lines), serve=serve, chunk=4096 if serve else 0)
+    kinds = [type(e).__name__ for e in events if e is not None]
+    assert kinds.count("SchedulerStats") == 1  # SERVED's own line only
+    assert not {"KvCacheCapacity", "Preemption"} & set(kinds)
+    facts = pipe.state.facts()
+    assert facts.get("kv_cache_tokens") is None and facts.get("num_gpu_blocks") is None
+    assert facts.get("peak_num_running") == 18 and not facts.get("preemptions_total")
+    assert kinds.count("ExceptionRaised") == len(FACT_EXC)

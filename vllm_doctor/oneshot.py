@@ -127,7 +127,7 @@ def open_source(path: str) -> tuple[str, Iterator[bytes]]:
 
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this one process is faster than starting workers
-RANGE_BYTES = 4 << 20  # a worker's share at a time (bounds what one result holds)
+RANGE_BYTES = 2 << 20  # a worker's share at a time (bounds what one result holds)
 
 
 def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", "array", int]:

@@ -29,6 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from gen_log import generate, size_arg  # noqa: E402
 
+from vllm_doctor import events as ev  # noqa: E402
+
 
 def timed(cmd: list[str]) -> tuple[float, int, int]:
     """(wall seconds, peak RSS bytes, exit code) of one run, output discarded."""
@@ -124,22 +126,28 @@ def keyword_throughput(n: int) -> None:
 # written for exactly the bench's line (no alternatives, no wrapper, no fallback), its numbers
 # converted, one Meta and one event built, kept in a bounded ring; nothing else (no state, no
 # rule, no client-text check, no version or shape logic). A lower bound, not a design.
+def _floor_stats(meta, g):
+    return ev.SchedulerStats(meta, float(g[1]), float(g[2]), int(g[3]), int(g[4]), None, round(float(g[5]) / 100, 6),
+                             None, round(float(g[6]) / 100, 6), None, int(g[0]), "GPU")
+
+
+def _floor_preemption(meta, g):
+    return ev.Preemption(meta, g[1], int(g[2]), g[0])
+
+
+def _floor_oom(meta, g):
+    return ev.OutOfMemory(meta, round(float(g[0]) * 2**20), round(float(g[2]) * 2**30), round(float(g[3]) * 2**20),
+                          int(g[1]))
+
+
 FLOOR = {
     "V1 stats line": (r"Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) "
                       r"tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%, "
-                      r"Prefix cache hit rate: ([\d.]+)%",
-                      lambda meta, g: __import__("vllm_doctor.events").events.SchedulerStats(
-                          meta, float(g[1]), float(g[2]), int(g[3]), int(g[4]), None, round(float(g[5]) / 100, 6), None,
-                          round(float(g[6]) / 100, 6), None, int(g[0]), "GPU")),
+                      r"Prefix cache hit rate: ([\d.]+)%", _floor_stats),
     "V0 preemption warning": (r"Sequence group (\S+) is preempted by PreemptionMode\.(\w+) mode .*"
-                              r"total_num_cumulative_preemption=(\d+)",
-                              lambda meta, g: __import__("vllm_doctor.events").events.Preemption(
-                                  meta, g[1], int(g[2]), g[0])),
+                              r"total_num_cumulative_preemption=(\d+)", _floor_preemption),
     "OOM line": (r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate ([\d.]+) MiB\. GPU (\d+) has a "
-                 r"total capacity of ([\d.]+) GiB of which ([\d.]+) MiB is free\.",
-                 lambda meta, g: __import__("vllm_doctor.events").events.OutOfMemory(
-                     meta, round(float(g[0]) * 2**20), round(float(g[2]) * 2**30), round(float(g[3]) * 2**20),
-                     int(g[1]))),
+                 r"total capacity of ([\d.]+) GiB of which ([\d.]+) MiB is free\.", _floor_oom),
 }
 
 
@@ -151,7 +159,6 @@ def keyword_floor(n: int) -> None:
     import re
     from collections import deque
 
-    from vllm_doctor import events as ev
     from vllm_doctor.envelope import KeywordScanner, LineSplitter, candidate_spans
 
     for name, (pattern, build) in FLOOR.items():

@@ -56,7 +56,7 @@ bench: setup
 	$(BIN)/python bench/bench_diagnose.py
 
 bundle: setup
-	$(BIN)/python -m vllm_doctor.bundle --write
+	$(BIN)/python -m vllm_doctor.monitoring.bundle --write
 
 docs: setup
 	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md

@@ -71,8 +71,8 @@ def keyword_throughput(n: int) -> None:
     process (time.process_time), so that other load on the machine does not count; then where
     the time goes per line, stage by stage (the stages run apart on the same lines)."""
     from vllm_doctor.diagnosis import load_rules
-    from vllm_doctor.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, candidate_spans
-    from vllm_doctor.parsers import RecordParser
+    from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, candidate_spans
+    from vllm_doctor.parsers.records import RecordParser
     from vllm_doctor.pipeline import Pipeline
 
     rules = load_rules([])
@@ -159,7 +159,7 @@ def keyword_floor(n: int) -> None:
     import re
     from collections import deque
 
-    from vllm_doctor.envelope import KeywordScanner, LineSplitter, candidate_spans
+    from vllm_doctor.ingest.envelope import KeywordScanner, LineSplitter, candidate_spans
 
     for name, (pattern, build) in FLOOR.items():
         data = keyword_data(KEYWORD_LINES[name], n)
@@ -209,7 +209,7 @@ def main() -> None:
             pass
     doctor = [sys.executable, "-m", "vllm_doctor", "diagnose", "--format", "json", "--fail-on", "never", str(path)]
     grep = ["grep", "-c", "preempt", str(path)]
-    from vllm_doctor.envelope import KeywordScanner
+    from vllm_doctor.ingest.envelope import KeywordScanner
 
     print(f"log: {real / 2**20:,.0f} MiB, {sum(1 for _ in open(path, 'rb')):,} lines; keyword scanner: {KeywordScanner().backend}")
     res = {}

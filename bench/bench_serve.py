@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from vllm_doctor.sources.replay import restamp  # noqa: E402
+from vllm_doctor.ingest.replay import restamp  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 LINES_RE = re.compile(rb"^vllm_doctor_log_lines_total\{[^}]*\} ([0-9.e+]+)$", re.M)

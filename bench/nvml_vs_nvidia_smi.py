@@ -21,8 +21,8 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_doctor.serve import Sidecar, load_config
-from vllm_doctor.server import create_app
+from vllm_doctor.export.serve import Sidecar, load_config
+from vllm_doctor.export.server import create_app
 
 MiB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""A stand-in of the few pynvml calls that :class:`vllm_doctor.sources.nvml.NvmlPoller` uses, for
+"""A stand-in of the few pynvml calls that :class:`vllm_doctor.ingest.nvml.NvmlPoller` uses, for
 tests on machines without a GPU (the package itself has no fake: without NVML it takes its real
 "NVML unavailable" path)."""
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from conftest import LOGS, METRICS, diagnose_file, log
 from serve_helpers import live_sidecar, value, wait_for
 
-from vllm_doctor.advice import concurrency
+from vllm_doctor.diagnosis.advice import concurrency
 from vllm_doctor.pipeline import Pipeline
 from vllm_doctor.diagnosis import load_rules
-from vllm_doctor.sources.replay import restamp
-from vllm_doctor.sources.scrape import parse_metrics
+from vllm_doctor.ingest.replay import restamp
+from vllm_doctor.ingest.scrape import parse_metrics
 
 DEMO = LOGS / "cpu-preemption-tiny-kv-cache.log"
 DEMO_METRICS = METRICS / "vllm-0.32-cpu-preemption.txt"
@@ -122,7 +122,7 @@ def test_max_num_seqs_below_what_ran_only_reduces_preemption():
     # V1 stats in 0.11.1+ wording: 40 ran when vLLM counted preemptions at 91 % (never full), the
     # cache held about 30 at the length then observed; with no KV cache size there is no bound:
     # 30 is proposed as what reduces preemption, never as what stops it
-    from vllm_doctor.advice import Concurrency
+    from vllm_doctor.diagnosis.advice import Concurrency
 
     c = Concurrency(30, "tokens-per-sequence", 40, 0.91, 100.0, None, 3000, None, None,
                     pressure_running=40, pressure_full=False)
@@ -334,7 +334,7 @@ def test_cli_since_until_and_bad_values(tmp_path):
 
 
 def test_reports_say_which_fixes_are_alternatives_and_show_checks():
-    from vllm_doctor.report import FORMATS, to_text
+    from vllm_doctor.report.render import FORMATS, to_text
 
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     text = to_text(rep, color=False)

@@ -319,8 +319,7 @@ def _alert(name: str, pod: str, severity: str, rule: str) -> dict:
 def test_alertmanager_inhibits_the_symptoms_of_a_dead_engine_and_routes_by_severity(tmp_path):
     """The shipped alertmanager.yml in a real Alertmanager: alerts posted to its API, their
     state (active / suppressed by inhibition) and receivers read back."""
-    from vllm_doctor import bundle
-
+    from vllm_doctor.monitoring import bundle
     alertmanager = tool("prometheus-alertmanager", "apt-get install prometheus-alertmanager")
     procs = Processes(tmp_path)
     try:

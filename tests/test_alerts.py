@@ -1,6 +1,6 @@
 """The alert rules and the Alertmanager example, checked with the real promtool and amtool.
 
-- alerts/vllm-doctor.rules.yaml is what vllm_doctor.bundle generates from rules/thresholds.yaml;
+- alerts/vllm-doctor.rules.yaml is what vllm_doctor.monitoring.bundle generates from rules/thresholds.yaml;
 - `promtool check rules` and `promtool test rules` pass; every alert fires in a unit test on a
   series that should page and stays silent on one that should not;
 - the units mistakes of the alerts in circulation are shown to be mistakes with promtool itself;
@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from monitoring_support import ROOT, amtool, known_metrics, metric_names, promtool, run, vllm_metrics_capture
-from vllm_doctor import bundle
-
+from vllm_doctor.monitoring import bundle
 RULES = ROOT / "alerts" / "vllm-doctor.rules.yaml"
 UNIT_TESTS = ROOT / "alerts" / "tests" / "vllm-doctor.test.yaml"
 UNIT_TEST_FILES = sorted((ROOT / "alerts" / "tests").glob("*.test.yaml"))
@@ -53,7 +52,7 @@ def alert_names() -> list[str]:
 # ------------------------------------------------------------------------------ generation
 
 def test_committed_rule_file_is_what_the_bundle_generates():
-    assert RULES.read_text() == bundle.export("alerts"), "run: python -m vllm_doctor.bundle --write"
+    assert RULES.read_text() == bundle.export("alerts"), "run: python -m vllm_doctor.monitoring.bundle --write"
 
 
 def test_thresholds_come_from_thresholds_yaml():
@@ -297,7 +296,7 @@ def test_an_installed_wheel_exports_the_same_bundle(tmp_path):
     install = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                    *map(str, wheels.glob("vllm_incident_doctor-*.whl"))], timeout=300)
     assert install.returncode == 0, install.stdout[-3000:]
-    code = ("from vllm_doctor import bundle; import sys; "
+    code = ("from vllm_doctor.monitoring import bundle; import sys; "
             "print(bundle.__file__); print(bundle.thresholds_path()); sys.stdout.write(bundle.export(sys.argv[1]))")
     for kind, committed in (("alerts", "alerts/vllm-doctor.rules.yaml"), ("dashboards", "dashboards/out/vllm-doctor.json")):
         result = subprocess.run([sys.executable, "-c", code, kind], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)},

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.bench.annotate import began_at
-from vllm_doctor.bench.ladder import LadderConfig, find_knee, run_ladder
-from vllm_doctor.bench.results import ResultError, Targets, compare, load_runs, pick
+from vllm_doctor.loadtest.annotate import began_at
+from vllm_doctor.loadtest.ladder import LadderConfig, find_knee, run_ladder
+from vllm_doctor.loadtest.results import ResultError, Targets, compare, load_runs, pick
 
 from bench_fake_vllm import FakeVllm
 
@@ -131,7 +131,7 @@ def test_unreachable_server_is_one_line_exit_2():
 
 
 def test_knee_needs_ttft_to_grow():
-    from vllm_doctor.bench.ladder import LevelResult
+    from vllm_doctor.loadtest.ladder import LevelResult
 
     def lv(c, tp, p99):
         return LevelResult(c, 8, 8, 0, 1.0, 0, 1, 8, 8, 8.0, tp, 8.0, {"p99": p99}, {}, {}, {}, 0, 0, 0,
@@ -331,7 +331,7 @@ def test_ladder_stays_bounded_against_a_server_that_never_finishes(mode):
 def test_model_lookup_on_a_trickling_server_is_bounded():
     import time as _t
 
-    from vllm_doctor.bench.ladder import BenchError
+    from vllm_doctor.loadtest.ladder import BenchError
 
     with _HostileServer("drip") as srv:
         t0 = _t.monotonic()

@@ -13,8 +13,8 @@ from browser import headless_chromium
 from conftest import LOGS
 from serve_helpers import Pages, live_sidecar, timeline_pages, wait_for
 
-from vllm_doctor.oneshot import diagnose
-from vllm_doctor.report import to_html
+from vllm_doctor.ingest.oneshot import diagnose
+from vllm_doctor.report.render import to_html
 
 STATS_RE = re.compile(r"Running: \d+ reqs")
 SERIES = {"kv": "kv", "running": "requests", "waiting": "requests", "prompt": "throughput",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor.check import FORMATS, check_text
-from vllm_doctor.plan import load_config
+from vllm_doctor.plan.planner import load_config
 
 HERE = Path(__file__).parent
 NOTE = HERE / "fixtures" / "launch" / "tuning-note"
@@ -288,7 +288,7 @@ def test_cli_exit_codes(tmp_path):
 
 
 def test_sidecar_series_table_matches_the_collector():
-    """check's table of the sidecar's own series is the collector's (vllm_doctor/collectors.py)."""
+    """check's table of the sidecar's own series is the collector's (vllm_doctor/export/collectors.py)."""
     from vllm_doctor.check.metric_names import SIDECAR_SERIES
 
     src = (Path(__file__).parent.parent / "vllm_doctor" / "collectors.py").read_text()

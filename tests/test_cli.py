@@ -319,7 +319,7 @@ def test_two_files_across_new_year(tmp_path):
     rep = diagnose([str(jan), str(dec)])
     assert rep.facts["peak_num_running"] == 7
     # the state's newest stats line is January's: December sorted first
-    from vllm_doctor.oneshot import open_source  # noqa: F401  (same path the CLI takes)
+    from vllm_doctor.ingest.oneshot import open_source  # noqa: F401  (same path the CLI takes)
     rc, out, _ = run("diagnose", "-f", "json", jan, dec)
     assert json.loads(out)["sources"][0]["name"] == "jan.log"
 
@@ -339,8 +339,7 @@ def test_parallel_reader_gives_the_same_report(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "bench"))
     from gen_log import generate
 
-    from vllm_doctor import oneshot
-
+    from vllm_doctor.ingest import oneshot
     p = tmp_path / "big.log"
     with open(p, "w") as fh:
         generate(6 << 20, fh, seed=7)
@@ -438,7 +437,7 @@ def test_explain_renders_expressions_for_people():
 
 
 def test_human_expressions():
-    from vllm_doctor.docs import human
+    from vllm_doctor.report.docs import human
 
     th = {"x_min": 2.0, "big": 536870912}
     assert human("a >= t.x_min and b is not None", th) == "a is at least 2 (x_min) and b is known"
@@ -460,7 +459,7 @@ def test_parallel_scan_workers_end_when_diagnose_is_killed(tmp_path):
     p.write_bytes(b"INFO 11-30 09:10:00 [loggers.py:1] plain line\n" * 200_000)
     script = (
         "import sys, time\n"
-        "from vllm_doctor import oneshot\n"
+        "from vllm_doctor.ingest import oneshot\n"
         "oneshot.RANGE_BYTES = 1 << 20\n"
         f"it = oneshot.scan_parallel({str(p)!r}, workers=2)\n"
         "next(it)\n"

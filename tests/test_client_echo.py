@@ -174,7 +174,7 @@ def test_diagnose_command_reports_nothing_for_echoed_client_text(tmp_path):
 def test_an_echo_prefix_marks_only_its_own_lines():
     """The lines that repeat a client-echo head's vLLM prefix are its own (a newline in the client's
     text, its traceback); a line of another file, process or second is vLLM's again."""
-    from vllm_doctor.envelope import Envelope, LogClock
+    from vllm_doctor.ingest.envelope import Envelope, LogClock
 
     env = Envelope(LogClock(2026))
     echo = PRE.format("WARNING", "hf.py:839")

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from monitoring_support import ROOT, grafana_to_promql, known_metrics, metric_names, promtool, run
-from vllm_doctor import bundle
-
+from vllm_doctor.monitoring import bundle
 OUT = ROOT / "dashboards" / "out"
 
 
@@ -42,7 +41,7 @@ def test_regeneration_changes_nothing():
     generated = bundle.dashboards_json()
     assert set(generated) == {p.name for p in OUT.glob("*.json")}
     for name, text in generated.items():
-        assert (OUT / name).read_text() == text, "run: python -m vllm_doctor.bundle --write"
+        assert (OUT / name).read_text() == text, "run: python -m vllm_doctor.monitoring.bundle --write"
         assert (ROOT / "deploy/kubernetes/base/generated/dashboards" / name).read_text() == text
 
 

@@ -23,8 +23,7 @@ import pytest
 import yaml
 
 from monitoring_support import ROOT, promtool, run, tool
-from vllm_doctor import bundle
-
+from vllm_doctor.monitoring import bundle
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "kubernetes" / "base"
 COMPOSE = DEPLOY / "compose"
@@ -309,7 +308,7 @@ def test_vllm_log_is_rotated_by_size_within_its_emptydir(built):
 def test_vllm_logging_config_rotates_and_the_follower_reads_across(tmp_path):
     """The shipped handler really rotates (a tiny maxBytes), and the follower delivers every line
     once across the rotations."""
-    from vllm_doctor.sources.follow import LogFollower
+    from vllm_doctor.ingest.follow import LogFollower
 
     cfg = json.loads((BASE / "vllm-logging.json").read_text())
     log = tmp_path / "vllm.log"

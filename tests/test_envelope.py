@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from vllm_doctor import events as ev
-from vllm_doctor.envelope import Envelope, KeywordScanner, LineSplitter, LogClock
-from vllm_doctor.parsers import RecordParser
+from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock
+from vllm_doctor.parsers.records import RecordParser
 
 from conftest import LOGS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 
 from wrapping import wrap
 

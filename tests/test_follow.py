@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.sources.follow import (
+from vllm_doctor.ingest.follow import (
     FollowThread,
     LogFollower,
     PipeFollower,
@@ -349,7 +349,7 @@ def test_unreadable_path_is_counted_not_fatal(tmp_path, caplog):
     d.mkdir()  # a directory where the log should be
     s = Sink()
     f = follower(d, s, from_start=True)
-    with caplog.at_level("WARNING", logger="vllm_doctor.sources.follow"):
+    with caplog.at_level("WARNING", logger="vllm_doctor.ingest.follow"):
         for _ in range(5):
             assert f.poll() == 0
     assert f.stats.errors == 5 and not f.stats.up and "IsADirectoryError" in f.stats.last_error
@@ -393,7 +393,7 @@ def test_rotation_matrix_exact_counts_through_pipeline(tmp_path, rotate, restart
     ``restart`` the sidecar stops (checkpoint) before the rotation and a new one resumes after.
     Whatever happens: every line counted once, preemptions exactly the sum written (after a
     restart, by the resumed sidecar's own counters, restored from the checkpoint)."""
-    from vllm_doctor.serve import Sidecar, load_config
+    from vllm_doctor.export.serve import Sidecar, load_config
 
     log, state = tmp_path / "vllm.log", tmp_path / "state.json"
     log.write_bytes(b"")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.sources.follow import LogFollower
+from vllm_doctor.ingest.follow import LogFollower
 
 BACKUPS = 6
 MODEL_BACKUPS = 60  # more than the rotations of a play: the model's writer never deletes a file
@@ -300,8 +300,7 @@ def test_more_rotations_than_backups_while_down_loses_only_the_deleted_files(tmp
 def rotate_after_first(monkeypatch, name: str, w: Writer, script: str) -> list[int]:
     """Make the follower's ``name`` (a directory listing) run ``script`` right after its first
     call returns: a rotation between looking and opening."""
-    from vllm_doctor.sources import follow
-
+    from vllm_doctor.ingest import follow
     real, calls = getattr(follow, name), []
 
     def listing_then_rotate(path):

@@ -8,7 +8,7 @@ import time
 
 from fake_nvml import FakeGpu, FakeNvml, FakeNvmlError
 
-from vllm_doctor.sources.nvml import NvmlPoller
+from vllm_doctor.ingest.nvml import NvmlPoller
 
 GiB = 1 << 30
 
@@ -70,7 +70,7 @@ def test_memory_growth_is_seen_between_polls():
 def test_no_driver_reports_down_logs_once_and_retries(caplog):
     fake = FakeNvml(fail_init=FakeNvmlError(12))  # NVML_ERROR_LIBRARY_NOT_FOUND
     p = NvmlPoller(nvml=fake, retry_seconds=0.0)
-    with caplog.at_level(logging.WARNING, logger="vllm_doctor.sources.nvml"):
+    with caplog.at_level(logging.WARNING, logger="vllm_doctor.ingest.nvml"):
         for _ in range(3):
             assert p.poll_once() == []
     assert not p.stats.up and "NVML error 12" in p.stats.last_error

@@ -208,7 +208,7 @@ def test_oom_logged_before_its_traceback_takes_the_phase_of_the_traceback():
 
 
 def test_an_undecided_oom_is_released_after_a_bounded_number_of_records():
-    from vllm_doctor.parsers import HOLD_RECORDS
+    from vllm_doctor.parsers.records import HOLD_RECORDS
 
     filler = [f"INFO 10-11 12:27:{i % 60:02d} x.py:1] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
               "Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%, CPU KV cache usage: 0.0%." for i in range(3)]
@@ -285,7 +285,7 @@ def test_hard_wrapped_args_echo_is_read_under_every_wrapper():
 
 
 def test_args_echo_continuations_are_bounded():
-    from vllm_doctor.parsers import MAX_NS_PIECES
+    from vllm_doctor.parsers.records import MAX_NS_PIECES
 
     pieces = [f"x{i}=None, max_num_seqs={i}, pad" for i in range(MAX_NS_PIECES + 4)]
     d = _cfg([NS1] + pieces)

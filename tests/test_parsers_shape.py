@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor import events as ev
-from vllm_doctor import parsers
-from vllm_doctor.envelope import Record
-from vllm_doctor.parsers import MATCHERS, RecordParser, _digit_blind
+from vllm_doctor.parsers import records as parsers
+from vllm_doctor.ingest.envelope import Record
+from vllm_doctor.parsers.records import MATCHERS, RecordParser, _digit_blind
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -1,5 +1,5 @@
 """plan / capacity: real vLLM numbers (the e2e recordings of vLLM 0.32 on CPU, GPU log lines from
-public issues under tests/fixtures/models) against the arithmetic of vllm_doctor.capacity."""
+public issues under tests/fixtures/models) against the arithmetic of vllm_doctor.plan.capacity."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor import capacity as cap
-from vllm_doctor.plan import PlanInputs, load_config, make_plan, parse_size, to_json, to_markdown, to_text
+from vllm_doctor.plan import capacity as cap
+from vllm_doctor.plan.planner import PlanInputs, load_config, make_plan, parse_size, to_json, to_markdown, to_text
 
 HERE = Path(__file__).parent
 MODELS = HERE / "fixtures" / "models"
@@ -481,9 +481,8 @@ def test_gpu_memory_through_nvml(monkeypatch):
     import fake_nvml
 
     from vllm_doctor.errors import InputError
-    from vllm_doctor.plan import nvml_total_memory
-    from vllm_doctor.sources import nvml
-
+    from vllm_doctor.plan.planner import nvml_total_memory
+    from vllm_doctor.ingest import nvml
     fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(total=85_520_809_984)])
     monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
     assert nvml_total_memory() == 85_520_809_984

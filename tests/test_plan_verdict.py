@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor import capacity as cap
+from vllm_doctor.plan import capacity as cap
 from vllm_doctor.check import check_text
 from vllm_doctor.errors import InputError
-from vllm_doctor.plan import PlanInputs, load_config, make_plan, to_markdown, to_text, validate_config
+from vllm_doctor.plan.planner import PlanInputs, load_config, make_plan, to_markdown, to_text, validate_config
 
 HERE = Path(__file__).parent
 MODELS = HERE / "fixtures" / "models"
@@ -260,7 +260,7 @@ def test_no_tp_reaching_the_target_is_said_with_the_computed_alternatives():
 
 
 def test_tp_candidates_are_values_vllm_accepts():
-    from vllm_doctor.plan import _tp_candidates
+    from vllm_doctor.plan.planner import _tp_candidates
 
     def cands(model, **kw):
         cfg, _ = load_config(str(MODELS / model))
@@ -275,7 +275,7 @@ def test_tp_candidates_are_values_vllm_accepts():
 
 def test_fixes_are_numbered_options_and_stay_within_the_utilization_cap():
     from vllm_doctor.diagnosis.loader import load_rules
-    from vllm_doctor.plan import utilization_max
+    from vllm_doctor.plan.planner import utilization_max
 
     assert utilization_max() == load_rules().thresholds["gpu_memory_utilization_max"] == 0.95
     # Qwen3-32B on one 80 GiB GPU for 64 requests: it also fails to start; one plan, one answer per option

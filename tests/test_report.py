@@ -86,7 +86,7 @@ def test_first_step_takes_the_first_option_whole():
     alternatives): "do this first" is the whole first option, an upgrade before the flags."""
     from types import SimpleNamespace as NS
 
-    from vllm_doctor.report import first_step
+    from vllm_doctor.report.render import first_step
 
     def fx(cmd, kind="flag", option=1):
         return NS(kind=kind, option=option, command=lambda: cmd)
@@ -104,7 +104,7 @@ def test_html_report_of_a_log_without_stats_says_so_not_yet():
     rc, page = run("diagnose", "--format", "html", LOGS / "043-v0.20.2-v1-enginedeaderror-apiserver.log")
     assert rc == 1 and page.count("no stats line or /metrics sample in these inputs") == 4
     assert "sample yet" not in page
-    from vllm_doctor.timeline import charts
+    from vllm_doctor.report.timeline import charts
     assert {c.empty for c in charts(None, live=True)} == {"no stats line or /metrics sample yet"}
 
 

@@ -49,8 +49,8 @@ def test_every_fixture_report_validates(path):
 
 def test_every_corpus_report_validates():
     """The public-log corpus too (tests/fixtures/corpus: real logs of many versions and setups)."""
-    from vllm_doctor.oneshot import diagnose
-    from vllm_doctor.report import to_json
+    from vllm_doctor.ingest.oneshot import diagnose
+    from vllm_doctor.report.render import to_json
 
     corpus = sorted((ROOT / "tests" / "fixtures" / "corpus" / "logs").glob("*"))
     assert len(corpus) >= 100

@@ -58,8 +58,8 @@ message: never
 
 
 def test_a_failing_rule_is_a_finding_and_a_metric(tmp_path):
-    from vllm_doctor.serve import Sidecar, load_config
-    from vllm_doctor.server import make_registry
+    from vllm_doctor.export.serve import Sidecar, load_config
+    from vllm_doctor.export.server import make_registry
 
     (tmp_path / "XX001-broken.yaml").write_text(BROKEN)
     log = tmp_path / "vllm.log"

@@ -1,4 +1,4 @@
-"""Window aggregates (vllm_doctor/state_windows.py): kept by the state line by line, bounded per
+"""Window aggregates (vllm_doctor/state/windows.py): kept by the state line by line, bounded per
 window, read by the rules; long windows are evaluated exactly, never skipped (issue 10, item 4)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from vllm_doctor.diagnosis.expr import slope_per_hour
 from vllm_doctor.diagnosis.loader import load_rules
 from vllm_doctor.pipeline import Pipeline
-from vllm_doctor.state_windows import MAX_BUCKETS, WindowAggregate
+from vllm_doctor.state.windows import MAX_BUCKETS, WindowAggregate
 
 RULESET = load_rules()
 # vLLM 0.4's V0 stats line (engine/metrics.py), as in tests/fixtures/corpus/logs/126-*.log

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import Pages, timeline_pages
 
-from vllm_doctor.sources.scrape import (
+from vllm_doctor.ingest.scrape import (
     HistogramWindow,
     MetricsScraper,
     histogram_quantile,

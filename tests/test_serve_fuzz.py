@@ -9,7 +9,7 @@ import sys
 
 from serve_helpers import live_sidecar, value, wait_for
 
-from vllm_doctor.sources.replay import restamp
+from vllm_doctor.ingest.replay import restamp
 
 
 def stats_line(running: int) -> bytes:

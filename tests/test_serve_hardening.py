@@ -59,7 +59,7 @@ def test_serve_on_a_fifo_without_writer_answers_healthz_then_reads_each_writer(t
 
 
 def test_fifo_follower_stop_releases_a_reader_waiting_for_a_writer(tmp_path):
-    from vllm_doctor.sources.follow import FifoFollower
+    from vllm_doctor.ingest.follow import FifoFollower
 
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
@@ -85,7 +85,7 @@ def test_two_processes_rotating_one_log_lose_no_line(tmp_path):
     import re
     from pathlib import Path
 
-    from vllm_doctor.sources.follow import LogFollower
+    from vllm_doctor.ingest.follow import LogFollower
 
     cfg = json.loads((Path(__file__).resolve().parent.parent / "deploy/kubernetes/base/vllm-logging.json").read_text())
     spec = cfg["handlers"]["file"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from serve_helpers import FIXTURES, free_port, live_sidecar, wait_for
 
-from vllm_doctor.sources.replay import restamp
+from vllm_doctor.ingest.replay import restamp
 
 PROMETHEUS = "/usr/bin/prometheus"
 V1_RUN = (FIXTURES / "logs" / "cpu-preemption-tiny-kv-cache.log").read_bytes()

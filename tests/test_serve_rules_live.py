@@ -72,7 +72,7 @@ def test_templates_dir_is_package_data():
 def test_log_in_another_time_zone_and_metrics_share_one_clock(tmp_path):
     """vLLM run with TZ=UTC+2 logs two hours "ahead"; /metrics samples must land in the same
     windows, or V1 preemptions from /metrics would look two hours old."""
-    from vllm_doctor.sources.replay import restamp
+    from vllm_doctor.ingest.replay import restamp
 
     log = tmp_path / "vllm.log"
     log.write_bytes(b"")

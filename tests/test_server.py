@@ -16,8 +16,8 @@ import pytest
 from fake_nvml import FakeGpu, FakeNvml
 from serve_helpers import FIXTURES, Pages, free_port, live_sidecar, samples, value, wait_for
 
-from vllm_doctor.serve import ConfigError, load_config
-from vllm_doctor.sources.replay import restamp
+from vllm_doctor.export.serve import ConfigError, load_config
+from vllm_doctor.ingest.replay import restamp
 
 V0_STORM = (FIXTURES / "logs" / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes()
 V1_RUN = (FIXTURES / "logs" / "cpu-preemption-tiny-kv-cache.log").read_bytes()
@@ -178,8 +178,8 @@ def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
     mid-flag (the old table broke --kv-cache-/memory-bytes)."""
     import re
 
-    from vllm_doctor.oneshot import diagnose
-    from vllm_doctor.report import to_html
+    from vllm_doctor.ingest.oneshot import diagnose
+    from vllm_doctor.report.render import to_html
 
     log = tmp_path / "vllm.log"
     log.write_bytes(b"")

@@ -1,4 +1,4 @@
-"""The charts' time series (vllm_doctor/timeline.py): bounded whatever the log's length, one point
+"""The charts' time series (vllm_doctor/report/timeline.py): bounded whatever the log's length, one point
 per stats line until the cap, peaks kept when downsampled, one series per data-parallel engine."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 from conftest import LOGS
 
-from vllm_doctor.oneshot import diagnose
-from vllm_doctor.timeline import Timeline, charts, nice_top
+from vllm_doctor.ingest.oneshot import diagnose
+from vllm_doctor.report.timeline import Timeline, charts, nice_top
 
 # A real vLLM 0.32 stats line (cpu-preemption-tiny-kv-cache.log:138)
 LINE = next(ln for ln in (LOGS / "cpu-preemption-tiny-kv-cache.log").read_text().splitlines()

@@ -10,9 +10,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vllm_doctor.cli import app
-from vllm_doctor.serve import load_config
-from vllm_doctor.sources.replay import restamp
-from vllm_doctor.watch import watch
+from vllm_doctor.export.serve import load_config
+from vllm_doctor.ingest.replay import restamp
+from vllm_doctor.report.watch import watch
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -50,7 +50,7 @@ def test_cli_watch_once_and_usage_error(tmp_path):
 def test_old_log_is_judged_on_its_clock_and_unknowns_say_unknown(tmp_path):
     """Issue 11: a log that is not live (here, as handed out: written on 11-30) gives what
     diagnose gives, says it is an old log, and a count no source reports is "unknown", not 0."""
-    from vllm_doctor.oneshot import diagnose
+    from vllm_doctor.ingest.oneshot import diagnose
 
     src = LOGS / "cpu-preemption-tiny-kv-cache.log"
     log = tmp_path / "vllm.log"
@@ -84,7 +84,7 @@ def test_long_old_log_shows_its_early_incident(tmp_path):
     read, every few seconds of log time, and show the storm as diagnose does (over by the end)."""
     import time as _time
 
-    from vllm_doctor.oneshot import diagnose
+    from vllm_doctor.ingest.oneshot import diagnose
 
     t0 = _time.time() - 10 * 3600
     storm = restamp((LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes(), now=t0)

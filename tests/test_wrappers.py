@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_doctor.envelope import Envelope, KeywordScanner, LogClock
-from vllm_doctor.parsers import MATCHERS, prefilter_keywords
+from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LogClock
+from vllm_doctor.parsers.records import MATCHERS, prefilter_keywords
 
 from wrapping import WRAPPERS, run, shape
 

@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from vllm_doctor.envelope import Envelope, LogClock
-from vllm_doctor.parsers import RecordParser
+from vllm_doctor.ingest.envelope import Envelope, LogClock
+from vllm_doctor.parsers.records import RecordParser
 
 DATA = Path(__file__).resolve().parent.parent / "vllm_doctor" / "data"
 PH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrifgx]|\{[^{}]*\}")

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vllm_doctor.oneshot import event_dict, events  # noqa: E402
+from vllm_doctor.ingest.oneshot import event_dict, events  # noqa: E402
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 OUT = ROOT / "tests" / "fixtures" / "events"

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 def diagnose(paths, rules_dirs=(), metrics_files=(), since=None, until=None):
     """Diagnose vLLM log files (paths; "-" is stdin; .gz read directly); ``since`` / ``until``:
-    epoch seconds (log clock) bounding what is judged. See vllm_doctor.oneshot."""
-    from .oneshot import diagnose as _d
+    epoch seconds (log clock) bounding what is judged. See vllm_doctor.ingest.oneshot."""
+    from vllm_doctor.ingest.oneshot import diagnose as _d
 
     return _d(paths, rules_dirs=rules_dirs, metrics_files=metrics_files, since=since, until=until)

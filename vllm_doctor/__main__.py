@@ -1,6 +1,6 @@
 """``python -m vllm_doctor`` == the ``vllm-doctor`` command."""
 
-from .cli import main
+from vllm_doctor.cli import main
 
 if __name__ == "__main__":
     main()

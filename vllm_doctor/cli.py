@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
+from vllm_doctor import __version__
+from vllm_doctor.errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -106,7 +106,7 @@ def _when(text: str | None, option: str) -> float | None:
     ISO 8601 (no zone: UTC, as vLLM's log clock is read) -> epoch seconds."""
     import time
 
-    from .fleet import parse_time
+    from vllm_doctor.fleet import parse_time
 
     try:
         return parse_time(text, time.time())
@@ -134,9 +134,9 @@ def diagnose(
     """Read vLLM logs to the end (or every replica's series from Prometheus): what happened, what to do
     first, the incidents, the facts."""
     format, fail_on = Format(format), FailOn(fail_on)
-    from .oneshot import diagnose as run
-    from .findings import SEVERITY_ORDER
-    from .report import FORMATS, to_text
+    from vllm_doctor.ingest.oneshot import diagnose as run
+    from vllm_doctor.findings import SEVERITY_ORDER
+    from vllm_doctor.report.render import FORMATS, to_text
 
     lo, hi = _when(since, "--since"), _when(until, "--until")
     if lo is not None and hi is not None and lo > hi:
@@ -145,7 +145,7 @@ def diagnose(
         if prometheus:
             if paths:
                 _fail("give log files or --prometheus, not both")
-            from .fleet import diagnose_from_env
+            from vllm_doctor.fleet import diagnose_from_env
 
             rep = diagnose_from_env(prometheus, selector=selector, since=since, until=until, step=step,
                                     rules_dirs=rules or []).report
@@ -160,7 +160,7 @@ def diagnose(
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if bench:
-        from .bench.annotate import BenchFileError, annotate, load_ladder
+        from vllm_doctor.loadtest.annotate import BenchFileError, annotate, load_ladder
 
         try:
             annotate(rep.findings, load_ladder(bench))
@@ -200,7 +200,7 @@ def events(
     """Print the typed events read from vLLM logs, one JSON object per line (what the rules see)."""
     import json
 
-    from .oneshot import event_dict, events as run
+    from vllm_doctor.ingest.oneshot import event_dict, events as run
 
     out = sys.stdout
     try:
@@ -221,9 +221,9 @@ def rules_cmd(
     """List the rule catalogue."""
     if format not in ("text", "markdown", "json"):
         _fail(f"unknown format {format!r}: text, markdown or json")
-    from .diagnosis import load_rules
+    from vllm_doctor.diagnosis import load_rules
 
-    from .docs import FLEET_RUN, fleet_ruleset
+    from vllm_doctor.report.docs import FLEET_RUN, fleet_ruleset
 
     try:
         rs = load_rules(rules or [])
@@ -231,7 +231,7 @@ def rules_cmd(
     except VllmDoctorError as e:
         _fail(str(e))
     if format == "markdown":
-        from .docs import rules_markdown
+        from vllm_doctor.report.docs import rules_markdown
 
         sys.stdout.write(rules_markdown(rs, fleet))
         return
@@ -263,8 +263,8 @@ def explain(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
-    from .diagnosis import load_rules
-    from .docs import explain_text, fleet_ruleset
+    from vllm_doctor.diagnosis import load_rules
+    from vllm_doctor.report.docs import explain_text, fleet_ruleset
 
     try:
         rs = load_rules(rules or [])
@@ -298,13 +298,13 @@ def export(
         sys.stdout.write(resources.files("vllm_doctor").joinpath("data/alertmanager.yml").read_text())
         return
     try:
-        from .bundle import export as bundle_export
+        from vllm_doctor.monitoring.bundle import export as bundle_export
     except ImportError as e:  # pragma: no cover - packaging error
         _fail(f"monitoring bundle unavailable: {e}")
     try:
         sys.stdout.write(bundle_export(kind))
     except (KeyError, ValueError):
-        from .bundle import KINDS
+        from vllm_doctor.monitoring.bundle import KINDS
 
         _fail(f"unknown export {kind!r}: one of {', '.join((*KINDS, 'alertmanager'))}")
 
@@ -333,7 +333,7 @@ def serve(
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
-    from .serve import load_config, run
+    from vllm_doctor.export.serve import load_config, run
 
     try:
         cfg = load_config(_serve_flags(logs=log, metrics_url=metrics_url, nvml=nvml, host=host, port=port,
@@ -358,8 +358,8 @@ def watch(
 ) -> None:
     """A live terminal view of running / waiting, KV cache usage, preemptions, GPU memory and the
     active findings."""
-    from .serve import load_config
-    from .watch import watch as run_watch
+    from vllm_doctor.export.serve import load_config
+    from vllm_doctor.report.watch import watch as run_watch
 
     if not log and not metrics_url:
         _fail("give a log file (or - for stdin) or --metrics-url")
@@ -403,13 +403,12 @@ def plan(
     """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
     whether start-up fails, and the flags for a target, with the arithmetic shown.
     Exit 1 when start-up would fail."""
-    from . import plan as planmod
-
+    from vllm_doctor.plan import planner as planmod
     if format not in planmod.FORMATS:
         _fail(f"unknown format {format!r}: text, json or markdown")
     if device not in ("cuda", "cpu"):
         _fail(f"unknown device {device!r}: cuda or cpu")
-    from .versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     if parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
@@ -443,14 +442,13 @@ def check(
 ) -> None:
     """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
     above --fail-on, 2 on unusable input."""
-    from . import check as chk
-    from . import plan as planmod
-
+    from vllm_doctor import check as chk
+    from vllm_doctor.plan import planner as planmod
     if format not in chk.FORMATS:
         _fail(f"unknown format {format!r}: text, json, sarif or github")
     if fail_on not in ("error", "warning", "note", "never"):
         _fail(f"unknown --fail-on {fail_on!r}: error, warning, note or never")
-    from .versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     if vllm_version is not None and parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
@@ -474,7 +472,7 @@ def check(
 
 
 # --- bench (issue 14) ---
-from .bench.cli import bench_app  # noqa: E402
+from vllm_doctor.loadtest.cli import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 # --- end bench ---

@@ -9,7 +9,7 @@ means "reported as zero". The class name is the event kind that rules refer to
 Each log event carries a :class:`Meta` giving the line numbers it came from (1-based,
 ``end_lineno`` >= ``lineno`` for records that span several lines, such as tracebacks),
 its timestamp (``ts``: seconds since the epoch, the year inferred, see
-:mod:`vllm_doctor.envelope`) and the vLLM process that wrote it.
+:mod:`vllm_doctor.ingest.envelope`) and the vLLM process that wrote it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class FlagFix:
     """A concrete change: ``flag`` set to ``value`` (a string as typed on the command line).
 
     why: the reason; arithmetic: how the value was computed from observed facts.
-    option / relation (vllm_doctor.advice.relate_fixes): fixes of one finding with the same
+    option / relation (vllm_doctor.diagnosis.advice.relate_fixes): fixes of one finding with the same
     ``option`` number go together; different options are alternatives. ``relation`` says it in a
     word: ``only`` | ``alternative`` (pick one option) | ``set`` (apply with the rest of its option).
     also_for: names of other findings that give the same fix (it is listed once, here).

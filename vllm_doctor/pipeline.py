@@ -11,7 +11,7 @@ When rules run is the injected clock's business, not a mode of the stages: :clas
 (``diagnose``: the log is the clock, rules run every ``eval_interval`` seconds of log time and at
 the end) or :class:`WallTime` (``serve``: the caller runs :meth:`Pipeline.evaluate` on a timer).
 
-Speed: a log is handled in blocks of complete lines; :class:`~vllm_doctor.envelope.KeywordScanner`
+Speed: a log is handled in blocks of complete lines; :class:`~vllm_doctor.ingest.envelope.KeywordScanner`
 finds (with Hyperscan, at grep speed) the few lines any matcher could match (its keywords are
 derived from the matcher table), request-logging lines (user prompts) are skipped by their head,
 and only the rest are decoded and parsed, whatever wraps the log (CRI pieces are kept whole).
@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from . import __version__
-from .advice import share_fixes
-from .diagnosis import RuleEngine, RuleSet
-from .envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
-from .events import EngineConfigObserved, SchedulerStats, VersionSeen
-from .findings import Finding
-from .parsers import RecordParser
-from .state import QUIET_KINDS, State
+from vllm_doctor import __version__
+from vllm_doctor.diagnosis.advice import share_fixes
+from vllm_doctor.diagnosis import RuleEngine, RuleSet
+from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
+from vllm_doctor.findings import Finding
+from vllm_doctor.parsers.records import RecordParser
+from vllm_doctor.state.core import QUIET_KINDS, State
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
@@ -64,7 +64,7 @@ def bom_encoding(head: bytes) -> tuple[str, int] | None:
 class Scanned:
     """A block of a source already scanned for candidate lines (in this process, or by the
     parallel reader): the k-th candidate line is ``buf[starts[k]:ends[k]]``, ``linenos[k]`` its
-    number within the block (from 0, as in :func:`~vllm_doctor.envelope.candidate_spans`);
+    number within the block (from 0, as in :func:`~vllm_doctor.ingest.envelope.candidate_spans`);
     ``nlines`` the lines in the block. Offsets into one buffer, not a list of lines: a block
     holds no object per line, whatever its size."""
 
@@ -476,7 +476,7 @@ class Report:
     unknown_flags: dict[str, str | None] = field(default_factory=dict)
     rule_errors: dict[str, list[str]] = field(default_factory=dict)
     generated_at: float = 0.0
-    timeline: dict | None = None  # vllm_doctor.timeline.Timeline.snapshot(): the charts' series
+    timeline: dict | None = None  # vllm_doctor.report.timeline.Timeline.snapshot(): the charts' series
     replicas: list[dict] = field(default_factory=list)  # diagnose --prometheus: the per-replica table
     # diagnose --since / --until on logs: the span (epoch s, log clock), the log's first and last
     # times, and how many events fell in it and outside it; None without a span

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from .. import versions
-from .findings import RULES, CheckFinding
-from .launch import (Launch, _flags_in, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+from vllm_doctor import versions
+from vllm_doctor.check.findings import RULES, CheckFinding
+from vllm_doctor.check.launch import (Launch, _flags_in, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
-from .monitoring import lint_grafana, lint_promql_text, lint_rules_file
+from vllm_doctor.check.monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
 NEWEST = "0.33.0"
 #: libyaml's safe loader when PyYAML was built with it (25x faster on a multi-megabyte manifest bundle)
@@ -204,7 +204,7 @@ def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int 
     """``plan`` on the launch's flags (``kv_cache_memory_bytes``: a KV cache size to assume when the launch
     gives none), or None when a flag has a value plan cannot use (0, -5, abc, 32k, $VAR: reported by the flag
     checks, never sized with a default in its place) or the plan fails."""
-    from ..plan import PlanInputs, make_plan, parse_size
+    from vllm_doctor.plan.planner import PlanInputs, make_plan, parse_size
 
     def num(k, cast):
         v = flags.get(k)
@@ -236,7 +236,7 @@ def _kv_cache_tokens(found: list[CheckFinding], flags: dict, version: str, model
                      gpu_memory: int | None) -> None:
     """``--kv-cache N`` (a token count) with the model known: the --kv-cache-memory-bytes that holds N tokens,
     and whether that fits in the GPU's memory (``gpu_memory``), rewritten into the finding in place."""
-    from .knowledge import kv_cache_size_advice
+    from vllm_doctor.check.knowledge import kv_cache_size_advice
 
     for f in found:
         tokens = f.extra.get("kv_cache_tokens")
@@ -301,7 +301,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     """Findings for one file. ``recorded``: series that Prometheus rule files checked in the same run
     record (a dashboard that queries them queries no vLLM series)."""
     if model_config is not None:
-        from ..plan import validate_config
+        from vllm_doctor.plan.planner import validate_config
 
         validate_config(model_config)       # a bad config.json is one line (exit 2), never silently no finding
     kind_, doc = (detected or detect(text, name)) if kind is None else (kind, None)
@@ -382,7 +382,7 @@ def read_input(path: str) -> str:
     directory, binary data, over MAX_BYTES."""
     import sys
 
-    from ..errors import InputError
+    from vllm_doctor.errors import InputError
 
     try:
         if path == "-":
@@ -407,8 +407,8 @@ def check_file(path: str, **kw) -> CheckResult:
 def check_files(paths: list[str], **kw) -> list[CheckResult]:
     """``check_text`` on each file, after reading them all: the series that any Prometheus rule file among
     them records are known to the dashboards and rule files among them."""
-    from ..errors import InputError
-    from .monitoring import recorded_names
+    from vllm_doctor.errors import InputError
+    from vllm_doctor.check.monitoring import recorded_names
 
     texts = [(p, read_input(p)) for p in paths]
     recorded: set[str] = set(kw.pop("recorded", ()))
@@ -467,7 +467,7 @@ def to_json(results: list[CheckResult]) -> str:
 
 
 def to_sarif(results: list[CheckResult]) -> str:
-    from .. import __version__
+    from vllm_doctor import __version__
 
     used = sorted({f.rule_id for r in results for f in r.findings})
     rules = [{"id": rid, "name": RULES[rid][0], "shortDescription": {"text": RULES[rid][2]},

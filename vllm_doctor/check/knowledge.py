@@ -96,7 +96,7 @@ def use_prefill_advice(value: str | None, version: str, enables: bool | None) ->
     overridden); on by default from 0.12.0, --no-enable-chunked-prefill turns it off."""
     from packaging.version import Version
 
-    from ..versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     pv = parse_version(version) or Version("0.33.0")
     off = (str(value or "").split() or [""])[0].strip("'\"").lower() in _FALSY    # "False  # comment" is False
@@ -200,7 +200,7 @@ def _value_spec(flag: str, version: str) -> tuple[dict | None, bool, str | None]
     0.4.2 added gptq_marlin to 0.4.1's --quantization)."""
     from packaging.version import Version
 
-    from ..versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     vers = _values()["versions"]
     keys = sorted(vers, key=Version)
@@ -224,7 +224,7 @@ def _judged_by(at: str | None, version: str) -> str:
     parser, read from its source with ast'."""
     from packaging.version import Version
 
-    from ..versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     pv = parse_version(version)
     if at is None or (pv is not None and Version(at) == pv):
@@ -263,7 +263,7 @@ def value_problem(flag: str, value: str, version: str) -> tuple[str, object] | N
     """(message, suggested value) when ``version`` rejects ``value`` for ``flag``; None when fine."""
     from packaging.version import Version
 
-    from ..versions import parse_version
+    from vllm_doctor.versions import parse_version
 
     pv = parse_version(version) or Version("0.33.0")
     v = value.strip().strip("'\"")

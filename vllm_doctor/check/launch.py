@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
-from .. import versions
-from .findings import CheckFinding
-from .knowledge import (INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, kv_cache_size_advice, use_prefill_advice,
+from vllm_doctor import versions
+from vllm_doctor.check.findings import CheckFinding
+from vllm_doctor.check.knowledge import (INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, kv_cache_size_advice, use_prefill_advice,
                         value_problem)
 
 IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?::([\w.\-]+))?(?:@sha256:\w+)?$")

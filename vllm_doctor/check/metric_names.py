@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from ..versions import parse_version
+from vllm_doctor.versions import parse_version
 
 G, C, H = "gauge", "counter", "histogram"
 _ALL = ("0.3.3", "0.33.0")
@@ -111,7 +111,7 @@ def kind(name: str) -> str | None:
     return hit[1] if hit else None
 
 
-# Series vllm-doctor's own sidecar exports (vllm_doctor/collectors.py; tests/test_check.py keeps the
+# Series vllm-doctor's own sidecar exports (vllm_doctor/export/collectors.py; tests/test_check.py keeps the
 # two in step). Some carry the names the tuning note invented, so the note's queries match when
 # Prometheus scrapes the sidecar (port 9401) rather than vLLM.
 SIDECAR_SERIES = {

@@ -11,8 +11,8 @@ import re
 
 import promql_parser as pq
 
-from . import metric_names as mn
-from .findings import CheckFinding
+from vllm_doctor.check import metric_names as mn
+from vllm_doctor.check.findings import CheckFinding
 
 RATE_FUNCS = {"rate", "irate", "increase"}
 PROMQL_NOT = {"derivative": "deriv", "derive": "deriv", "avg": "avg_over_time", "percentile": "quantile_over_time",

@@ -15,13 +15,13 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from ..advice import concurrency, relate_fixes
-from ..findings import Evidence, Finding, FlagFix
-from ..state import State, Window, stalls
-from ..state_windows import WindowAggregate
-from ..versions import flag_exists, flag_first_version, parse_version
-from .expr import Evaluator, compile_line, names_in
-from .loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, const_args, split_placeholder
+from vllm_doctor.diagnosis.advice import concurrency, relate_fixes
+from vllm_doctor.findings import Evidence, Finding, FlagFix
+from vllm_doctor.state.core import State, Window, stalls
+from vllm_doctor.state.windows import WindowAggregate
+from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
+from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in
+from vllm_doctor.diagnosis.loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, const_args, split_placeholder
 
 MAX_EVIDENCE = 8
 #: The finding about vllm-doctor itself: a rule that failed to evaluate (see RuleEngine.evaluate).
@@ -465,7 +465,7 @@ class RuleEngine:
             ms = [m for m in win.metrics() if m.ttft_buckets]
             if len(ms) < 2:
                 return None
-            from ..sources.scrape import histogram_quantile
+            from vllm_doctor.ingest.scrape import histogram_quantile
 
             old = dict(ms[0].ttft_buckets)
             diff = tuple((le, c - old.get(le, 0.0)) for le, c in ms[-1].ttft_buckets)

@@ -6,7 +6,7 @@ Expressions see (all read-only):
   None when unknown), ``vllm_version`` (str or None), ``engine`` ("v0", "v1" or None);
 * ``t.NAME``: a shared threshold from ``rules/thresholds.yaml``;
 * the rule's ``windows:`` by name: aggregates over its window that the state keeps line by line
-  (:class:`~vllm_doctor.state_windows.WindowView`: ``w.count``, ``w.max('num_running')``,
+  (:class:`~vllm_doctor.state.windows.WindowView`: ``w.count``, ``w.max('num_running')``,
   ``w.at_max(f)``, ``w.quantile(f, 0.99)``, ``w.slope_per_hour(f)``, ``w.lines``, ...): what the
   built-in rules read about a window, in bounded memory;
 * ``stats``: the periodic stats lines in the rule's window (:class:`~vllm_doctor.events.SchedulerStats`),
@@ -30,8 +30,8 @@ from typing import Any
 import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
-from ..errors import RuleLoadError
-from ..versions import flag_ranges_text
+from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.versions import flag_ranges_text
 
 
 def _vals(xs: Iterable[Any]) -> list:

@@ -25,13 +25,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import RuleLoadError
-from ..events import EVENT_KINDS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
-from ..state import FACT_NAMES
-from ..state_windows import GpuMemory
-from ..textscan import top_level
-from ..versions import known_flag
-from .expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
+from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.events import EVENT_KINDS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
+from vllm_doctor.state.core import FACT_NAMES
+from vllm_doctor.state.windows import GpuMemory
+from vllm_doctor.textscan import top_level
+from vllm_doctor.versions import known_flag
+from vllm_doctor.diagnosis.expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
 
 #: libyaml's safe loader when PyYAML was built with it (the rules are read at every start; node
 #: marks, and so the line numbers of load errors, are the same), else the pure-Python one
@@ -75,7 +75,7 @@ class Fix(Strict):
 
 #: The series a window aggregate can read (``windows.NAME.of``) and the class of their lines.
 WINDOW_SERIES = {"stats": SchedulerStats, "engine_metrics": EngineMetrics, "gpu": GpuMemory}
-#: What a rule may read on a window aggregate (vllm_doctor/state_windows.py WindowView).
+#: What a rule may read on a window aggregate (vllm_doctor/state/windows.py WindowView).
 VIEW_FIELD_METHODS = ("max", "min", "sum", "mean", "first", "last", "at_max", "at_min", "quantile", "slope_per_hour")
 VIEW_ATTRIBUTES = ("count", "span_seconds", "lines")
 #: Functions only a window's ``where`` may call: ``peak(f)``, the largest ``f`` of any line of the
@@ -84,7 +84,7 @@ WHERE_FUNCTIONS = ("peak",)
 
 
 class WindowSpec(Strict):
-    """An aggregate the state keeps for the rule, line by line (see vllm_doctor/state_windows.py)."""
+    """An aggregate the state keeps for the rule, line by line (see vllm_doctor/state/windows.py)."""
 
     of: Literal["stats", "engine_metrics", "gpu"]
     where: str | None = None  # a condition on one line (its fields by name, t.X, facts)

@@ -6,7 +6,7 @@ replica's history. This module range-queries it and runs the *same* pipeline as 
 1. **Series** (:mod:`.prometheus`): vLLM's own ``vllm:num_requests_running|waiting``,
    ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before 0.9.2),
    ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``
-   (names and priorities from :data:`vllm_doctor.sources.scrape.SAMPLE_FIELDS`, the /metrics
+   (names and priorities from :data:`vllm_doctor.ingest.scrape.SAMPLE_FIELDS`, the /metrics
    scraper's table), ``vllm:cache_config_info``, the latency histograms; and the sidecars'
    ``vllm_max_num_seqs``, ``vllm_max_model_len``, ``vllm_kv_cache_tokens``,
    ``vllm_max_concurrency``, ``gpu_memory_used_bytes`` / ``gpu_memory_total_bytes`` and
@@ -38,14 +38,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..diagnosis import load_rules
-from ..errors import InputError
-from ..events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
-from ..findings import Finding
-from ..pipeline import Pipeline, Report
-from ..sources.scrape import SAMPLE_FIELDS
-from ..state import FACT_NAMES
-from .prometheus import PrometheusClient, Series
+from vllm_doctor.diagnosis import load_rules
+from vllm_doctor.errors import InputError
+from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
+from vllm_doctor.findings import Finding
+from vllm_doctor.pipeline import Pipeline, Report
+from vllm_doctor.ingest.scrape import SAMPLE_FIELDS
+from vllm_doctor.state.core import FACT_NAMES
+from vllm_doctor.fleet.prometheus import PrometheusClient, Series
 
 #: vLLM series read per step -> the field of the /metrics scraper's table (SAMPLE_FIELDS).
 LOAD_FIELDS = ("num_running", "num_waiting", "num_swapped", "kv_cache_usage_ratio", "num_preemptions_total",
@@ -532,7 +532,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     """Diagnose every replica that ``selector`` matches over [since, until] (default: the last
     6 hours at a 15 s step). Raises InputError (one line) on a bad URL, an unreachable or
     non-Prometheus endpoint, a bad selector or time range, RuleLoadError on bad rules."""
-    from .rules import FleetRuleEngine, fleet_namespace, load_fleet_rules
+    from vllm_doctor.fleet.rules import FleetRuleEngine, fleet_namespace, load_fleet_rules
 
     started = time.monotonic()
     now = time.time() if now is None else now

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import InputError
+from vllm_doctor.errors import InputError
 
 
 @dataclass(frozen=True)

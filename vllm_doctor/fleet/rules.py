@@ -30,12 +30,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ..diagnosis.evaluate import RuleEngine
-from ..diagnosis.expr import FUNCTIONS, Evaluator, attributes_of, names_in
-from ..diagnosis.loader import TEMPLATE_RE, Rule, RuleSet, builtin_rules_dir, split_placeholder
-from ..errors import RuleLoadError
-from ..findings import Finding
-from ..state import State
+from vllm_doctor.diagnosis.evaluate import RuleEngine
+from vllm_doctor.diagnosis.expr import FUNCTIONS, Evaluator, attributes_of, names_in
+from vllm_doctor.diagnosis.loader import TEMPLATE_RE, Rule, RuleSet, builtin_rules_dir, split_placeholder
+from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.findings import Finding
+from vllm_doctor.state.core import State
 
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
@@ -108,7 +108,7 @@ class FleetRuleEngine(RuleEngine):
 def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, until: float,
                     fleet_latency: dict | None = None, step: float = 15.0) -> dict[str, Any]:
     """The names a fleet rule reads (see the module doc), from the per-replica summaries."""
-    from ..diagnosis.expr import slope_per_hour
+    from vllm_doctor.diagnosis.expr import slope_per_hour
 
     by_ts: dict[float, dict[str, str]] = {}
     for s in replicas:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .ladder import RESULT_KIND
+from vllm_doctor.loadtest.ladder import RESULT_KIND
 
 _SLACK_SECONDS = 15.0  # vLLM logs its stats every 10 s: a line may trail its level a little
 
@@ -41,7 +41,7 @@ def load_ladder(path: str) -> dict:
 
 
 def _by_measure(name: str, levels: list[dict], slo_ttft_ms: float) -> tuple[dict, str] | None:
-    from ..bundle import load_thresholds
+    from vllm_doctor.monitoring.bundle import load_thresholds
 
     full = load_thresholds()["kv_cache_full_ratio"]  # the rules' own "KV cache full"
     for lv in levels:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from .diagnosis.loader import Rule, RuleSet
+from vllm_doctor.diagnosis.loader import Rule, RuleSet
 
 
 #: How fleet rules (rules/fleet/) are run, said wherever they are listed.
@@ -14,7 +14,7 @@ FLEET_RUN = "run by `vllm-doctor diagnose --prometheus URL` over every replica's
 
 def fleet_ruleset(rs: RuleSet) -> RuleSet:
     """The fleet rules (rules/fleet/VD020+), with the thresholds of ``rs``."""
-    from .fleet.rules import load_fleet_rules
+    from vllm_doctor.fleet.rules import load_fleet_rules
 
     return load_fleet_rules(rs.thresholds)
 
@@ -68,7 +68,7 @@ def explain_text(r: Rule, rs: RuleSet, fleet: bool = False) -> str:
 def _values_read(r: Rule, exprs: list[str]) -> list[str]:
     """The names of ``r.values`` that ``exprs`` read, directly or through other values, in the
     order the YAML defines them (so that ``n_full`` or ``c.value`` in a condition is explained)."""
-    from .diagnosis.expr import names_in
+    from vllm_doctor.diagnosis.expr import names_in
 
     seen: set[str] = set()
     todo = [n for e in exprs for n in names_in(e)]

@@ -1,6 +1,6 @@
 """``vllm-doctor watch LOG``: a live terminal view (rich) of a running vLLM.
 
-It runs the same :class:`~vllm_doctor.serve.Sidecar` as ``serve`` (same sources, pipeline and
+It runs the same :class:`~vllm_doctor.export.serve.Sidecar` as ``serve`` (same sources, pipeline and
 rules) without the HTTP server, and redraws every ``interval`` seconds: running, waiting
 (and swapped on V0), KV cache usage, preemptions in the last interval and in total, TTFT
 p50/p99 when /metrics is scraped, GPU memory and utilization, and the active findings with
@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from vllm_doctor.serve import ServeConfig, Sidecar
+from vllm_doctor.export.serve import ServeConfig, Sidecar
 
 GiB = float(1 << 30)
 

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 from vllm_doctor import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vllm_doctor.serve import Sidecar
+    from vllm_doctor.export.serve import Sidecar
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _num(v: Any) -> float | None:
 
 
 class SidecarCollector(Collector):
-    """Export a running :class:`vllm_doctor.serve.Sidecar` (its pipeline state, sources and
+    """Export a running :class:`vllm_doctor.export.serve.Sidecar` (its pipeline state, sources and
     findings). Register it on the registry served at /metrics."""
 
     def __init__(self, sidecar: Sidecar) -> None:

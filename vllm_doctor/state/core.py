@@ -12,7 +12,7 @@ the events' own timestamps: log time in ``diagnose``, wall time for collector sa
 * the periodic series (stats lines, /metrics samples, GPU samples) keep at most
   ``max_window_seconds`` of history and at most ``max_items`` entries each;
 * peaks (``peak_running``, ``peak_waiting``, ``peak_kv``) are running maxima;
-* the rules' window aggregates (``windows``, :mod:`vllm_doctor.state_windows`) are updated with
+* the rules' window aggregates (``windows``, :mod:`vllm_doctor.state.windows`) are updated with
   each stats line, /metrics sample and GPU poll: per-second buckets of counts, sums, extrema,
   fit sums and quantile sketches, at most one bucket per second of the window.
 
@@ -26,10 +26,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from . import events as ev
-from .state_windows import GpuMemory, WindowAggregate
-from .timeline import Timeline
-from .versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
+from vllm_doctor import events as ev
+from vllm_doctor.state.windows import GpuMemory, WindowAggregate
+from vllm_doctor.report.timeline import Timeline
+from vllm_doctor.versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
 CONFIG_FACTS = (
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -157,7 +157,7 @@ class State:
         self.shutting_down = False
         self.preemptions_trimmed = False
         self.worker_pids: set[tuple[str, int | None]] = set()
-        self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/timeline.py)
+        self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/report/timeline.py)
         # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
         # stats lines of the current second not yet folded into the aggregates (flush_windows)

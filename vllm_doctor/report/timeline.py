@@ -1,7 +1,7 @@
 """The time series behind the charts: KV cache usage, running, waiting, prompt and generation
 throughput and preemptions over time, per engine, bounded and downsampled.
 
-:class:`Timeline` is fed by :meth:`vllm_doctor.state.State.apply` with every event (it keeps only
+:class:`Timeline` is fed by :meth:`vllm_doctor.state.core.State.apply` with every event (it keeps only
 what the charts need) and holds at most ``capacity`` points per series whatever the log's length:
 when a series is full, neighbouring points are merged pairwise (peaks of KV cache usage, running
 and waiting are kept, throughput averaged, preemptions summed) and each later point covers twice as

@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .ladder import RESULT_KIND
+from vllm_doctor.loadtest.ladder import RESULT_KIND
 
 
 class ResultError(Exception):

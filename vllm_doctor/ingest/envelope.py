@@ -222,7 +222,7 @@ class KeywordScanner:
 
     def __init__(self, keywords=None) -> None:
         if keywords is None:
-            from .parsers import prefilter_keywords  # the matcher table (imports this module)
+            from vllm_doctor.parsers.records import prefilter_keywords  # the matcher table (imports this module)
 
             keywords = prefilter_keywords()
         self.patterns = prefilter_patterns(keywords)

@@ -1,7 +1,7 @@
 """The sidecar's HTTP API (FastAPI, served by uvicorn).
 
 =================  ==========================================================================
-``GET /metrics``   Prometheus text exposition of :class:`~vllm_doctor.collectors.SidecarCollector`
+``GET /metrics``   Prometheus text exposition of :class:`~vllm_doctor.export.collectors.SidecarCollector`
                    (and the process collector: CPU, RSS, fds of the sidecar itself)
 ``GET /healthz``   200 ``{"status": "ok"}`` while the process serves; also the rule-load error
                    and pipeline error count
@@ -29,9 +29,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.process_collector import ProcessCollector
 
 from vllm_doctor import __version__
-from vllm_doctor.collectors import SidecarCollector
-from vllm_doctor.report import fmt_time, jinja_env  # one environment (autoescaped, fix_label) for both pages
-from vllm_doctor.serve import human_duration
+from vllm_doctor.export.collectors import SidecarCollector
+from vllm_doctor.report.render import fmt_time, jinja_env  # one environment (autoescaped, fix_label) for both pages
+from vllm_doctor.export.serve import human_duration
 
 
 
@@ -75,7 +75,7 @@ def state_dict(sidecar: Any) -> dict:
 
 
 def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
-    """The FastAPI app for a :class:`vllm_doctor.serve.Sidecar`.
+    """The FastAPI app for a :class:`vllm_doctor.export.serve.Sidecar`.
 
     manage: start the sidecar on the app's startup and stop it (checkpoint written) on
     shutdown, as ``vllm-doctor serve`` does; tests that drive the sidecar themselves pass False.
@@ -128,11 +128,11 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
         """The HTML page (autoescaped)."""
-        from vllm_doctor.timeline import charts, finding_spans
+        from vllm_doctor.report.timeline import charts, finding_spans
 
         import dataclasses
 
-        from vllm_doctor.report import fmt_fact, verdict
+        from vllm_doctor.report.render import fmt_fact, verdict
 
         d = state_dict(sidecar)
         with sidecar.lock:

@@ -9,7 +9,7 @@ Wiring (one lock around the pipeline; every source thread takes it to hand data 
     evaluation thread: Pipeline.evaluate(now) every ``eval_interval`` s; checkpoint every
     ``checkpoint_interval`` s and at shutdown
     HTTP (FastAPI + uvicorn): /metrics (SidecarCollector), /healthz, /readyz, /api/findings,
-    /api/state, /  (see :mod:`vllm_doctor.server`)
+    /api/state, /  (see :mod:`vllm_doctor.export.server`)
 
 Configuration precedence: command-line flags > ``VLLM_DOCTOR_*`` environment variables > the
 YAML file (``--config`` / ``VLLM_DOCTOR_CONFIG``) > defaults. See docs/serve.md.
@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vllm_doctor.errors import VllmDoctorError
-from vllm_doctor.sources.follow import (
+from vllm_doctor.ingest.follow import (
     FifoFollower,
     FollowStats,
     FollowThread,
@@ -42,8 +42,8 @@ from vllm_doctor.sources.follow import (
     load_state_extra,
     save_checkpoints,
 )
-from vllm_doctor.sources.nvml import NvmlPoller
-from vllm_doctor.sources.scrape import MetricsScraper
+from vllm_doctor.ingest.nvml import NvmlPoller
+from vllm_doctor.ingest.scrape import MetricsScraper
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ STICKY_STATE = ("config", "capacity", "memory", "vllm_version", "version_source"
 
 
 def sticky_snapshot(state: Any) -> dict:
-    """The sticky part of a :class:`vllm_doctor.state.State` as JSON-able data."""
+    """The sticky part of a :class:`vllm_doctor.state.core.State` as JSON-able data."""
     snap = {}
     for name in STICKY_STATE:
         v = getattr(state, name, None)
@@ -235,7 +235,7 @@ class Sidecar:
         self.pipeline_errors = 0
         self.bench_result = None
         if cfg.bench:
-            from .bench.annotate import BenchFileError, load_ladder
+            from vllm_doctor.loadtest.annotate import BenchFileError, load_ladder
 
             try:
                 self.bench_result = load_ladder(cfg.bench)
@@ -490,7 +490,7 @@ class Sidecar:
             self.last_eval_at = time.monotonic()
             self.evaluations += 1
             if self.bench_result is not None:
-                from .bench.annotate import annotate
+                from vllm_doctor.loadtest.annotate import annotate
 
                 annotate(out, self.bench_result)
             return out
@@ -593,7 +593,7 @@ def run(cfg: ServeConfig) -> int:
     checkpoint written in the app's shutdown). Returns the exit code."""
     import uvicorn
 
-    from vllm_doctor.server import create_app
+    from vllm_doctor.export.server import create_app
 
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,5 +8,5 @@
   :class:`vllm_doctor.events.GpuSample`, polled in a background thread.
 
 Each source only hands bytes or events to callbacks; the wiring to the pipeline is in
-:mod:`vllm_doctor.serve`.
+:mod:`vllm_doctor.export.serve`.
 """

@@ -27,9 +27,9 @@ from typing import Callable
 
 import httpx
 
-from ..sources.scrape import parse_metrics
-from ..state import State
-from .client import RequestResult, request_body, stream_one
+from vllm_doctor.ingest.scrape import parse_metrics
+from vllm_doctor.state.core import State
+from vllm_doctor.loadtest.client import RequestResult, request_body, stream_one
 
 WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
          "scheduler sequence latency throughput kernel tensor layer attention window context "

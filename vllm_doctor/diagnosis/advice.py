@@ -22,7 +22,7 @@ none.
 
 Every rule that recommends ``--max-num-seqs`` calls :func:`concurrency` (exposed to rule
 expressions), so preemption-storm and kv-capacity-bound cannot disagree. The block arithmetic is
-:mod:`vllm_doctor.capacity`'s (the one ``plan`` and ``check`` use): whole KV cache blocks per
+:mod:`vllm_doctor.plan.capacity`'s (the one ``plan`` and ``check`` use): whole KV cache blocks per
 sequence, ``max_num_seqs_that_fit`` for the never-preempt bound, ``concurrency_at_length`` for
 the observed length; this module adds the observed side (which sample, which method).
 
@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .capacity import concurrency_at_length, max_num_seqs_that_fit
-from .findings import Finding, FlagFix
+from vllm_doctor.plan.capacity import concurrency_at_length, max_num_seqs_that_fit
+from vllm_doctor.findings import Finding, FlagFix
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from .advice import fix_label
-from .pipeline import Report
-from .diagnosis.evaluate import RULE_ERROR_ID
-from .diagnosis.expr import human_bytes
+from vllm_doctor.diagnosis.advice import fix_label
+from vllm_doctor.pipeline import Report
+from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
+from vllm_doctor.diagnosis.expr import human_bytes
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -358,7 +358,7 @@ def jinja_env() -> Environment:
 
 
 def to_html(rep: Report) -> str:
-    from .timeline import charts, finding_spans
+    from vllm_doctor.report.timeline import charts, finding_spans
 
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(

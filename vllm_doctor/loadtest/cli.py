@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from vllm_doctor.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 
 EXIT_UNKNOWN = 3
 MAX_TOTAL_REQUESTS = 100_000
@@ -121,8 +121,8 @@ def ladder(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .chart import html_page, ladder_svg
-    from .ladder import BenchError, LadderConfig, run_ladder
+    from vllm_doctor.loadtest.chart import html_page, ladder_svg
+    from vllm_doctor.loadtest.ladder import BenchError, LadderConfig, run_ladder
 
     lv = _levels(levels)
     if requests is not None and requests < 1:
@@ -223,7 +223,7 @@ def compare(
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown.")] = OutFormat.text,
 ) -> None:
     """Put TTFT p99, TPOT, throughput and preemptions of two runs side by side, PASS/FAIL each."""
-    from .results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick
+    from vllm_doctor.loadtest.results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick
 
     try:
         b_runs, a_runs = load_runs(before), load_runs(after)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import events as ev
-from .envelope import CLIENT_KEYWORDS, Record
-from .textscan import top_level
-from .versions import known_flag
+from vllm_doctor import events as ev
+from vllm_doctor.ingest.envelope import CLIENT_KEYWORDS, Record
+from vllm_doctor.textscan import top_level
+from vllm_doctor.versions import known_flag
 
 GIB = 1 << 30
 UNITS = {"B": 1, "KiB": 1 << 10, "KB": 1 << 10, "MiB": 1 << 20, "MB": 1 << 20, "GiB": GIB, "GB": GIB,

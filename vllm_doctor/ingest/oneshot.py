@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from .diagnosis import load_rules
-from .errors import InputError
-from .pipeline import Pipeline, Report, Scanned, bom_encoding, file_year, file_year_month
+from vllm_doctor.diagnosis import load_rules
+from vllm_doctor.errors import InputError
+from vllm_doctor.pipeline import Pipeline, Report, Scanned, bom_encoding, file_year, file_year_month
 
 CHUNK = 1 << 20
 
@@ -137,7 +137,7 @@ def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", "array", int
     main process), so that results waiting to be parsed stay small."""
     from array import array
 
-    from .envelope import KeywordScanner, candidate_spans
+    from vllm_doctor.ingest.envelope import KeywordScanner, candidate_spans
 
     scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", KeywordScanner())
     with open(path, "rb") as fh:
@@ -289,7 +289,7 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | N
 def events(paths: list[str], sink, year: int | None = None) -> None:
     """Every typed event the logs give, in pipeline order, to ``sink(event)`` (the ``events``
     command). The same intake and stages as :func:`diagnose`; no rules."""
-    from .diagnosis.loader import RuleSet
+    from vllm_doctor.diagnosis.loader import RuleSet
 
     pipe, sources = _pipeline(paths, RuleSet((), {}), year)
     pipe.on_event = sink
@@ -323,7 +323,7 @@ def load_metrics_file(path: str):
     """Samples in a saved vLLM /metrics capture (one exposition; ts = file mtime).
 
     Raises InputError if the file is missing or is not Prometheus text exposition."""
-    from .sources.scrape import parse_metrics
+    from vllm_doctor.ingest.scrape import parse_metrics
 
     p = Path(path)
     with _input_errors(path, "metrics"):

@@ -3,7 +3,7 @@
 Reads a model's ``config.json`` (a file, a model directory or a Hugging Face cache directory;
 never downloads), takes the launch settings, and reports per GPU: weight bytes, KV bytes per
 token per attention kind, the KV cache pool in blocks and tokens by the vLLM version's own
-accounting (``vllm_doctor.capacity``), max concurrency at ``max_model_len`` and at a mean
+accounting (``vllm_doctor.plan.capacity``), max concurrency at ``max_model_len`` and at a mean
 request length, whether start-up fails (in vLLM's own words) and the flags for a target.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import capacity as cap
-from .errors import InputError
-from .versions import defaults as version_defaults, flag_exists, parse_version
+from vllm_doctor.plan import capacity as cap
+from vllm_doctor.errors import InputError
+from vllm_doctor.versions import defaults as version_defaults, flag_exists, parse_version
 
 _NEWEST = "0.33.0"
 
@@ -194,7 +194,7 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
             if isinstance(cfg.get(sub), dict):
                 validate_config(cfg[sub], f"{where} {sub}", depth + 1)
     if depth == 0:
-        from .capacity import _text_config
+        from vllm_doctor.plan.capacity import _text_config
 
         c = _text_config(cfg)
         if not any(c.get(k) for k in ("num_hidden_layers", "n_layer", "num_layers")):
@@ -213,7 +213,7 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
 
 def nvml_total_memory(index: int = 0) -> int:
     """Total memory of GPU ``index`` through NVML (the project's NVML source's loader)."""
-    from .sources.nvml import _load_pynvml
+    from vllm_doctor.ingest.nvml import _load_pynvml
 
     try:
         nv = _load_pynvml()
@@ -304,7 +304,7 @@ def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int 
 def utilization_max() -> float:
     """The highest gpu_memory_utilization a fix recommends: ``gpu_memory_utilization_max`` of
     rules/thresholds.yaml, the cap the rules of ``diagnose`` apply (``t.gpu_memory_utilization_max``)."""
-    from .diagnosis.loader import builtin_rules_dir, load_thresholds
+    from vllm_doctor.diagnosis.loader import builtin_rules_dir, load_thresholds
 
     return float(load_thresholds(builtin_rules_dir() / "thresholds.yaml")["gpu_memory_utilization_max"])
 
@@ -753,8 +753,8 @@ def _number_options(out: list[tuple[str | None, dict]]) -> list[dict]:
     """Number the options as ``diagnose`` does (``advice.relate_fixes``): each fix gets ``option`` (1-based)
     and ``relation`` (``only``, ``alternative``: pick one option, ``set``: applied with the rest of its
     option). A fix of option ``"*"`` is listed in every option; None: informational, no option."""
-    from .advice import relate_fixes
-    from .findings import FlagFix
+    from vllm_doctor.diagnosis.advice import relate_fixes
+    from vllm_doctor.findings import FlagFix
 
     names = list(dict.fromkeys(n for n, _ in out if n not in (None, "*"))) or (["*"] if any(n == "*" for n, _ in out) else [])
     fixes, options = [], []
@@ -866,7 +866,7 @@ def _fix_line(f: dict, fixes: list[dict], code) -> str:
     applied together)", "(apply together)", nothing for the only fix."""
     from types import SimpleNamespace
 
-    from .advice import fix_label
+    from vllm_doctor.diagnosis.advice import fix_label
 
     numbered = [SimpleNamespace(**g) for g in fixes if not g.get("informational")]
     label = "" if f.get("informational") else fix_label(SimpleNamespace(**f), numbered)

@@ -13,7 +13,7 @@ Memory is bounded by design, whatever the number of lines: an aggregate keeps on
 1 s for windows up to 15 min, the log's own timestamp resolution), and each bucket holds a fixed
 number of numbers per field, its first and last line (evidence) and, for the fields asked for, one
 sketch. A window's old edge is exact to the bucket's resolution. Lines without a timestamp go into
-one extra bucket that every window includes (as :class:`vllm_doctor.state.Window` treats them).
+one extra bucket that every window includes (as :class:`vllm_doctor.state.core.Window` treats them).
 """
 
 from __future__ import annotations

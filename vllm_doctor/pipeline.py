@@ -456,6 +456,8 @@ class Pipeline:
                 "since": self.time_range[0], "until": self.time_range[1],
                 "log_first_ts": self._first_ts, "log_last_ts": self._max_ts,
                 "events_in_range": self._in_range, "events_outside": self._out_of_range},
+            runs={"index": st.run_index, "started": st.run_started, "served": st.served,
+                  "log_last_ts": st.timeline.log_ts},
         )
 
 
@@ -481,6 +483,11 @@ class Report:
     # diagnose --since / --until on logs: the span (epoch s, log clock), the log's first and last
     # times, and how many events fell in it and outside it; None without a span
     time_range: dict | None = None
+    # the engine runs the logs show (a version banner or engine start after activity begins the
+    # next): ``index`` of the current one, when it ``started`` (epoch s), whether it ``served``
+    # (a stats line with requests or tokens) and the newest log time ``log_last_ts``; None when the
+    # report is not read from logs. The verdict speaks of the current run (report.render.verdict).
+    runs: dict | None = None
 
     @property
     def nothing_in_range(self) -> bool:

@@ -172,9 +172,7 @@ def page_title(model: str | None) -> str:
 
 def page_context(sidecar: Any) -> dict:
     """What serve.html.j2 renders: the state, the verdict (of what is wrong now), the charts."""
-    import dataclasses
-
-    from vllm_doctor.report.render import fmt_fact, fmt_span, verdict
+    from vllm_doctor.report.render import fmt_fact, fmt_span, live_verdict
     from vllm_doctor.report.timeline import charts, finding_spans
 
     d = state_dict(sidecar)
@@ -182,10 +180,7 @@ def page_context(sidecar: Any) -> dict:
         recent = list(sidecar.pipeline.state.stats)[-15:]
         model = sidecar.pipeline.state.config_value("model")
         rep = sidecar.pipeline.report()
-    # the page opens with what is wrong now (the active findings); on an old log, with what
-    # the log shows (every finding, as diagnose reports it)
-    v = verdict(rep if d["clock"]["mode"] == "replay" else
-                dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
+    v = live_verdict(rep, d["clock"]["mode"] == "replay")
     chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"), live=True)
     # the findings from the report the verdict reads, with their fixes as diagnose numbers them
     return dict(d=d, findings=rep.findings, recent=recent, model=model, version=__version__, charts=chs,

@@ -244,6 +244,14 @@ def verdict(rep: Report) -> dict:
             "more": more, "first_size": size, "current": top}
 
 
+def live_verdict(rep: Report, replay: bool) -> dict:
+    """The verdict of the sidecar's page and ``watch``: of what is wrong now (the active findings);
+    on an old or replayed log, of what the log shows (every finding, as diagnose reports it)."""
+    import dataclasses
+
+    return verdict(rep if replay else dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
+
+
 def now_and_history(rep: Report) -> tuple[list, list, dict | None]:
     """(current, history, recovered): the findings of the current engine run, most severe first and
     of one incident its latest occurrence first; those of earlier runs (before vLLM restarted); and,

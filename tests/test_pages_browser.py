@@ -195,9 +195,12 @@ def test_fleet_report_one_card_per_finding_replica_table_first_and_charts(browse
 
 
 def test_fleet_text_report_lists_each_finding_once_after_the_replica_table(monkeypatch):
-    from vllm_doctor.report.render import to_text
+    from vllm_doctor.report.render import to_markdown, to_text
 
     text = to_text(fleet_report(monkeypatch))
     assert text.index("Replicas (8)") < text.index("Findings (")
     assert text.count("VD004 kv-capacity-bound") == 1
     assert "  on 3 replicas: llm/hot-0, llm/hot-1, llm/hot-2" in text
+    md = to_markdown(fleet_report(monkeypatch))
+    assert md.index("## Replicas (8)") < md.index("## Findings (")
+    assert md.count("VD004 `kv-capacity-bound`") == 1 and "**On 3 replicas:** `llm/hot-0`, `llm/hot-1`, `llm/hot-2`" in md

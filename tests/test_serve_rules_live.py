@@ -141,3 +141,25 @@ def test_a_finding_clears_when_the_log_shows_the_load_stopped(tmp_path):
         assert s.metric("vllm_doctor_finding_active", rule_id="VD004", name="kv-capacity-bound",
                         severity="warning") == 0.0
         assert kv["last_seen"] == max(e["ts"] for e in kv["evidence"]) <= now - 1 - 40  # 09:11:29 of 09:12:09
+
+
+def test_the_page_says_vllm_recovered_after_a_crash_before_its_restart(tmp_path):
+    """Real vLLM 0.32 lines followed live: an EngineDeadError, then vLLM started again and served
+    with no incident. The page opens with the recovery, not with the crash nor with "no incident"."""
+    logs = Path(__file__).parent / "fixtures" / "logs"
+    dead = (logs / "cpu-request-errors-then-enginecore-killed.log").read_bytes()
+    served = (logs / "cpu-basic-serve-and-load.log").read_bytes().replace(b"11-30 09:0", b"11-30 10:1")
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with live_sidecar({"logs": [str(log)]}) as s:
+        with log.open("ab") as fh:
+            fh.write(shifted(dead + served, time.time() - 1))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 817.0)
+        s.sidecar.evaluate()
+        assert s.sidecar.clock_status()["mode"] == "live"
+        assert s.get("/api/findings").json()["active"] == []
+        from html import unescape
+
+        page = unescape(s.get("/").text)
+        assert "Recovered: vLLM restarted at " in page and " after CRITICAL engine-dead (" in page
+        assert "healthy for 2 min since" in page

@@ -245,11 +245,14 @@ def verdict(rep: Report) -> dict:
 
 
 def live_verdict(rep: Report, replay: bool) -> dict:
-    """The verdict of the sidecar's page and ``watch``: of what is wrong now (the active findings);
-    on an old or replayed log, of what the log shows (every finding, as diagnose reports it)."""
+    """The verdict of the sidecar's page and ``watch``: of what is wrong now (the active findings,
+    and those of engine runs before a restart, so that a recovery is said as one); on an old or
+    replayed log, of what the log shows (every finding, as diagnose reports it)."""
     import dataclasses
 
-    return verdict(rep if replay else dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
+    cur_run = (rep.runs or {}).get("index") or 0
+    return verdict(rep if replay else dataclasses.replace(
+        rep, findings=[f for f in rep.findings if f.active or getattr(f, "run", 0) < cur_run]))
 
 
 def now_and_history(rep: Report) -> tuple[list, list, dict | None]:
@@ -459,14 +462,27 @@ def to_markdown(rep: Report) -> str:
             "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
     if nothing_judged(rep):
         return "\n".join(out) + "\n"
-    if rep.findings:
-        out += [f"## Findings ({len(rep.findings)})", ""]
-    for f in rep.findings:
-        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", ""]
+    cards = finding_cards(rep)
+    if rep.replicas:  # the fleet: the replica table first
+        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
+                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
+        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
+        out.append("")
+    if cards:
+        out += [f"## Findings ({len(cards)})", ""]
+    for card in cards:
+        f = card["f"]
+        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {_md(card['title'])}", ""]
+        if card["history"]:
+            out += [f"_History: {card['history']}._", ""]
+        if card["replicas"]:
+            out += [f"**On {plural(len(card['replicas']), 'replica')}:** "
+                    + ", ".join(f"`{r['name']}`" for r in card["replicas"]), ""]
         when = fmt_span(f.first_seen, f.last_seen)
-        if when:
+        if when and not card["replicas"]:
             out += [f"_seen {when}_", ""]
         out += [_md(f.message).replace("\n", "  \n"), ""]
+        out += [f"- `{r['name']}`: {_md(r['message'])}" for r in card["replicas"][1:]] + ([""] if card["replicas"][1:] else [])
         if f.fixes:
             out.append("**Fix**")
             out.append("")
@@ -488,11 +504,6 @@ def to_markdown(rep: Report) -> str:
                 out.append(f"{e.source}:{e.lineno}: {e.text[:200]}".replace("```", "'''"))
             out.append("```")
             out.append("")
-    if rep.replicas:
-        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
-                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
-        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
-        out.append("")
     seen, dflt = split_facts(rep)
     if seen:
         out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]

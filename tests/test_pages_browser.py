@@ -147,6 +147,8 @@ def fleet_report(monkeypatch):
             ts = T0 + k * STEP
             v["num_running"][ts], v["num_waiting"][ts] = running, waiting
             v["kv_cache_usage_ratio"][ts], v["num_preemptions_total"][ts] = kv, pre
+            v["prompt_tokens_total"][ts] = k * STEP * 40.0 * running  # tokens flow while requests run
+            v["generation_tokens_total"][ts] = k * STEP * 10.0 * running
         return rep
 
     reps = [replica(f"hot-{i}", HOT) for i in range(3)] + [replica(f"idle-{i}", IDLE) for i in range(4)] + [
@@ -198,6 +200,8 @@ def test_fleet_text_report_lists_each_finding_once_after_the_replica_table(monke
     from vllm_doctor.report.render import to_markdown, to_text
 
     text = to_text(fleet_report(monkeypatch))
+    assert text.splitlines()[0].startswith(
+        "WARNING kv-capacity-bound on 3 replicas (llm/hot-0, llm/hot-1, llm/hot-2): Concurrency is capped by the KV cache")
     assert text.index("Replicas (8)") < text.index("Findings (")
     assert text.count("VD004 kv-capacity-bound") == 1
     assert "  on 3 replicas: llm/hot-0, llm/hot-1, llm/hot-2" in text

@@ -220,7 +220,14 @@ def verdict(rep: Report) -> dict:
     top = current[0]  # the most severe incident of the current run, its latest occurrence
     when = fmt_span(top.first_seen, top.last_seen)
     more = list(dict.fromkeys(f.name for f in current if f.name != top.name))
-    head = f"{SEV_MARK[top.severity]} {top.name}: {top.title}" + (f" ({when})" if when else "")
+    title = top.title
+    reps = [str(f.values["replica"]) for f in current if f.name == top.name and (f.values or {}).get("replica")]
+    if reps:  # the fleet: one incident across replicas, named once with its replicas
+        prefix = f"{reps[0]}: "
+        title = f"on {plural(len(reps), 'replica')} ({', '.join(reps[:4])}{', ...' if len(reps) > 4 else ''}): " + (
+            title[len(prefix):] if title.startswith(prefix) else title)
+    head = f"{SEV_MARK[top.severity]} {top.name} {title}" if reps else f"{SEV_MARK[top.severity]} {top.name}: {title}"
+    head += f" ({when})" if when else ""
     if more:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
     if history:

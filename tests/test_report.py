@@ -216,6 +216,13 @@ def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
     assert "  history: earlier engine run: vLLM restarted after it (at 11-30 10:17:05)" in text
     _, page = run("diagnose", "--format", "html", p)
     assert '<div class="verdict ok" id="verdict">' in page and "History: earlier engine run" in page
+    # restarted and not serving yet (the new run's start-up lines, before its first request): the
+    # crash stands, and the verdict says vLLM restarted
+    starting = tmp_path / "starting.log"
+    starting.write_bytes(dead + b"\n".join(served.split(b"\n")[:102]) + b"\n")
+    rc, text = run("diagnose", starting)
+    assert text.splitlines()[0].startswith("CRITICAL engine-dead: ") and text.splitlines()[0].endswith(
+        "; vLLM restarted at 11-30 10:17:05 and has not served yet")
     # a crash loop is no recovery: the run that failed last is the verdict
     one = (LOGS / "cpu-startup-error-kv-cache-bigger-than-ram.log").read_text()
     loop = tmp_path / "crashloop.log"

@@ -232,6 +232,9 @@ def verdict(rep: Report) -> dict:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
     if history:
         head += f"; earlier: {', '.join(dict.fromkeys(f.name for f in history))} (before a restart)"
+    runs = rep.runs or {}
+    if getattr(top, "run", 0) < (runs.get("index") or 0) and runs.get("started") is not None:
+        head += f"; vLLM restarted at {fmt_time(runs['started'])} and has not served yet"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
     # a fix two occurrences share is listed under the first: the verdict's step is the incident's
     fixes = top.fixes or next((f.fixes for f in rep.findings if f.name == top.name and f.fixes), [])

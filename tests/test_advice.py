@@ -339,7 +339,7 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     text = to_text(rep, color=False)
     assert "--max-num-seqs 2   (option 1 of 2: pick one)" in text
-    assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
+    assert "--kv-cache-memory-bytes 16777216 (16 MiB)   (option 2 of 2: pick one)" in text
     html = FORMATS["html"](rep)
     assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
     assert "`--max-num-seqs 2` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)

@@ -48,7 +48,9 @@ def assert_nothing_ran(browser) -> None:
     assert browser.execute_script("return window.__pwned === undefined")
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
-    assert browser.execute_script("return document.scripts.length") == 0
+    # no script but the sidecar page's own live.js (its CSP allows no other)
+    assert browser.execute_script("return Array.from(document.scripts).filter(s => s.getAttribute('src') !== 'live.js'"
+                                  " || s.textContent).length") == 0
     assert not browser.find_elements("css selector", "img, iframe, object, embed, foreignObject")
 
 
@@ -63,8 +65,11 @@ def test_report_charts_one_point_per_stats_line(browser, tmp_path, name):
     browser.get(page.as_uri())
     n = stats_lines(path)
     assert n >= 2
+    # one point per stats line; the line breaks where the log has no stats line for minutes (052
+    # holds 13:32:40, then 13:36:00-13:36:30, then 13:39:40-13:40:20: no line drawn across a gap)
+    segments = {"052-v0.13-v1-single-long-generation-kv-grows.log": [1, 4, 5]}.get(name, [n])
     for series, chart in SERIES.items():
-        assert polyline_points(browser, chart, series) == [n], (series, n)
+        assert polyline_points(browser, chart, series) == segments, (series, n)
     # each finding's span is shaded on every chart that has data
     assert len(rep.findings) == len(browser.find_elements("css selector", "#chart-kv rect.span")) or not rep.findings
     svg = browser.find_element("css selector", "#chart-kv svg")

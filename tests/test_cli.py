@@ -64,7 +64,7 @@ def test_healthy_exit_zero_and_text_report():
     rc, out, _ = run("diagnose", log("039"))
     assert rc == 0
     assert out.splitlines()[0] == "No incident found in 9 lines."  # the verdict opens the report
-    assert "kv_cache_tokens" in out and "922,496" in out
+    assert "KV cache size" in out and "922,496 tokens" in out
 
 
 @pytest.mark.parametrize("fmt,needle", [("markdown", "## Findings"), ("html", "<h2>Findings")])

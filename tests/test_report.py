@@ -51,8 +51,9 @@ def test_healthy_and_empty_verdicts(tmp_path):
     assert not lines[1].startswith("Do this first")
     # facts that are only the version's defaults stay out of the facts table
     facts = text[text.index("Facts (from the inputs)"):text.index("Version defaults")]
-    assert "max_num_seqs" not in facts and "peak_num_running" in facts
-    assert "Version defaults (not in the inputs): " in text and "max_num_seqs 256" in text
+    assert "max_num_seqs" not in facts and "Most requests running  " in facts
+    # facts in words with their unit, vLLM's own name where it is a setting
+    assert "Version defaults (not in the inputs): " in text and "(max_num_seqs) 256 requests" in text
     empty = tmp_path / "empty.log"
     empty.write_bytes(b"")
     rc, text = run("diagnose", empty)
@@ -117,7 +118,7 @@ def test_the_memory_a_refused_start_names_is_a_fact_of_the_report():
     assert facts["available_kv_cache_bytes"] == round(9.97 * (1 << 30))
     assert facts["max_model_len"] == 1048576
     rc, text = run("diagnose", "--fail-on", "never", log)
-    assert re.search(r"^  available_kv_cache_bytes +9\.97 GiB$", text, re.M), text
+    assert re.search(r"^  Memory available for the KV cache +9\.97 GiB$", text, re.M), text
     # the fix's arithmetic writes token counts as the facts do, with thousands separators
     assert "how: 1,048,576 x 9.97 GiB available / 24.00 GiB needed, rounded down to a multiple of block_size 16 = 435,584" in text
 
@@ -132,11 +133,11 @@ def test_sizes_below_a_gib_print_in_their_unit_and_a_printed_zero_is_no_size():
     fixes = [fx for f in rep["findings"] for fx in f["fixes"] if fx["flag"] == "--kv-cache-memory-bytes"]
     assert fixes and fixes[0]["arithmetic"].startswith("4,194,304 bytes x 16 sequences / 4 held")
     _, text = run("diagnose", *demo_args())
-    assert re.search(r"^  kv_cache_memory_bytes +4\.00 MiB$", text, re.M), text
-    assert re.search(r"^  device_total_memory_bytes +11\.71 GiB$", text, re.M)
+    assert re.search(r"^  KV cache memory +4\.00 MiB$", text, re.M), text
+    assert re.search(r"^  GPU memory +11\.71 GiB$", text, re.M)
     _, md = run("diagnose", "--format", "markdown", *demo_args())
     _, page = run("diagnose", "--format", "html", *demo_args())
-    assert "| `kv_cache_memory_bytes` | 4.00 MiB |" in md
+    assert "| KV cache memory | 4.00 MiB |" in md
     assert "4.00 MiB" in page
     for out in (text, md, page):
         assert "0.00 GiB" not in out and "available_kv_cache_bytes" not in out
@@ -149,7 +150,7 @@ def test_do_this_first_sets_only_what_is_typed_as_code():
     assert "**Do this first:** restart vLLM with `--max-num-seqs 2`: " in md
     assert "`restart vLLM" not in md
     _, page = run("diagnose", "--format", "html", *demo_args())
-    assert "<b>Do this first:</b> restart vLLM with <code>--max-num-seqs 2</code> &mdash; " in page
+    assert "<b>Do this first:</b> restart vLLM with <code class=\"fix\">--max-num-seqs 2</code> &mdash; " in page
     assert "<code>restart vLLM" not in page
     nccl = LOGS / "048-v0.5.4-nccl-init-error-newlines-collapsed.log"
     _, md = run("diagnose", "--format", "markdown", nccl)
@@ -164,7 +165,7 @@ def test_counts_in_messages_are_written_as_the_facts_are_and_a_shared_fix_note_i
     # 014: 9,832 requests pending (V0 "Pending: 9832 reqs"): the messages write it as Facts does
     rc, text = run("diagnose", LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log")
     assert "(34 running, 9,832 waiting)" in text and "with up to 9,832 requests waiting while only 34 ran" in text
-    assert re.search(r"^  peak_num_waiting +9,832$", text, re.M)
+    assert re.search(r"^  Most requests waiting +9,832 requests$", text, re.M)
     assert "9832 waiting" not in text and "9832 requests" not in text
     # the demo: kv-capacity-bound's fix is listed under preemption-storm, said in a whole sentence
     _, text = run("diagnose", *demo_args())
@@ -183,3 +184,51 @@ def test_an_oom_message_writes_sizes_as_the_log_did(tmp_path):
     # 006: "Tried to allocate 20.00 MiB ... 14.62 GiB of which 3.31 MiB is free"
     _, text = run("diagnose", LOGS / "006-v0.7dev-mp-worker-cuda-oom-14GiB-gpu.log")
     assert "(tried to allocate 20.00 MiB; 14.62 GiB device, 3.31 MiB free)" in text
+
+
+# ---- now versus history (issue 20 item 5) -----------------------------------------------------------
+def test_the_verdict_names_the_current_occurrence_of_an_incident(tmp_path):
+    # the demo's stretch of stats lines (115-170) again an hour later, no restart: two occurrences of
+    # kv-capacity-bound; the verdict speaks of the later one, the earlier one is listed as history
+    lines = (LOGS / "cpu-preemption-tiny-kv-cache.log").read_bytes().split(b"\n")[:-1]
+    again = [ln.replace(b"11-30 09:1", b"11-30 10:1") for ln in lines[114:170]]
+    p = tmp_path / "vllm.log"
+    p.write_bytes(b"\n".join(lines + again) + b"\n")
+    rc, text = run("diagnose", p)
+    head = text.splitlines()[0]
+    assert head.startswith("WARNING kv-capacity-bound: ") and "(11-30 10:11:29)" in head, head
+    assert "09:11" not in head
+    assert text.splitlines()[1].startswith("Do this first: restart vLLM with --max-num-seqs 2")
+    assert "  history: earlier occurrence 1 of 2: the incident was seen again later" in text
+
+
+def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
+    # real vLLM 0.32 lines: EngineDeadError at 09:13:49, then vLLM started again and served a load
+    # from 10:17:05 to 10:18:54 with no incident
+    dead = (LOGS / "cpu-request-errors-then-enginecore-killed.log").read_bytes()
+    served = (LOGS / "cpu-basic-serve-and-load.log").read_bytes().replace(b"11-30 09:0", b"11-30 10:1")
+    p = tmp_path / "recovered.log"
+    p.write_bytes(dead + served)
+    rc, text = run("diagnose", p)
+    head = text.splitlines()[0]
+    assert head == ("Recovered: vLLM restarted at 11-30 10:17:05 after CRITICAL engine-dead (11-30 09:13:49) and has "
+                    "served with no finding; healthy for 2 min since, to the newest log line (11-30 10:18:54).")
+    assert "  history: earlier engine run: vLLM restarted after it (at 11-30 10:17:05)" in text
+    _, page = run("diagnose", "--format", "html", p)
+    assert '<div class="verdict ok" id="verdict">' in page and "History: earlier engine run" in page
+    # restarted and not serving yet (the new run's start-up lines, before its first request): the
+    # crash stands, and the verdict says vLLM restarted
+    starting = tmp_path / "starting.log"
+    starting.write_bytes(dead + b"\n".join(served.split(b"\n")[:102]) + b"\n")
+    rc, text = run("diagnose", starting)
+    assert text.splitlines()[0].startswith("CRITICAL engine-dead: ") and text.splitlines()[0].endswith(
+        "; vLLM restarted at 11-30 10:17:05 and has not served yet")
+    # a crash loop is no recovery: the run that failed last is the verdict
+    one = (LOGS / "cpu-startup-error-kv-cache-bigger-than-ram.log").read_text()
+    loop = tmp_path / "crashloop.log"
+    loop.write_text(one + one)
+    _, text = run("diagnose", "--format", "json", loop)
+    occ = [(f["occurrence"], f["run"]) for f in json.loads(text)["findings"] if f["name"] == "startup-oom"]
+    assert occ == [(1, 0), (2, 1)]
+    rc, text = run("diagnose", loop)
+    assert text.startswith("CRITICAL startup-oom: ") and "history: earlier engine run" in text

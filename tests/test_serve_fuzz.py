@@ -59,6 +59,6 @@ def test_garbage_never_stops_the_sidecar(tmp_path):
         text = s.get("/metrics").text
         assert value(text, "vllm_running_sequences", engine="0") == 17.0  # still parsing real lines
         assert value(text, "vllm_doctor_source_up", source=str(log)) == 1.0
-        assert s.get("/").status_code == 200 and s.get("/api/state").status_code == 200
+        assert s.get("/").status_code == 200 and s.get("/api/state").status_code == 200 and s.get("/api/page").status_code == 200
         assert s.sidecar.follow_thread._thread.is_alive()
         print("pipeline errors:", s.sidecar.pipeline_errors)

@@ -95,3 +95,71 @@ def test_log_in_another_time_zone_and_metrics_share_one_clock(tmp_path):
             s.sidecar.evaluate()
             assert s.metric("vllm_doctor_finding_active", rule_id="VD001", name="preemption-storm",
                             severity="warning") == 1.0
+
+
+def shifted(data: bytes, last: float) -> bytes:
+    """``data`` with its vLLM timestamps moved as one, so that its newest line is at ``last``."""
+    import calendar
+    import re
+
+    ts_re = re.compile(rb"(INFO|WARNING|ERROR|DEBUG) (\d\d-\d\d \d\d:\d\d:\d\d)")
+    year = time.gmtime(last).tm_year
+
+    def epoch(b: bytes) -> float:
+        return calendar.timegm(time.strptime(f"{year}-{b.decode()}", "%Y-%m-%d %H:%M:%S"))
+
+    newest = max(epoch(m.group(2)) for m in ts_re.finditer(data))
+    return ts_re.sub(lambda m: m.group(1) + b" " + time.strftime(
+        "%m-%d %H:%M:%S", time.gmtime(epoch(m.group(2)) + last - newest)).encode(), data)
+
+
+def test_a_finding_clears_when_the_log_shows_the_load_stopped(tmp_path):
+    """The real vLLM 0.32 run: the KV cache full with requests waiting (09:11:19-09:11:49), then two
+    stats lines with nothing running or waiting (09:11:59, 09:12:09), then silence. Followed live,
+    kv-capacity-bound is over at the log's idle lines, not when its 5 min window ages out on the
+    wall clock, and its last seen is the last line that showed it (log clock), not the evaluation."""
+    demo = (Path(__file__).parent / "fixtures" / "logs" / "cpu-preemption-tiny-kv-cache.log").read_bytes()
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    now = time.time()
+    with live_sidecar({"logs": [str(log)]}) as s:
+        lines = shifted(demo, now - 1).split(b"\n")
+        busy, idle = b"\n".join(lines[:160]) + b"\n", b"\n".join(lines[160:])
+        with log.open("ab") as fh:  # the load, as vLLM wrote it: judged live, the finding is active
+            fh.write(busy)
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 160.0)
+        s.sidecar.evaluate()
+        f = {x["name"]: x for x in s.get("/api/findings").json()["findings"]}
+        assert s.sidecar.clock_status()["mode"] == "live" and f["kv-capacity-bound"]["active"]
+        with log.open("ab") as fh:  # the load stopped: nothing running or waiting
+            fh.write(idle)
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 235.0)
+        s.sidecar.evaluate()
+        f = {x["name"]: x for x in s.get("/api/findings").json()["findings"]}
+        kv = f["kv-capacity-bound"]
+        assert not kv["active"] and "VD004" not in s.get("/api/findings").json()["active"]
+        assert s.metric("vllm_doctor_finding_active", rule_id="VD004", name="kv-capacity-bound",
+                        severity="warning") == 0.0
+        assert kv["last_seen"] == max(e["ts"] for e in kv["evidence"]) <= now - 1 - 40  # 09:11:29 of 09:12:09
+
+
+def test_the_page_says_vllm_recovered_after_a_crash_before_its_restart(tmp_path):
+    """Real vLLM 0.32 lines followed live: an EngineDeadError, then vLLM started again and served
+    with no incident. The page opens with the recovery, not with the crash nor with "no incident"."""
+    logs = Path(__file__).parent / "fixtures" / "logs"
+    dead = (logs / "cpu-request-errors-then-enginecore-killed.log").read_bytes()
+    served = (logs / "cpu-basic-serve-and-load.log").read_bytes().replace(b"11-30 09:0", b"11-30 10:1")
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with live_sidecar({"logs": [str(log)]}) as s:
+        with log.open("ab") as fh:
+            fh.write(shifted(dead + served, time.time() - 1))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 817.0)
+        s.sidecar.evaluate()
+        assert s.sidecar.clock_status()["mode"] == "live"
+        assert s.get("/api/findings").json()["active"] == []
+        from html import unescape
+
+        page = unescape(s.get("/").text)
+        assert "Recovered: vLLM restarted at " in page and " after CRITICAL engine-dead (" in page
+        assert "healthy for 2 min since" in page

@@ -167,9 +167,10 @@ def test_page_escapes_log_text(tmp_path):
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
         assert "engine-dead" in page
         assert "http://" not in page and "https://" not in page  # no external assets
-        # facts read as in diagnose's report: thousands separators, on/off, ratios as percent, bytes in GiB
-        assert "<th>max_model_len</th><td class=\"num\">2,048</td>" in page
-        assert "<th>enable_prefix_caching</th><td class=\"num\">on</td>" in page
+        # facts read as in diagnose's report: in words with their unit, thousands separators, on/off
+        assert ('<th title="max_model_len">Longest request, prompt + output (max_model_len)</th>'
+                '<td class="num">2,048 tokens</td>') in page
+        assert '<th title="enable_prefix_caching">Prefix caching</th><td class="num">on</td>' in page
 
 
 def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
@@ -191,8 +192,9 @@ def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
     fixes = re.findall(r'<ul class="fixes">.*?</ul>', page, re.S)
     assert len(fixes) == 1
     assert '<li><code class="fix">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>' in fixes[0]
-    assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> <em>(option 2 of 2: pick one)</em>' in fixes[0]
-    assert "code.fix{white-space:nowrap}" in page
+    # the exact value to type, and its size in words next to it
+    assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> (16 MiB) <em>(option 2 of 2: pick one)</em>' in fixes[0]
+    assert "code.fix{white-space:nowrap;" in page
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "vllm.log").write_bytes(V1_RUN)       # the same name in the arithmetic's line reference
     report = to_html(diagnose([str(tmp_path / "d" / "vllm.log")]))

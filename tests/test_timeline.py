@@ -77,3 +77,18 @@ def test_spans_and_axis():
     assert chs[3].empty == "no preemption count over time in these inputs"
     assert "105 in total" in charts(snap, [], preemptions_total=105)[3].empty
     assert (nice_top(151), nice_top(14), nice_top(1252.3), nice_top(0)) == (200, 20, 2000, 1.0)
+
+
+def test_a_gap_in_the_data_breaks_the_chart_line(tmp_path):
+    # ten stats lines, an hour and five minutes without any, ten more: two lines, none drawn across the gap
+    p = tmp_path / "gap.log"
+    p.write_text("\n".join(stamped(i) for i in [*range(10), *range(400, 410)]) + "\n")
+    chs = {c.id: c for c in charts(diagnose([str(p)]).timeline)}
+    kv = [ln for ln in chs["kv"].lines if ln.name == "kv"]
+    assert [ln.n for ln in kv] == [10, 10]
+    assert max(float(xy.split(",")[0]) for xy in kv[0].points.split()) < min(
+        float(xy.split(",")[0]) for xy in kv[1].points.split())
+    # steady lines (one every 10 s, and a pause of five of them) draw one line
+    q = tmp_path / "steady.log"
+    q.write_text("\n".join(stamped(i) for i in [*range(10), *range(15, 25)]) + "\n")
+    assert [ln.n for ln in charts(diagnose([str(q)]).timeline)[0].lines] == [20]

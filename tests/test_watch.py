@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,12 @@ def test_one_frame_shows_state_gpu_and_findings(tmp_path):
         assert v in line, (label, line)
     assert "120.0/140.4 GiB (85%)" in out and "93.0%" in out
     # 014: 34 ran when vLLM preempted and the never-preempt bound is not below it: no --max-num-seqs fix
-    assert "VD001 preemption-storm (warning)" in out and "--gpu-memory-utilization 0.95" in out
+    assert "VD001 preemption-storm (warning, since " in out and "--gpu-memory-utilization 0.95" in out
+    # a clock, the verdict and the fixes as the sidecar's page gives them (relation, why, arithmetic)
+    head = out.splitlines()[0]
+    assert re.search(r"vllm-doctor watch  vLLM 0\.5\.0 \(v0\)  \d\d:\d\d:\d\d UTC  newest log line ", head), head
+    assert out.splitlines()[1].startswith("WARNING preemption-storm: ")
+    assert "--gpu-memory-utilization 0.95  (option 1 of 2: pick one)" in out and "how: min(0.9 + 0.05, 0.95) = 0.95" in out
     assert "--max-num-seqs" not in out
 
 
@@ -101,7 +107,7 @@ def test_long_old_log_shows_its_early_incident(tmp_path):
     assert watch(cfg, once=True, console=console) == 0
     out = console.export_text()
     assert "replay/old log" in out
-    assert "VD001 preemption-storm (warning, over before the log's end)" in out
+    assert "VD001 preemption-storm (warning, over before the log's end, seen " in out
 
 
 def test_watch_into_a_pipe_prints_each_frame_as_it_goes(tmp_path):
@@ -127,3 +133,37 @@ def test_watch_into_a_pipe_prints_each_frame_as_it_goes(tmp_path):
     text = out.read_text()
     assert text.count("vllm-doctor watch  vLLM 0.32.0 (v1)") >= 2, text[-2000:]   # frames while it runs
     assert "VD004 kv-capacity-bound" in text and "Traceback" not in text
+
+
+def test_a_missing_log_is_said_first_and_the_first_frame_is_judged(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_bytes(restamp((LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes()))
+    missing = tmp_path / "gone" / "vllm.log"
+    console = Console(record=True, width=300, color_system=None)
+    cfg = load_config({"logs": [str(log), str(missing)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, once=True, console=console) == 0
+    lines = console.export_text().splitlines()
+    assert lines[0] == f"log source {missing} is missing: file not found (no data since start)"
+    assert lines[1].startswith("vllm-doctor watch")
+
+
+def test_the_first_frame_of_the_live_view_holds_the_logs_finding(tmp_path, monkeypatch):
+    """The live view's first frame judges what was read: it never says "no active finding" for a
+    log that holds one (it did for 5-10 s, until the first evaluation)."""
+    import vllm_doctor.report.watch as w
+
+    log = tmp_path / "vllm.log"
+    log.write_bytes(restamp((LOGS / "014-v0.5.0-chunked-prefill-swap-preemption-storm-tqdm.log").read_bytes()))
+    console = Console(record=True, width=120, color_system=None, force_terminal=False)
+    frames = []
+
+    def sleep(_s):
+        frames.append(console.export_text(clear=True))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(w.time, "sleep", sleep)
+    cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
+                       "eval_interval": 3600}, env={})
+    assert watch(cfg, console=console) == 0
+    assert "VD001 preemption-storm (warning, since " in frames[0] and "no active finding" not in frames[0]

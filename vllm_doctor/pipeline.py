@@ -437,6 +437,12 @@ class Pipeline:
         """The diagnosis so far (the JSON schema of ``diagnose --format json``)."""
         st = self.state
         facts = st.facts()
+        timeline = st.timeline.snapshot()
+        # the current run served requests: a stats line (or /metrics sample) since it began with a
+        # request running or tokens generated (the server coming up is not serving)
+        served = st.run_started is not None and any(
+            p[0] is not None and p[0] >= st.run_started and ((p[2] or 0) > 0 or (p[5] or 0) > 0)
+            for pts in timeline["series"].values() for p in pts)
         return Report(
             vllm_version=st.vllm_version,
             vllm_version_source=st.version_source,
@@ -451,11 +457,13 @@ class Pipeline:
             unknown_flags=dict(st.unknown_flags),
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
-            timeline=st.timeline.snapshot(),
+            timeline=timeline,
             time_range=None if self.time_range == (None, None) else {
                 "since": self.time_range[0], "until": self.time_range[1],
                 "log_first_ts": self._first_ts, "log_last_ts": self._max_ts,
                 "events_in_range": self._in_range, "events_outside": self._out_of_range},
+            runs={"index": st.run_index, "started": st.run_started, "served": served,
+                  "log_last_ts": st.timeline.log_ts},
         )
 
 
@@ -481,6 +489,11 @@ class Report:
     # diagnose --since / --until on logs: the span (epoch s, log clock), the log's first and last
     # times, and how many events fell in it and outside it; None without a span
     time_range: dict | None = None
+    # the engine runs the logs show (a version banner or engine start after activity begins the
+    # next): ``index`` of the current one, when it ``started`` (epoch s), whether it ``served``
+    # (a stats line since then with a request running or tokens generated) and the newest log time ``log_last_ts``; None when the
+    # report is not read from logs. The verdict speaks of the current run (report.render.verdict).
+    runs: dict | None = None
 
     @property
     def nothing_in_range(self) -> bool:

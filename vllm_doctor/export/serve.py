@@ -48,6 +48,9 @@ from vllm_doctor.ingest.scrape import MetricsScraper
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
+#: Rule categories that judge the load (requests running, waiting, preempted): their findings are
+#: over when the log shows nothing running nor waiting after their evidence (Sidecar._clear_on_log_clock).
+LOAD_CATEGORIES = frozenset({"kv-cache", "latency", "scheduling"})
 ENV_PREFIX = "VLLM_DOCTOR_"
 
 
@@ -482,6 +485,8 @@ class Sidecar:
                 if self.replaying():  # the log's clock, even after evaluations on the wall clock
                     self.pipeline.state.now = now
                 out = self.pipeline.evaluate(now)
+                if not self.replaying():
+                    out = self.pipeline.active = self._clear_on_log_clock(out)
             except Exception:  # noqa: BLE001
                 self._pipeline_failed("rules")
                 return []
@@ -494,6 +499,34 @@ class Sidecar:
 
                 annotate(out, self.bench_result)
             return out
+
+    def _clear_on_log_clock(self, active: list) -> list:
+        """Findings about the load (LOAD_CATEGORIES: KV cache, latency, scheduling) are over when
+        the log shows the load stopped after their last evidence: the newest stats line of every
+        engine (or the newest /metrics sample) has no request running or waiting. Live, the rules
+        judge a window on the wall clock, which still holds the busy lines for minutes after the
+        load stopped; the log's own lines say it is over. Such a finding is cleared (for every
+        sink: the page, /api/findings, vllm_doctor_finding_active) and its last seen is its last
+        evidence line, on the log's clock. The occurrence continues if the load comes back."""
+        st = self.pipeline.state
+        latest = [x for x in st.last_stats_by_engine.values() if x.meta.ts is not None]
+        m = st.last_metrics
+        if m is not None and m.meta.ts is not None and m.num_running is not None and (
+                not latest or m.meta.ts > max(x.meta.ts for x in latest)):
+            latest = [m]
+        if not latest or any((x.num_running or 0) > 0 or (x.num_waiting or 0) > 0 for x in latest):
+            return active
+        quiet_since = min(x.meta.ts for x in latest)
+        keep = []
+        for f in active:
+            rule = self.pipeline.engine.ruleset.by_key(f.rule_id)
+            seen = [e.ts for e in f.evidence if e.ts is not None]
+            if rule is not None and rule.category in LOAD_CATEGORIES and seen and max(seen) < quiet_since:
+                f.active = False
+                f.last_seen = max(seen)
+            else:
+                keep.append(f)
+        return keep
 
     def _first_round(self) -> None:
         """In the follow thread: open each file where reading starts, checkpoint that point

@@ -11,7 +11,9 @@
 ``GET /api/findings``  the findings (active and cleared), the JSON of ``diagnose --format json``
 ``GET /api/state`` the whole report: ``Pipeline.report().to_dict()`` plus ``sources``
 ``GET /``          an HTML page (jinja2, autoescaped, no external assets): facts, live findings
-                   with their fixes, recent stats, sources
+                   with their fixes, recent stats, sources; it updates in place from
+``GET /api/page``  its live part as JSON (``html``: rendered and escaped as on ``/``), fetched by
+``GET /live.js``   the page's only script (a Content-Security-Policy allows no other)
 =================  ==========================================================================
 
 Everything taken from a log is escaped on the page: prompts are user input and reach logs.
@@ -127,27 +129,60 @@ def create_app(sidecar: Any, manage: bool = False) -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
-        """The HTML page (autoescaped)."""
-        from vllm_doctor.report.timeline import charts, finding_spans
+        """The HTML page (autoescaped). It updates its live part in place from /api/page
+        (live.js): no reload, so what the reader opened stays open."""
+        html = jinja_env().get_template("serve.html.j2").render(**page_context(sidecar))
+        return HTMLResponse(html, headers={"Content-Security-Policy": PAGE_CSP})
 
-        import dataclasses
+    @app.get("/api/page")
+    def page() -> JSONResponse:
+        """The page's live part (``#live``), rendered and escaped as on ``/``, for live.js."""
+        ctx = page_context(sidecar)
+        tmpl = jinja_env().get_template("serve.html.j2")
+        html = "".join(tmpl.blocks["live"](tmpl.new_context(ctx)))
+        return JSONResponse({"html": html, "generated": ctx["now"], "title": page_title(ctx["model"])})
 
-        from vllm_doctor.report.render import fmt_fact, verdict
-
-        d = state_dict(sidecar)
-        with sidecar.lock:
-            recent = list(sidecar.pipeline.state.stats)[-15:]
-            model = sidecar.pipeline.state.config_value("model")
-            rep = sidecar.pipeline.report()
-        # the page opens with what is wrong now (the active findings); on an old log, with what
-        # the log shows (every finding, as diagnose reports it)
-        v = verdict(rep if d["clock"]["mode"] == "replay" else
-                    dataclasses.replace(rep, findings=[f for f in rep.findings if f.active]))
-        chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"), live=True)
-        # the findings from the report the verdict reads, with their fixes as diagnose numbers them
-        html = jinja_env().get_template("serve.html.j2").render(
-            d=d, findings=rep.findings, recent=recent, model=model, version=__version__, charts=chs, fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact,
-            now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
-        return HTMLResponse(html)
+    @app.get("/live.js")
+    def live_js() -> Response:
+        """The page's only script (no inline script: the CSP allows this file alone)."""
+        return Response(LIVE_JS, media_type="text/javascript")
 
     return app
+
+
+#: The page runs this sidecar's live.js only, fetches only from it, loads nothing else: even
+#: text from a log that escaped the escaping could not run.
+PAGE_CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; "
+            "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
+REFRESH_SECONDS = 10
+
+
+def _live_js() -> str:
+    from importlib.resources import files
+
+    return files("vllm_doctor").joinpath("templates/live.js").read_text(encoding="utf-8")
+
+
+LIVE_JS = _live_js()
+
+
+def page_title(model: str | None) -> str:
+    return "vllm-doctor" + (f" · {model}" if model else "")
+
+
+def page_context(sidecar: Any) -> dict:
+    """What serve.html.j2 renders: the state, the verdict (of what is wrong now), the charts."""
+    from vllm_doctor.report.render import fmt_fact, fmt_span, live_verdict
+    from vllm_doctor.report.timeline import charts, finding_spans
+
+    d = state_dict(sidecar)
+    with sidecar.lock:
+        recent = list(sidecar.pipeline.state.stats)[-15:]
+        model = sidecar.pipeline.state.config_value("model")
+        rep = sidecar.pipeline.report()
+    v = live_verdict(rep, d["clock"]["mode"] == "replay")
+    chs = charts(d["timeline"], finding_spans(d["findings"]), d["facts"].get("preemptions_total"), live=True)
+    # the findings from the report the verdict reads, with their fixes as diagnose numbers them
+    return dict(d=d, findings=rep.findings, recent=recent, model=model, version=__version__, charts=chs,
+                fmt_dur=human_duration, when=fmt_time, verdict=v, fmt_fact=fmt_fact, span=fmt_span,
+                refresh_seconds=REFRESH_SECONDS, now=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))

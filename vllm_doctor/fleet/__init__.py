@@ -573,6 +573,8 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     replicas = [j[0] for j in judged]
     engines = [e for j in judged for e in j[1]]
     findings = [f for j in judged for f in j[2]]
+    timeline = fleet_timeline([(s.replica, j[3]) for s, j in zip(replicas, judged)],
+                              {s.replica for s in replicas if s.findings})
     fleet = FleetRuleEngine(fleet_rules, fleet_namespace(replicas, engines, reps, t, t_since, t_until,
                                                                  fleet_lat, step_s))
     fleet_findings = fleet.run(t_until)
@@ -586,6 +588,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
                   "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas)}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
         replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
+        timeline=timeline,
     )
     return FleetResult(report, replicas, engines, fleet_findings, time.monotonic() - started)
 
@@ -604,8 +607,51 @@ def _workers(n: int) -> int:
     return min(os.cpu_count() or 1, 4) if n >= 16 else 1
 
 
-def _judge(key: tuple) -> tuple[Summary, list[Summary], list[Finding]]:
-    """One replica through its pipeline: its summary, its engines' summaries, its findings."""
+#: A fleet of at most this many replicas is charted replica by replica; a larger one as the fleet's
+#: sum (KV cache usage: the mean) with its replicas that have a finding, at most FLEET_CHART_TROUBLED.
+FLEET_CHART_EACH = 6
+FLEET_CHART_TROUBLED = 5
+
+
+def fleet_timeline(snaps: list[tuple[str, dict]], troubled: set[str]) -> dict:
+    """The charts' series of a fleet (:func:`vllm_doctor.report.timeline.charts`), from each replica's
+    timeline (its SchedulerStats from the Prometheus series): keyed by replica name (``name engine
+    N`` for a data-parallel one's engines), or ``fleet`` for the sum of a large fleet."""
+    def each(name: str, snap: dict) -> dict[str, list]:
+        ser = {k: v for k, v in (snap.get("series") or {}).items() if v}
+        return {name if len(ser) == 1 else f"{name} engine {k}": v for k, v in ser.items()}
+
+    series: dict[str, list] = {}
+    if len(snaps) <= FLEET_CHART_EACH:
+        for name, snap in snaps:
+            series.update(each(name, snap))
+    else:
+        acc: dict[float, list] = {}
+        for _, snap in snaps:
+            for pts in (snap.get("series") or {}).values():
+                for p in pts:
+                    if p[0] is None:
+                        continue
+                    a = acc.setdefault(p[0], [0.0, 0, None, None, None, None, None])
+                    if p[1] is not None:
+                        a[0] += p[1]
+                        a[1] += 1
+                    for i in range(2, 7):
+                        if p[i] is not None:
+                            a[i] = (a[i] or 0) + p[i]
+        series[f"fleet ({len(snaps)} replicas)"] = [
+            [ts, (a[0] / a[1]) if a[1] else None, *a[2:]] for ts, a in sorted(acc.items())]
+        for name, snap in snaps:
+            if name in troubled and len(series) <= FLEET_CHART_TROUBLED:
+                series.update(each(name, snap))
+    from vllm_doctor.report.timeline import FIELDS
+
+    return {"fields": list(FIELDS), "series": series, "stride": {k: 1 for k in series}}
+
+
+def _judge(key: tuple) -> tuple[Summary, list[Summary], list[Finding], dict]:
+    """One replica through its pipeline: its summary, its engines' summaries, its findings, its
+    timeline (the charts' series)."""
     reps, ruleset, since, step, prefilter = _JOB
     rep = reps[key]
     t = ruleset.thresholds
@@ -614,7 +660,8 @@ def _judge(key: tuple) -> tuple[Summary, list[Summary], list[Finding]]:
         if rid not in pipe.engine.findings:
             pipe.engine.findings[rid] = _sidecar_finding(ruleset, rid, labels, first, last)
     engines = [summarize(rep, e, t, None) for e in sorted(rep.engines)] if len(rep.engines) > 1 else []
-    return summarize(rep, None, t, pipe), engines, [_scoped(f, rep.name) for f in pipe.engine.findings.values()]
+    return (summarize(rep, None, t, pipe), engines, [_scoped(f, rep.name) for f in pipe.engine.findings.values()],
+            pipe.state.timeline.snapshot())
 
 
 def replica_row(s: Summary) -> dict:

@@ -105,9 +105,14 @@ def html_page(result: dict) -> str:
     head = ("<tr><th>concurrency</th><th>completed</th><th>output tokens/s</th><th>requests/s</th>"
             "<th>TTFT p99 ms</th><th>TPOT mean ms</th><th>E2E p99 ms</th><th>preemptions</th>"
             "<th>max KV usage</th><th>max running</th><th>max waiting</th></tr>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>vllm-doctor bench ladder</title>"
+    # the chart scales down to the screen (its width/height attributes are only its largest size), the
+    # table scrolls in its own box: nothing is cut off nor widens the page on a phone (480 px)
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'><title>vllm-doctor bench ladder</title>"
             "<style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+            "svg.ladder-chart{max-width:100%;height:auto;display:block}.scroll{overflow-x:auto;max-width:100%}"
+            "code{overflow-wrap:anywhere}@media (max-width:600px){body{margin:8px}}</style></head><body>"
             f"<h1>vllm-doctor bench ladder</h1><p>{escape(str(result.get('url', '')))} · model "
             f"{escape(str(result.get('model', '')))}</p>{rec_html}{ladder_svg(result)}"
-            f"<table>{head}{''.join(rows)}</table></body></html>")
+            f"<div class='scroll'><table>{head}{''.join(rows)}</table></div></body></html>")

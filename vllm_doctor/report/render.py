@@ -39,6 +39,77 @@ def fmt_fact(name: str, v: object) -> str:
     return str(v)
 
 
+#: Each fact in words, with vLLM's own name where it is a setting or a figure vLLM prints, and the
+#: unit its value is counted in (None: the value carries its own: %, bytes, on/off).
+FACT_WORDS: dict[str, tuple[str, str | None]] = {
+    "kv_cache_tokens": ("KV cache size", "tokens"),
+    "num_gpu_blocks": ("KV cache blocks on the GPU (num_gpu_blocks)", "blocks"),
+    "num_cpu_blocks": ("CPU swap blocks (num_cpu_blocks)", "blocks"),
+    "block_size": ("KV cache block size (block_size)", "tokens"),
+    "max_concurrency": ("Requests of max_model_len the KV cache holds at once", "requests"),
+    "max_model_len": ("Longest request, prompt + output (max_model_len)", "tokens"),
+    "max_num_seqs": ("Most requests running at once (max_num_seqs)", "requests"),
+    "max_num_batched_tokens": ("Tokens per scheduler step (max_num_batched_tokens)", "tokens"),
+    "gpu_memory_utilization": ("Share of GPU memory vLLM may use (gpu_memory_utilization)", None),
+    "device_total_memory_bytes": ("GPU memory", None),
+    "model_weights_bytes": ("Model weights", None),
+    "kv_cache_memory_bytes": ("KV cache memory", None),
+    "available_kv_cache_bytes": ("Memory available for the KV cache", None),
+    "tensor_parallel_size": ("Tensor parallel size (GPUs per replica)", "GPUs"),
+    "kv_cache_dtype": ("KV cache data type (kv_cache_dtype)", None),
+    "enable_chunked_prefill": ("Chunked prefill", None),
+    "enable_prefix_caching": ("Prefix caching", None),
+    "preemptions_total": ("Preemptions counted", "preemptions"),
+    "peak_num_running": ("Most requests running", "requests"),
+    "peak_num_waiting": ("Most requests waiting", "requests"),
+    "peak_kv_cache_usage_ratio": ("Highest KV cache usage", None),
+    "kv_device": ("KV cache device", None),
+    "cpu_offload_kv_tokens": ("KV cache offloaded to CPU", "tokens"),
+    "preemptions_inferred": ("Preemptions inferred from the stats lines", None),
+    "oom_events_total": ("Out-of-memory errors", "errors"),
+    "quantization": ("Quantization", None),
+    "swap_space": ("CPU swap space per GPU (swap_space)", "GiB"),
+    "workers_seen": ("Worker processes seen", "processes"),
+}
+
+
+def fact_words(name: str) -> str:
+    """A fact's name as a person reads it: ``Longest request, prompt + output (max_model_len)``."""
+    return FACT_WORDS.get(name, (name.replace("_", " "), None))[0]
+
+
+def fact_value(name: str, v: object) -> str:
+    """A fact's value with its unit: ``4,096 tokens``, ``95.0%``, ``14.96 GiB``, ``on``."""
+    text = f"{int(v):,}" if isinstance(v, float) and v.is_integer() and not name.endswith(("_ratio", "_bytes")) \
+        else fmt_fact(name, v)
+    unit = FACT_WORDS.get(name, ("", None))[1]
+    if unit and v is not None and not isinstance(v, bool) and isinstance(v, (int, float)):
+        if v == 1:
+            unit = {"processes": "process"}.get(unit, unit[:-1] if unit.endswith("s") else unit)
+        return f"{text} {unit}"
+    return text
+
+
+def fix_size(fx: object) -> str:
+    """A flag counted in bytes, in the unit a person reads (``16 MiB``), to show next to the exact
+    value (``--kv-cache-memory-bytes 16777216 (16 MiB)``); '' for any other fix."""
+    flag, value = getattr(fx, "flag", ""), getattr(fx, "value", None)
+    if getattr(fx, "kind", "flag") in ("env", "upgrade") or not str(flag).endswith("-bytes"):
+        return ""
+    try:
+        n = float(str(value).replace(",", "").replace("_", ""))
+    except ValueError:
+        return ""
+    hb = human_bytes(n) or ""
+    return hb.replace(".00 ", " ") if n >= 1024 else ""
+
+
+def fix_command(fx: object) -> str:
+    """The command as typed, with a byte value's size in words after it."""
+    size = fix_size(fx)
+    return fx.command() + (f" ({size})" if size else "")  # type: ignore[attr-defined]
+
+
 def fmt_time(ts: float | None) -> str:
     if ts is None:
         return "-"
@@ -72,6 +143,40 @@ def replica_cells(row: dict) -> list[str]:
         else:
             out.append(str(v))
     return out
+
+
+def finding_cards(rep: Report) -> list[dict]:
+    """The findings as the reader meets them: one card per finding, and in a fleet report one card
+    per finding across replicas (``replicas``: the replicas it holds on, each with its own message;
+    the card shows the first, most severe). ``history``: why an occurrence is not the current state
+    (an earlier run, before vLLM restarted; or an earlier occurrence of an incident seen again)."""
+    runs = rep.runs or {}
+    cur_run = runs.get("index") or 0
+    latest: dict[str, int] = {}
+    for f in rep.findings:
+        latest[f.rule_id] = max(latest.get(f.rule_id, 0), getattr(f, "occurrence", 1))
+    cards: list[dict] = []
+    by_key: dict[tuple, dict] = {}
+    for f in rep.findings:
+        replica = (f.values or {}).get("replica")
+        if replica is not None:
+            key = (f.rule_id, f.name, f.severity)
+            card = by_key.get(key)
+            prefix = f"{replica}: "
+            if card is None:
+                card = by_key[key] = {"f": f, "title": f.title[len(prefix):] if f.title.startswith(prefix) else f.title,
+                                      "replicas": [], "history": None}
+                cards.append(card)
+            card["replicas"].append({"name": str(replica), "message": f.message, "seen": fmt_span(f.first_seen, f.last_seen)})
+            continue
+        history = None
+        if getattr(f, "run", 0) < cur_run:
+            history = (f"earlier engine run: vLLM restarted after it (at {fmt_time(runs.get('started'))})"
+                       if runs.get("started") is not None else "earlier engine run: vLLM restarted after it")
+        elif getattr(f, "occurrence", 1) < latest[f.rule_id]:
+            history = f"earlier occurrence {f.occurrence} of {latest[f.rule_id]}: the incident was seen again later"
+        cards.append({"f": f, "title": f.title, "replicas": [], "history": history})
+    return cards
 
 
 def to_json(rep: Report) -> str:
@@ -109,25 +214,86 @@ def verdict(rep: Report) -> dict:
                 + (f" in {plural(lines, 'line')}" if lines else "")
                 + (f" of vLLM {rep.vllm_version}" if rep.vllm_version else "") + ".",
                 "first": None, "why": None, "more": []}
-    top = rep.findings[0]  # findings are sorted most severe first
+    current, history, recovered = now_and_history(rep)
+    if recovered is not None:
+        return recovered
+    top = current[0]  # the most severe incident of the current run, its latest occurrence
     when = fmt_span(top.first_seen, top.last_seen)
-    more = [f.name for f in rep.findings[1:]]
-    head = f"{SEV_MARK[top.severity]} {top.name}: {top.title}" + (f" ({when})" if when else "")
+    more = list(dict.fromkeys(f.name for f in current if f.name != top.name))
+    title = top.title
+    reps = [str(f.values["replica"]) for f in current if f.name == top.name and (f.values or {}).get("replica")]
+    if reps:  # the fleet: one incident across replicas, named once with its replicas
+        prefix = f"{reps[0]}: "
+        title = f"on {plural(len(reps), 'replica')} ({', '.join(reps[:4])}{', ...' if len(reps) > 4 else ''}): " + (
+            title[len(prefix):] if title.startswith(prefix) else title)
+    head = f"{SEV_MARK[top.severity]} {top.name} {title}" if reps else f"{SEV_MARK[top.severity]} {top.name}: {title}"
+    head += f" ({when})" if when else ""
     if more:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
+    if history:
+        head += f"; earlier: {', '.join(dict.fromkeys(f.name for f in history))} (before a restart)"
+    runs = rep.runs or {}
+    if getattr(top, "run", 0) < (runs.get("index") or 0) and runs.get("started") is not None:
+        head += f"; vLLM restarted at {fmt_time(runs['started'])} and has not served yet"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
-    if top.fixes:
-        parts, why = first_step_parts(top.fixes), top.fixes[0].why
+    # a fix two occurrences share is listed under the first: the verdict's step is the incident's
+    fixes = top.fixes or next((f.fixes for f in rep.findings if f.name == top.name and f.fixes), [])
+    if fixes:
+        parts, why = first_step_parts(fixes), fixes[0].why
     elif checks:
         parts, why = [(checks[0], "")], None
     else:
         parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
-    first = ", then ".join(f"{p} {c}".strip() for p, c in parts)
+    size = ", ".join(f"{fx.flag} {fix_size(fx)}" for fx in fixes if fix_size(fx)
+                     and fx.option == fixes[0].option) if fixes and hasattr(fixes[0], "option") else ""
+    first = ", then ".join(f"{p} {c}".strip() for p, c in parts) + (f" ({size})" if size else "")
     # first: the whole step in words (text); first_parts: [words, what to type] for formats that
-    # set the typed part as code (markdown, html)
+    # set the typed part as code (markdown, html); first_size: a byte value's size in words
     return {"status": top.severity, "headline": head, "first": first, "first_parts": parts, "why": why,
-            "more": more}
+            "more": more, "first_size": size, "current": top}
+
+
+def live_verdict(rep: Report, replay: bool) -> dict:
+    """The verdict of the sidecar's page and ``watch``: of what is wrong now (the active findings,
+    and those of engine runs before a restart, so that a recovery is said as one); on an old or
+    replayed log, of what the log shows (every finding, as diagnose reports it)."""
+    import dataclasses
+
+    cur_run = (rep.runs or {}).get("index") or 0
+    return verdict(rep if replay else dataclasses.replace(
+        rep, findings=[f for f in rep.findings if f.active or getattr(f, "run", 0) < cur_run]))
+
+
+def now_and_history(rep: Report) -> tuple[list, list, dict | None]:
+    """(current, history, recovered): the findings of the current engine run, most severe first and
+    of one incident its latest occurrence first; those of earlier runs (before vLLM restarted); and,
+    when the current run has served with no finding of its own after an earlier run's incident, the
+    verdict that says so ("recovered at 10:14; healthy for 58 min"), else None."""
+    sev = {"critical": 2, "warning": 1, "info": 0}
+    runs = rep.runs or {}
+    cur_run = runs.get("index") or 0
+    now = [f for f in rep.findings if getattr(f, "run", 0) >= cur_run]
+    past = [f for f in rep.findings if getattr(f, "run", 0) < cur_run]
+    latest = sorted(now, key=lambda f: (-sev[f.severity], f.rule_id, -getattr(f, "occurrence", 1)))
+    if latest or not past:
+        return latest, past, None
+    worst = sorted(past, key=lambda f: (-sev[f.severity], -(f.last_seen or 0.0)))[0]
+    started, end = runs.get("started"), runs.get("log_last_ts")
+    if not runs.get("served") or started is None:  # restarted, not serving yet: the last incident stands
+        return sorted(past, key=lambda f: (-sev[f.severity], f.rule_id, -getattr(f, "occurrence", 1))), [], None
+    was = f"{SEV_MARK[worst.severity]} {worst.name}" + (
+        f" ({fmt_span(worst.first_seen, worst.last_seen)})" if worst.first_seen else "")
+    healthy = f"; healthy for {_ago(end - started)} since, to the newest log line ({fmt_time(end)})" if (
+        end is not None and end > started) else ""
+    head = f"Recovered: vLLM restarted at {fmt_time(started)} after {was} and has served with no finding{healthy}."
+    fixes = next((f.fixes for f in rep.findings if f.name == worst.name and f.fixes), [])
+    parts = first_step_parts(fixes) if fixes else []
+    return [], past, {
+        "status": "ok", "headline": head, "recovered": True, "current": None,
+        "first": ", then ".join(f"{p} {c}".strip() for p, c in parts) or None, "first_parts": parts,
+        "first_label": "Against a repeat", "why": fixes[0].why if fixes else None, "first_size": "",
+        "more": [f.name for f in past]}
 
 
 def _ago(seconds: float) -> str:
@@ -221,27 +387,42 @@ def to_text(rep: Report, color: bool = False) -> str:
     v = verdict(rep)
     lines = [c(sev_col[v["status"]], v["headline"])]
     if v["first"]:
-        lines.append(c("1", "Do this first: ") + v["first"] + (f"  ({v['why']})" if v["why"] else ""))
+        lines.append(c("1", f"{v.get('first_label', 'Do this first')}: ") + v["first"] + (f"  ({v['why']})" if v["why"] else ""))
     src = ", ".join(f"{s['name']} ({plural(s['lines_total'], 'line')})" for s in rep.sources)
     lines.append(f"Read {src}; {version_line(rep)}")
     if nothing_judged(rep):
         return "\n".join(lines) + "\n"
-    if rep.findings:
+    cards = finding_cards(rep)
+    if rep.replicas:  # the fleet: the replica table first, then one finding across replicas
         lines.append("")
-        lines.append(c("1", f"Findings ({len(rep.findings)})"))
-    for f in rep.findings:
+        lines.append(c("1", f"Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})"))
+        rows = [[h for _, h in REPLICA_COLUMNS]] + [replica_cells(r) for r in rep.replicas]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(REPLICA_COLUMNS) - 1)]
+        for r in rows:
+            lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
+    if cards:
         lines.append("")
-        lines.append(c(sev_col[f.severity], f"{SEV_MARK[f.severity]} {f.rule_id} {f.name}") + f": {f.title}")
+        lines.append(c("1", f"Findings ({len(cards)})"))
+    for card in cards:
+        f = card["f"]
+        lines.append("")
+        lines.append(c(sev_col[f.severity], f"{SEV_MARK[f.severity]} {f.rule_id} {f.name}") + f": {card['title']}")
+        if card["history"]:
+            lines.append(f"  history: {card['history']}")
+        if card["replicas"]:
+            lines.append(f"  on {plural(len(card['replicas']), 'replica')}: " + ", ".join(r["name"] for r in card["replicas"]))
         when = fmt_span(f.first_seen, f.last_seen)
-        if when:
+        if when and not card["replicas"]:
             lines.append(f"  seen {when}")
         for ln in f.message.splitlines():
             lines.append(f"  {ln}")
+        for r in card["replicas"][1:]:
+            lines.append(f"  {r['name']}" + (f" (seen {r['seen']})" if r["seen"] else "") + f": {r['message']}")
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
                 label = fix_label(fx, f.fixes)
-                lines.append(f"    {fx.command()}" + (f"   ({label})" if label else ""))
+                lines.append(f"    {fix_command(fx)}" + (f"   ({label})" if label else ""))
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
                     lines.append(f"        how: {fx.arithmetic}")
@@ -257,23 +438,17 @@ def to_text(rep: Report, color: bool = False) -> str:
                 lines.append(f"    {e.source}:{rng}: {text}")
         if f.rule_id != RULE_ERROR_ID:  # the finding about vllm-doctor itself has no rule to explain
             lines.append(f"  More: vllm-doctor explain {f.name}")
-    if rep.replicas:
-        lines.append("")
-        lines.append(c("1", f"Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})"))
-        rows = [[h for _, h in REPLICA_COLUMNS]] + [replica_cells(r) for r in rep.replicas]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(REPLICA_COLUMNS) - 1)]
-        for r in rows:
-            lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
     seen, dflt = split_facts(rep)
     if seen:
         lines.append("")
         lines.append(c("1", "Facts (from the inputs)"))
+        width = max(len(fact_words(k)) for k, _ in seen)
         for k, val in seen:
-            lines.append(f"  {k:<32} {fmt_fact(k, val)}")
+            lines.append(f"  {fact_words(k):<{width}}  {fact_value(k, val)}")
     if dflt:
         lines.append("")
         lines.append(c("2", "Version defaults (not in the inputs): "
-                       + ", ".join(f"{k} {fmt_fact(k, val)}" for k, val in dflt)))
+                       + ", ".join(f"{fact_words(k)} {fact_value(k, val)}" for k, val in dflt)))
     if rep.unknown_flags:
         lines.append("")
         for k, val in rep.unknown_flags.items():
@@ -291,25 +466,40 @@ def to_markdown(rep: Report) -> str:
     out = ["# vllm-doctor report", "", f"**{_md(v['headline'])}**", ""]
     if v["first"]:
         step = ", then ".join(_md(p) + (f" `{c}`" if c else "") for p, c in v["first_parts"])
-        out += [f"**Do this first:** {step}" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
+        step += f" ({v['first_size']})" if v.get("first_size") else ""
+        out += [f"**{v.get('first_label', 'Do this first')}:** {step}" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
     out += [f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
             "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
     if nothing_judged(rep):
         return "\n".join(out) + "\n"
-    if rep.findings:
-        out += [f"## Findings ({len(rep.findings)})", ""]
-    for f in rep.findings:
-        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {f.title}", ""]
+    cards = finding_cards(rep)
+    if rep.replicas:  # the fleet: the replica table first
+        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
+                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
+        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
+        out.append("")
+    if cards:
+        out += [f"## Findings ({len(cards)})", ""]
+    for card in cards:
+        f = card["f"]
+        out += [f"### {f.severity.upper()} {f.rule_id} `{f.name}`: {_md(card['title'])}", ""]
+        if card["history"]:
+            out += [f"_History: {card['history']}._", ""]
+        if card["replicas"]:
+            out += [f"**On {plural(len(card['replicas']), 'replica')}:** "
+                    + ", ".join(f"`{r['name']}`" for r in card["replicas"]), ""]
         when = fmt_span(f.first_seen, f.last_seen)
-        if when:
+        if when and not card["replicas"]:
             out += [f"_seen {when}_", ""]
         out += [_md(f.message).replace("\n", "  \n"), ""]
+        out += [f"- `{r['name']}`: {_md(r['message'])}" for r in card["replicas"][1:]] + ([""] if card["replicas"][1:] else [])
         if f.fixes:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
                 label = fix_label(fx, f.fixes)
-                out.append(f"- `{fx.command()}`{' (' + label + ')' if label else ''}: {_md(fx.why)}"
+                size = f" ({fix_size(fx)})" if fix_size(fx) else ""
+                out.append(f"- `{fx.command()}`{size}{' (' + label + ')' if label else ''}: {_md(fx.why)}"
                            + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
         for n in f.checks:
@@ -324,20 +514,15 @@ def to_markdown(rep: Report) -> str:
                 out.append(f"{e.source}:{e.lineno}: {e.text[:200]}".replace("```", "'''"))
             out.append("```")
             out.append("")
-    if rep.replicas:
-        out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
-                "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
-        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
-        out.append("")
     seen, dflt = split_facts(rep)
     if seen:
         out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]
-        out += [f"| `{k}` | {fmt_fact(k, val)} |" for k, val in seen]
+        out += [f"| {fact_words(k)} | {fact_value(k, val)} |" for k, val in seen]
         out.append("")
     if dflt:
         out += ["<details><summary>Version defaults (not in the inputs)</summary>", "",
                 "| fact | default |", "|---|---|"]
-        out += [f"| `{k}` | {fmt_fact(k, val)} |" for k, val in dflt]
+        out += [f"| {fact_words(k)} | {fact_value(k, val)} |" for k, val in dflt]
         out += ["", "</details>", ""]
     return "\n".join(out) + "\n"
 
@@ -354,6 +539,9 @@ def jinja_env() -> Environment:
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
         _env.globals["fix_label"] = fix_label
+        _env.globals["fix_size"] = fix_size
+        _env.globals["fact_words"] = fact_words
+        _env.globals["fact_value"] = fact_value
     return _env
 
 
@@ -363,8 +551,11 @@ def to_html(rep: Report) -> str:
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(
         rep=rep, verdict=verdict(rep), stop=nothing_judged(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
-        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")),
-        replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas])
+        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total"),
+                                                      # the fleet's series are keyed by replica name
+                                                      names={k: k for k in (rep.timeline or {}).get("series", {})} if rep.replicas else None),
+        replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas],
+        cards=finding_cards(rep))
 
 
 FORMATS = {"text": to_text, "json": to_json, "markdown": to_markdown, "html": to_html}

@@ -216,12 +216,30 @@ CHARTS = (
 )
 
 
+#: A pause between two samples longer than this many times their usual spacing (and than
+#: GAP_MIN_SECONDS) is a gap in the data: the chart's line breaks there.
+GAP_FACTOR = 5.0
+GAP_MIN_SECONDS = 60.0
+
+
+def gap_seconds(pts: list[list]) -> float | None:
+    """The pause between two points of a series that counts as a gap (no data): GAP_FACTOR times
+    the median spacing of its points, at least GAP_MIN_SECONDS; None with fewer than 3 points."""
+    ts = [p[0] for p in pts if p[0] is not None]
+    steps = sorted(b - a for a, b in zip(ts, ts[1:]) if b >= a)
+    if len(steps) < 2:
+        return None
+    return max(GAP_FACTOR * steps[len(steps) // 2], GAP_MIN_SECONDS)
+
+
 def charts(snapshot: dict | None, spans: list[dict] | None = None,
-           preemptions_total: int | None = None, live: bool = False) -> list[Chart]:
+           preemptions_total: int | None = None, live: bool = False,
+           names: dict[str, str] | None = None) -> list[Chart]:
     """The four charts of a :meth:`Timeline.snapshot`; ``spans``: ``{"first_seen", "last_seen",
     "severity", "label"}`` of each finding, shaded where they fall in the charted time;
     ``preemptions_total``: the total, said when no interval count can be charted; ``live``: the
-    sidecar's page (data may still come), not a report of inputs read to their end."""
+    sidecar's page (data may still come), not a report of inputs read to their end; ``names``: a
+    legend name per series key (the fleet report's replicas), instead of ``engine N``."""
     series = (snapshot or {}).get("series") or {}
     series = {k: v for k, v in series.items() if v}
     allpts = [p for pts in series.values() for p in pts]
@@ -279,15 +297,28 @@ def charts(snapshot: dict | None, spans: list[dict] | None = None,
         ch.yticks = [(MT + ph, "0"), (MT + ph / 2, _fmt_num(top / 2)), (MT, _fmt_num(top))]
         ci = 0
         for eng, pts in series.items():
+            gap = gap_seconds(pts) if by_time else None
             for name, idx, label, scale in defs:
-                coords = [f"{xof(i, p):.1f},{MT + ph - (p[idx] * scale) / top * ph:.1f}"
-                          for i, p in enumerate(pts) if p[idx] is not None]
-                if not coords:
+                kept = [(i, p) for i, p in enumerate(pts) if p[idx] is not None]
+                if not kept:
                     continue
-                elabel = "" if not multi else (" (/metrics)" if eng == METRICS_SERIES else f" (engine {eng or '?'})")
-                ch.lines.append(Line(name=name, label=label + elabel, engine=eng,
-                                     color=PALETTE[ci % len(PALETTE)], points=" ".join(coords), n=len(coords),
-                                     markers=[tuple(c.split(",")) for c in coords] if len(coords) <= MARKERS_UP_TO else []))
+                elabel = "" if not multi else (" (/metrics)" if eng == METRICS_SERIES else
+                                                f" ({(names or {}).get(eng) or 'engine ' + (eng or '?')})")
+                color = PALETTE[ci % len(PALETTE)]
+                # one polyline per stretch of data: no straight line across a gap with no sample
+                segments: list[list[str]] = []
+                last_ts = None
+                for i, p in kept:
+                    if not segments or (gap is not None and last_ts is not None and p[0] - last_ts > gap):
+                        segments.append([])
+                    segments[-1].append(f"{xof(i, p):.1f},{MT + ph - (p[idx] * scale) / top * ph:.1f}")
+                    last_ts = p[0]
+                n_all = len(kept)
+                for seg in segments:
+                    ch.lines.append(Line(name=name, label=label + elabel, engine=eng, color=color,
+                                         points=" ".join(seg), n=len(seg),
+                                         markers=[tuple(c.split(",")) for c in seg]
+                                         if n_all <= MARKERS_UP_TO or len(seg) == 1 else []))
                 ci += 1
         out.append(ch)
     return out

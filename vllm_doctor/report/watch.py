@@ -17,7 +17,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from vllm_doctor.export.serve import ServeConfig, Sidecar
+from vllm_doctor.diagnosis.advice import fix_label
+from vllm_doctor.export.serve import ServeConfig, Sidecar, human_duration
+from vllm_doctor.report.render import fix_command, fmt_span, fmt_time, live_verdict
 
 GiB = float(1 << 30)
 
@@ -51,10 +53,15 @@ class WatchView:
             inferred = bool(facts.get("preemptions_inferred"))
             gpus = [g for _, g in sorted(st.gpus.items())]
             clock = sc.clock_status()
-            # live: what is wrong now; an old log: everything it shows, as diagnose reports it
-            active = [f for f in sc.pipeline.engine.findings.values() if f.active or clock["mode"] == "replay"]
+            # the findings and fixes of the sidecar's page: the report's (a fix two findings share
+            # listed once, options numbered); live: what is wrong now; an old log: all it shows
+            rep = sc.pipeline.report()
+            replay = clock["mode"] == "replay"
+            active = [f for f in rep.findings if f.active or replay]
+            v = live_verdict(rep, replay)
             model = st.config_value("model")
             version, engine = st.vllm_version, st.engine
+            judged = sc.evaluations > 0
         now = time.monotonic()
         delta = None
         if self._prev is not None and preempt is not None:
@@ -65,8 +72,28 @@ class WatchView:
             v = getattr(m, mf, None) if m is not None else None
             return v if v is not None else (getattr(stats, sf, None) if stats is not None else None)
 
+        wall = time.time()
+        log_at = clock.get("log_time")
         head = Text.assemble(("vllm-doctor watch", "bold"), "  vLLM ", version or "?",
-                             f" ({engine})" if engine else "", f"  model {model}" if model else "")
+                             f" ({engine})" if engine else "", f"  model {model}" if model else "",
+                             "  ", (time.strftime("%H:%M:%S UTC", time.gmtime(wall)), "bold"),
+                             f"  newest log line {fmt_time(log_at)} ({human_duration(clock['behind_seconds'] or 0.0)} "
+                             "behind when read)" if log_at is not None else "  no log time yet")
+        parts: list[Any] = []
+        for s in sc.source_status():  # a missing or unreadable source first: what follows leaves it out
+            if not s["up"]:
+                parts.append(Text(f"{s['kind']} source {s['source']} is "
+                                  f"{'missing' if s['detail'] == 'file not found' else 'down'}"
+                                  + (f": {s['detail']}" if s["detail"] else "")
+                                  + (f" (last data {human_duration(s['age_seconds'])} ago)" if s["age_seconds"] is not None
+                                     else " (no data since start)"), style="bold red"))
+        parts.append(head)
+        vstyle = {"critical": "bold red", "warning": "bold yellow", "ok": "bold green"}.get(v["status"], "bold")
+        verdict_text = Text(v["headline"] if judged else "judging the log read so far ...", style=vstyle)
+        if judged and v["first"]:
+            verdict_text.append(f"\n{v.get('first_label', 'Do this first')}: ", style="bold")
+            verdict_text.append(v["first"])
+        parts.append(verdict_text)
         ttft = sc.scraper.ttft_quantiles if sc.scraper is not None else {}
         if preempt is None:
             pre = "unknown" + (", inferred from stats" if inferred else "")
@@ -87,7 +114,7 @@ class WatchView:
                   "TTFT p50 / p99",
                   f"{ttft['0.5']:.2f} s / {ttft['0.99']:.2f} s" if "0.5" in ttft and "0.99" in ttft else "-")
         t.add_row("preemptions", pre, "", "")
-        parts: list[Any] = [head, t]
+        parts.append(t)
         if gpus:
             g = Table(show_header=True, header_style="bold")
             for c in ("gpu", "model", "memory", "util", "power", "temp"):
@@ -103,14 +130,24 @@ class WatchView:
         if active:
             for f in active:
                 body = Text(f.message)
-                for x in f.fixes:
-                    body.append(f"\n  {x.flag} {x.value}", style="bold")
-                    body.append(f"  {x.why}")
+                for x in f.fixes:  # as the page lists them: the command, its relation, why, the arithmetic
+                    label = fix_label(x, f.fixes)
+                    body.append(f"\n  {fix_command(x)}", style="bold")
+                    body.append((f"  ({label})" if label else "") + f"\n      why: {x.why}")
+                    if x.arithmetic:
+                        body.append(f"\n      how: {x.arithmetic}", style="dim")
+                for n in f.checks:
+                    body.append(f"\n  check: {n}")
                 style = {"critical": "red", "warning": "yellow"}.get(f.severity, "blue")
                 over = "" if f.active else ", over before the log's end"
-                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity}{over})"),
+                when = ""
+                if f.first_seen is not None:
+                    end = f.last_seen if f.last_seen is not None else f.first_seen
+                    when = f", {'since' if f.active else 'seen'} {fmt_span(f.first_seen, None if f.active else end)}" + (
+                        f", {human_duration(end - f.first_seen)}" if end > f.first_seen else "")
+                parts.append(Panel(body, title=Text(f"{f.rule_id} {f.name} ({f.severity}{over}{when})"),
                                    border_style=style, expand=False))
-        else:
+        elif judged:
             parts.append(Text("no finding" if clock["mode"] == "replay" else "no active finding", style="green"))
         if clock["mode"] == "replay":
             parts.append(Text(clock["message"], style="bold yellow"))
@@ -142,6 +179,7 @@ def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
             sc.evaluate()
             console.print(view.frame())
             return 0
+        sc.evaluate()  # the first frame judges what the first read brought (not "no active finding")
         if not console.is_terminal:   # a pipe or a file: Live would write nothing until it stops
             while True:
                 sc.evaluate()

@@ -554,10 +554,12 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     t = ruleset.thresholds
     with PrometheusClient(url, headers=headers, bearer_token=bearer_token) as client:
         reps, fleet_lat = fetch(client, sel, t_since, t_until, step_s, t)
+        warnings = list(client.warnings)
     if not reps:
         raise InputError(f"no vLLM series ({V.num_requests_running}, ...) nor sidecar series match "
                          f"{{{sel}}} between {time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_since))} and "
-                         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_until))} UTC")
+                         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_until))} UTC"
+                         + (f" (the query API warned: {warnings[0]})" if warnings else ""))
     global _JOB
     _JOB = (reps, ruleset, t_since, step_s, prefilter)
     keys = sorted(reps)
@@ -583,8 +585,10 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
         vllm_version=None, vllm_version_source=None, engine="v1" if any(len(r.engines) for r in reps.values()) else None,
         facts={n: None for n in FACT_NAMES}, facts_defaulted=[], findings=all_findings,
         sources=[{"name": f"{url}{f' {{{sel}}}' if sel else ''} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_since))}.."
-                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s",
-                  "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas)}],
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s"
+                          + (f" (partial response, {len(warnings)} warning(s): {warnings[0]})" if warnings else ""),
+                  "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas),
+                  **({"warnings": warnings} if warnings else {})}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
         replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
     )

@@ -43,6 +43,7 @@ RUNBOOK_BASE_URL = "https://github.com/vllm-doctor/vllm-doctor/blob/main/docs/ru
 """Where ``runbook_url`` points; the runbooks are ``docs/runbooks/<name>.md`` in the repository."""
 
 DOCTOR_JOB = "vllm-doctor"
+VLLM_JOB = "vllm"  # the job label of vLLM's own /metrics target (deploy/kubernetes/base/podmonitor.yaml)
 """The Prometheus ``job`` label of the sidecar's scrape (compose, the PodMonitor, the e2e test)."""
 
 # Alert-only knobs (not thresholds of a diagnosis, so not in rules/thresholds.yaml).
@@ -308,6 +309,23 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
         ),
     ]
 
+    vllm.append(Alert(
+        name="VllmTargetDown",
+        runbook="vllm-target-down",
+        rule="engine-dead",  # the metrics side of VD008: the log says why (the sidecar's finding)
+        severity="critical",
+        # vLLM's own target: a replica whose server died, hangs or restarts in a loop (its sidecar,
+        # another container, may still be up and see nothing new in the log)
+        expr=f'up{{job="{VLLM_JOB}"}} == 0',
+        for_=FOR_SIDECAR,
+        summary=f"vLLM on {WHERE} does not answer /metrics",
+        description=(
+            f"Prometheus cannot scrape vLLM's /metrics on {WHERE} (up == {{{{ $value }}}}) for {FOR_SIDECAR}: the "
+            "server is dead, hung or restarting, and the requests routed to it fail. The replica's vllm-doctor "
+            "sidecar (engine-dead, startup-oom) or `kubectl logs` names the cause."
+        ),
+    ))
+
     sidecar = [
         Alert(
             name="VllmDoctorDown",
@@ -481,6 +499,26 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
                 f"target for {FOR_LATENCY}. `vllm-doctor diagnose --prometheus` names the replicas and the cause."
             ),
         ))
+    # one replica over a target: the fleet's p99 (all replicas' buckets summed) hides it in a fleet of many
+    per_replica = "\nor ".join(
+        f"label_replace(histogram_quantile(0.99, {_hist(name, 'bucket', REPLICA_BY + ', le', '5m')}) > "
+        f"{_num(t[target_key])}, \"slo\", \"{sig}\", \"\", \"\")"
+        for sig, (name, _, target_key) in LATENCY_SIGNALS.items() if target_key is not None)
+    latency.append(Alert(
+        name="VllmReplicaLatencyP99High",
+        runbook="vllm-replica-latency-p99-high",
+        rule="latency-objective-missed",
+        severity="warning",
+        expr=per_replica,
+        for_=FOR_LATENCY,
+        summary=f"vLLM {{{{ $labels.slo }}}} p99 on {WHERE} is {{{{ $value | humanizeDuration }}}}",
+        description=(
+            f"The {{{{ $labels.slo }}}} p99 of {WHERE} alone ({FLEET_WHERE}) is {{{{ $value | humanizeDuration }}}}, "
+            f"above its target (rules/thresholds.yaml *_p99_target_seconds) for {FOR_LATENCY}, from this replica's "
+            "own histogram buckets. The fleet's p99 may still be fine: one bad replica among many. "
+            "`vllm-doctor diagnose --prometheus` and the replica's sidecar name the cause."
+        ),
+    ))
     for speed, (severity, pairs) in SLO_BURN.items():
         cond = "\nor ".join(
             f"({record(f'vllm_latency_slo_errors:ratio_rate{lw}')} > {_num(round(rate * budget, 6))}\n"

@@ -113,6 +113,22 @@ def test_latency_objective_from_the_summed_histograms():
     assert "latency-objective-missed" not in judge([replica("busy", BUSY)], ok)
 
 
+def test_one_replicas_latency_breach_is_found_when_the_fleet_meets_its_target():
+    """Issue 22: one replica's TTFT p99 of 9.5 s among many fast ones: the fleet's p99 (buckets
+    summed) is within target, the replica's own is not: a finding naming that replica."""
+    ok = {("ttft", "p99"): 0.8, ("ttft", "good"): 0.995, ("itl", "p99"): 0.05, ("itl", "good"): 0.999}
+    reps = [replica(f"fast-{i}", BUSY) for i in range(7)] + [replica("slow", BUSY)]
+    for r in reps:
+        r.latency_p99 = {"ttft": 9.5 if r.name == "llm/slow" else 0.6, "itl": 0.05}
+    got = judge(reps, ok)["latency-objective-missed"]
+    assert got.message.startswith("The fleet met its latency targets over the range, but 1 of 8 replica(s) did not "
+                                  "on their own (each replica's own histogram buckets): llm/slow: TTFT p99 9.5 s (target 2 s).")
+    assert [e.text.split(":")[0] for e in got.evidence] == ["llm/slow"]
+    for r in reps:
+        r.latency_p99["ttft"] = 0.6
+    assert "latency-objective-missed" not in judge(reps, ok)
+
+
 def test_counters_become_per_step_increases_and_a_restart_is_not_negative():
     rep = replica("r", [(1, 0, 0.1, 10), (1, 0, 0.1, 14), (1, 0, 0.1, 2), (1, 0, 0.1, 5)])
     stats = [e for e in replica_events(rep, 1_800_000_000, STEP) if isinstance(e, SchedulerStats)]

@@ -61,7 +61,7 @@ def storm() -> list:
 
 
 def test_the_fleet_rules_load_with_the_same_schema_and_validation(tmp_path):
-    assert [r.id for r in FLEET.rules] == ["VD020", "VD021", "VD022", "VD023", "VD024"]
+    assert [r.id for r in FLEET.rules] == ["VD020", "VD021", "VD022", "VD023", "VD024", "VD025"]
     (tmp_path / "VD099-bad.yaml").write_text(
         "id: VD099\nname: bad\ntitle: t\nseverity: warning\ncategory: fleet\nwhen: {all: ['no_such_name > 1']}\n"
         "message: m\ndocs: {why: w, example_log: e}\n")
@@ -127,6 +127,20 @@ def test_one_replicas_latency_breach_is_found_when_the_fleet_meets_its_target():
     for r in reps:
         r.latency_p99["ttft"] = 0.6
     assert "latency-objective-missed" not in judge(reps, ok)
+
+
+def test_a_replica_that_stops_reporting_is_down():
+    """Issue 22: a replica that dies leaves no incident in its own series; they stop. Its last step
+    10 min before the end of the range: replica-down names it; a full set of steps does not."""
+    dying = BUSY[:40]  # 40 of 80 steps: silent for the last 40 x 15 s
+    got = judge([replica("ok", BUSY), replica("dying", dying)])["replica-down"]
+    assert got.severity == "critical"
+    assert "1 of 2 replica(s) stopped exporting vLLM's series while the others went on: llm/dying silent " \
+           "for the last 10 min." in got.message
+    assert [e.text.split(":")[0] for e in got.evidence] == ["llm/dying"]
+    assert "replica-down" not in judge([replica("ok", BUSY), replica("also-ok", BUSY)])
+    # most replicas stopped at the same time (a scrape or Prometheus gap): not called dead
+    assert "replica-down" not in judge([replica(p, BUSY[:40]) for p in "abc"] + [replica("d", BUSY)])
 
 
 def test_counters_become_per_step_increases_and_a_restart_is_not_negative():

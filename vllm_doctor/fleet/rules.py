@@ -18,6 +18,9 @@ The fleet namespace (what a fleet rule's expressions may name):
   the range (the trend); ``kv_slope_per_hour``: slope of the fleet's mean KV cache usage;
 * ``latency_p99[signal]`` and ``slo_good_ratio[signal]`` over the fleet (signals ``ttft``,
   ``itl``, ``tpot``, ``e2e``, ``queue``), None when vLLM exported no such histogram;
+* ``vanished``: replicas whose series stopped ``t.replica_down_seconds`` or more before the
+  fleet's newest sample (a replica that died, hangs or was removed): ``(replica, last_seen, silent_seconds,
+  meta)``, the replica's summary as ``summary``;
 * ``t``: rules/thresholds.yaml.
 """
 
@@ -40,7 +43,7 @@ from vllm_doctor.state.core import State
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
     "imbalance_hot", "imbalance_cold", "engine_imbalance", "preemptions_first_half",
-    "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "t",
+    "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
 }
 
@@ -166,6 +169,12 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 kv_by_ts.setdefault(ts, []).append(v)
     times = sorted(kv_by_ts)
     fl = fleet_latency or {}
+    # silent since: the fleet's newest sample, not the end of the range (a range past the data, or
+    # Prometheus' own gap, would make every replica look dead)
+    newest = max((max(s.status) for s in replicas if s.status), default=until)
+    vanished = [SimpleNamespace(replica=s.replica, last_seen=max(s.status), silent_seconds=newest - max(s.status),
+                                meta=s.meta, summary=s)
+                for s in replicas if s.status and newest - max(s.status) >= t["replica_down_seconds"]]
     return {
         "replicas": list(replicas), "engines": list(engines), "n_replicas": len(replicas),
         "window_seconds": until - since, "step_seconds": step,
@@ -177,4 +186,5 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         "kv_slope_per_hour": slope_per_hour([sum(kv_by_ts[x]) / len(kv_by_ts[x]) for x in times], times),
         "latency_p99": {sig: fl.get((sig, "p99")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
         "slo_good_ratio": {sig: fl.get((sig, "good")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
+        "vanished": vanished,
     }

@@ -76,6 +76,9 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     assert [e.source for e in f.evidence] == ["prometheus:llm/hot"]
     assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas sat idle" in f.message
     assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
+    # its real first and last seen: hot only from step 20 to 59 of 80
+    f = judge([replica("hot", BUSY[:20] + HOT[:40] + BUSY[:20]), replica("idle", IDLE)])["replica-imbalance"]
+    assert (f.first_seen, f.last_seen) == (1_800_000_000 + 20 * STEP, 1_800_000_000 + 59 * STEP)
     # shorter than fleet_imbalance_min_seconds: not yet an imbalance
     short = int(T["fleet_imbalance_min_seconds"] / STEP) - 2
     assert "replica-imbalance" not in judge([replica("hot", HOT[:short] + BUSY[short:]), replica("idle", IDLE)])
@@ -138,6 +141,8 @@ def test_a_replica_that_stops_reporting_is_down():
     assert "1 of 2 replica(s) stopped exporting vLLM's series while the others went on: llm/dying silent " \
            "for the last 10 min." in got.message
     assert [e.text.split(":")[0] for e in got.evidence] == ["llm/dying"]
+    # first seen: the dying replica's last sample; last seen: the fleet's newest (not both the range's end)
+    assert (got.first_seen, got.last_seen) == (1_800_000_000 + 39 * STEP, 1_800_000_000 + 79 * STEP)
     assert "replica-down" not in judge([replica("ok", BUSY), replica("also-ok", BUSY)])
     # most replicas stopped at the same time (a scrape or Prometheus gap): not called dead
     assert "replica-down" not in judge([replica(p, BUSY[:40]) for p in "abc"] + [replica("d", BUSY)])

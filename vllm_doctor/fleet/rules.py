@@ -102,10 +102,14 @@ class FleetRuleEngine(RuleEngine):
         return Evaluator(names, {}), state.window(None)
 
     def run(self, now: float) -> list[Finding]:
+        from dataclasses import replace
+
         state = State()
         state.now = now
         self.evaluate(state)
-        return list(self.findings.values())
+        spans = self.names.get("spans") or {}
+        return [replace(f, first_seen=spans[f.name][0], last_seen=spans[f.name][1]) if f.name in spans else f
+                for f in self.findings.values()]
 
 
 def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, until: float,
@@ -120,17 +124,24 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     hot_t: dict[str, int] = {}
     cold_t: dict[str, int] = {}
     n_imb = 0
+    imb_times: list[float] = []
+    sat_times: list[float] = []
     for ts, sts in by_ts.items():
         hot = [r for r, st in sts.items() if st == "saturated"]
         cold = [r for r, st in sts.items() if st == "idle"]
+        if hot:
+            sat_times.append(ts)
         if hot and cold:
             n_imb += 1
+            imb_times.append(ts)
             for r in hot:
                 hot_t[r] = hot_t.get(r, 0) + 1
             for r in cold:
                 cold_t[r] = cold_t.get(r, 0) + 1
     need = t["fleet_imbalance_min_seconds"] / step
     engine_imb = []
+    eng_times: list[float] = []
+    pre_times: list[float] = []
     per_rep: dict[str, list] = {}
     for e in engines:
         per_rep.setdefault(e.replica, []).append(e)
@@ -146,6 +157,7 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 n += 1
                 hot_e.update(hot)
                 cold_e.update(cold)
+                eng_times.append(ts)
         if n:
             engine_imb.append(SimpleNamespace(replica=rep, seconds=n * step, hot=sorted(hot_e), cold=sorted(cold_e),
                                               meta=next(e.meta for e in es if e.engine in hot_e)))
@@ -161,6 +173,8 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 cur = pre[ts]
                 inc = 0.0 if prev is None else (cur - prev if cur >= prev else cur)
                 prev = cur
+                if inc > 0:
+                    pre_times.append(ts)
                 if ts < mid:
                     first += inc
                 else:
@@ -187,4 +201,9 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         "latency_p99": {sig: fl.get((sig, "p99")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
         "slo_good_ratio": {sig: fl.get((sig, "good")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
         "vanished": vanished,
+        # when each fleet finding's condition held (its first and last seen), not the end of the range
+        "spans": {name: (min(ts), max(ts)) for name, ts in (
+            ("replica-imbalance", imb_times), ("engine-imbalance", eng_times), ("fleet-preemptions", pre_times),
+            ("fleet-kv-saturation", sat_times), ("replica-down", [v.last_seen for v in vanished] + (
+                [newest] if vanished else []))) if ts},
     }

@@ -94,6 +94,15 @@ def test_engine_imbalance_within_one_replica():
     assert "engine-imbalance" not in judge([both, replica("busy", BUSY)])
 
 
+def test_the_replica_row_shows_its_fullest_engine():
+    """Issue 22: the replica row showed the mean of its engines (59 %) while engine 0 sat at 100 %."""
+    dp = replica("dp", [(35, 40, 1.0, 0)] * N, engine="0")
+    replica("dp", [(1, 0, 0.18, 0)] * N, engine="1", rep=dp)
+    row = summarize(dp, None, T, None)
+    assert row.kv_peak == 1.0 and row.kv_mean == pytest.approx(0.59)
+    assert [summarize(dp, e, T, None).kv_peak for e in ("0", "1")] == [1.0, 0.18]
+
+
 def test_fleet_preemptions_when_most_replicas_storm_not_one():
     got = judge([replica(f"s{i}", storm()) for i in range(3)] + [replica("busy", BUSY)])
     assert "fleet-preemptions" in got

@@ -340,7 +340,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
     full, waiting_min, idle_kv = t["kv_cache_full_ratio"], t["waiting_min"], t["fleet_idle_kv_ratio"]
     sat = idle = 0
     status: dict[float, str] = {}
-    kvs, running, waiting = [], [], []
+    kvs, kv_tops, running, waiting = [], [], [], []  # KV usage: mean of the engines, and the fullest engine
     for ts, rows in per_t.items():
         r = sum(x[0] or 0 for x in rows)
         w = sum(x[1] or 0 for x in rows)
@@ -350,6 +350,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         waiting.append(w)
         if ks:
             kvs.append(sum(ks) / len(ks))
+            kv_tops.append(k)
         if k is not None and k >= full and w >= waiting_min:
             sat += 1
             status[ts] = "saturated"
@@ -363,7 +364,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
     s = Summary(
         replica=rep.name, engine=engine, steps=n,
         running_peak=max(running, default=None), waiting_peak=max(waiting, default=None),
-        kv_peak=max(kvs, default=None), kv_mean=(sum(kvs) / len(kvs)) if kvs else None,
+        kv_peak=max(kv_tops, default=None), kv_mean=(sum(kvs) / len(kvs)) if kvs else None,
         preemptions=int(pre) if have_pre else None,
         saturated_ratio=sat / n if n else 0.0, idle_ratio=idle / n if n else 0.0,
         generation_tps_mean=sum(gen_rates) if gen_rates else None,

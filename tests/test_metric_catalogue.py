@@ -138,3 +138,11 @@ def test_fixes_panel_lists_every_rule_and_flag():
 
 def test_docs_metrics_md_is_the_catalogue():
     assert (ROOT / "docs" / "metrics.md").read_text() == cat.markdown(), "run: make metrics"
+
+
+def test_a_renamed_series_is_suggested_under_its_new_name():
+    out = lint_promql("histogram_quantile(0.99, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket[5m])))",
+                      "0.15.0", "q", 1)
+    assert [(x.rule_id, x.fix["setting"]) for x in out] == [("VM001", "vllm:inter_token_latency_seconds_bucket")]
+    out = lint_promql("vllm:gpu_prefix_cache_hits_total", "0.12.0", "q", 1)
+    assert out[0].fix["setting"] == "vllm:prefix_cache_hits_total"

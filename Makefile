@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings lock clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings metrics lock clean
 
 setup: $(VENV)/.installed
 
@@ -78,6 +78,12 @@ golden: setup
 # The wordings table read from vLLM's released wheels (downloads one wheel per minor version).
 wordings: setup
 	$(BIN)/python tools/gen_wordings.py
+
+# The metric catalogue (vllm_doctor/data/vllm_metrics.json): every vllm: series of every release,
+# read from vLLM's released wheels (one per minor version; cached in /tmp/vllm-wheels).
+metrics: setup
+	$(BIN)/python tools/gen_metrics_catalogue.py
+	$(BIN)/python -m vllm_doctor.catalogue > docs/metrics.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -10,7 +10,9 @@ typed events, one pipeline and the rules per replica, the fleet rules and the re
     python bench/bench_fleet.py [--replicas 100] [--hours 6] [--step 15s] [--runs 3]
 
 Prints the backfill time (once), then for each run the wall time of the diagnosis, split into
-querying Prometheus and the rest, and the incidents found. Target (issue 13): <= 10 s.
+querying Prometheus and the rest, its CPU, the peak RSS of this process (it holds the fetched
+series and the judged replicas; its children's figure includes Prometheus and promtool, reaped
+here), and the incidents found. Target (issue 13): <= 10 s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import fleet_history  # noqa: E402
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    """Peak resident memory (MB) of this process, and of its largest finished child (a judging worker)."""
+    import resource
+
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 
 
 def _cpu() -> float:
@@ -117,7 +127,8 @@ def main() -> int:
             found = sum(1 for s in res.replicas if s.findings)
             print(f"  run {run + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU of vllm-doctor (queries {spent[0]:.2f} s summed over parallel requests), "
                   f"{len(res.replicas)} replicas, {found} with findings, fleet findings: "
-                  f"{', '.join(sorted(f.name for f in res.fleet_findings)) or '-'}")
+                  f"{', '.join(sorted(f.name for f in res.fleet_findings)) or '-'}; peak RSS {_peak_rss_mb()[0]:.0f} MB "
+                  f"(largest worker {_peak_rss_mb()[1]:.0f} MB)")
         print(f"best: {best:.2f} s (target <= 10 s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     finally:
         proc.terminate()

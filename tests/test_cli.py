@@ -187,8 +187,8 @@ def test_rules_and_explain():
             "nccl-failure", "runtime-oom", "engine-dead"} <= set(names)
     # the fleet rules (rules/fleet/) are listed too, after their heading, each with what it needs
     fleet = out[out.index("Fleet rules (run by `vllm-doctor diagnose --prometheus URL`"):]
-    assert [r[0] for r in rows if r[0] >= "VD020"] == ["VD020", "VD021", "VD022", "VD023", "VD024"]
-    assert fleet.count("needs: ") == 5 and "vllm:num_preemptions_total" in fleet
+    assert [r[0] for r in rows if r[0] >= "VD020"] == ["VD020", "VD021", "VD022", "VD023", "VD024", "VD025"]
+    assert fleet.count("needs: ") == 6 and "vllm:num_preemptions_total" in fleet
     rc, out, _ = run("rules", "--format", "json")
     scopes = {r["id"]: r["scope"] for r in json.loads(out)}
     assert scopes["VD001"] == "deployment" and scopes["VD024"] == "fleet"
@@ -270,7 +270,9 @@ def test_installed_wheel_has_rules_and_diagnoses(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "rules"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.splitlines()) == len(list((ROOT / "rules").glob("VD*.yaml")))
+    # every rule, the fleet rules (rules/fleet/) too: the same list as the checkout's
+    here = subprocess.run([sys.executable, "-m", "vllm_doctor", "rules"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.stdout == here.stdout and "VD025" in r.stdout
     d = subprocess.run([sys.executable, "-c", "import vllm_doctor.diagnosis.loader as l; print(l.builtin_rules_dir())"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert d.stdout.strip().startswith(str(target))  # not the checkout

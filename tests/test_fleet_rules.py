@@ -61,7 +61,7 @@ def storm() -> list:
 
 
 def test_the_fleet_rules_load_with_the_same_schema_and_validation(tmp_path):
-    assert [r.id for r in FLEET.rules] == ["VD020", "VD021", "VD022", "VD023", "VD024"]
+    assert [r.id for r in FLEET.rules] == ["VD020", "VD021", "VD022", "VD023", "VD024", "VD025"]
     (tmp_path / "VD099-bad.yaml").write_text(
         "id: VD099\nname: bad\ntitle: t\nseverity: warning\ncategory: fleet\nwhen: {all: ['no_such_name > 1']}\n"
         "message: m\ndocs: {why: w, example_log: e}\n")
@@ -76,6 +76,9 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     assert [e.source for e in f.evidence] == ["prometheus:llm/hot"]
     assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas sat idle" in f.message
     assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
+    # its real first and last seen: hot only from step 20 to 59 of 80
+    f = judge([replica("hot", BUSY[:20] + HOT[:40] + BUSY[:20]), replica("idle", IDLE)])["replica-imbalance"]
+    assert (f.first_seen, f.last_seen) == (1_800_000_000 + 20 * STEP, 1_800_000_000 + 59 * STEP)
     # shorter than fleet_imbalance_min_seconds: not yet an imbalance
     short = int(T["fleet_imbalance_min_seconds"] / STEP) - 2
     assert "replica-imbalance" not in judge([replica("hot", HOT[:short] + BUSY[short:]), replica("idle", IDLE)])
@@ -89,6 +92,15 @@ def test_engine_imbalance_within_one_replica():
     both = replica("dp", HOT, engine="0")
     replica("dp", HOT, engine="1", rep=both)
     assert "engine-imbalance" not in judge([both, replica("busy", BUSY)])
+
+
+def test_the_replica_row_shows_its_fullest_engine():
+    """Issue 22: the replica row showed the mean of its engines (59 %) while engine 0 sat at 100 %."""
+    dp = replica("dp", [(35, 40, 1.0, 0)] * N, engine="0")
+    replica("dp", [(1, 0, 0.18, 0)] * N, engine="1", rep=dp)
+    row = summarize(dp, None, T, None)
+    assert row.kv_peak == 1.0 and row.kv_mean == pytest.approx(0.59)
+    assert [summarize(dp, e, T, None).kv_peak for e in ("0", "1")] == [1.0, 0.18]
 
 
 def test_fleet_preemptions_when_most_replicas_storm_not_one():
@@ -111,6 +123,38 @@ def test_latency_objective_from_the_summed_histograms():
     assert "ITL p99" not in got["latency-objective-missed"].message  # within its target
     ok = {("ttft", "p99"): 0.5, ("ttft", "good"): 0.999}
     assert "latency-objective-missed" not in judge([replica("busy", BUSY)], ok)
+
+
+def test_one_replicas_latency_breach_is_found_when_the_fleet_meets_its_target():
+    """Issue 22: one replica's TTFT p99 of 9.5 s among many fast ones: the fleet's p99 (buckets
+    summed) is within target, the replica's own is not: a finding naming that replica."""
+    ok = {("ttft", "p99"): 0.8, ("ttft", "good"): 0.995, ("itl", "p99"): 0.05, ("itl", "good"): 0.999}
+    reps = [replica(f"fast-{i}", BUSY) for i in range(7)] + [replica("slow", BUSY)]
+    for r in reps:
+        r.latency_p99 = {"ttft": 9.5 if r.name == "llm/slow" else 0.6, "itl": 0.05}
+    got = judge(reps, ok)["latency-objective-missed"]
+    assert got.message.startswith("The fleet met its latency targets over the range, but 1 of 8 replica(s) did not "
+                                  "on their own (each replica's own histogram buckets): llm/slow: TTFT p99 9.5 s (target 2 s).")
+    assert [e.text.split(":")[0] for e in got.evidence] == ["llm/slow"]
+    for r in reps:
+        r.latency_p99["ttft"] = 0.6
+    assert "latency-objective-missed" not in judge(reps, ok)
+
+
+def test_a_replica_that_stops_reporting_is_down():
+    """Issue 22: a replica that dies leaves no incident in its own series; they stop. Its last step
+    10 min before the end of the range: replica-down names it; a full set of steps does not."""
+    dying = BUSY[:40]  # 40 of 80 steps: silent for the last 40 x 15 s
+    got = judge([replica("ok", BUSY), replica("dying", dying)])["replica-down"]
+    assert got.severity == "critical"
+    assert "1 of 2 replica(s) stopped exporting vLLM's series while the others went on: llm/dying silent " \
+           "for the last 10 min." in got.message
+    assert [e.text.split(":")[0] for e in got.evidence] == ["llm/dying"]
+    # first seen: the dying replica's last sample; last seen: the fleet's newest (not both the range's end)
+    assert (got.first_seen, got.last_seen) == (1_800_000_000 + 39 * STEP, 1_800_000_000 + 79 * STEP)
+    assert "replica-down" not in judge([replica("ok", BUSY), replica("also-ok", BUSY)])
+    # most replicas stopped at the same time (a scrape or Prometheus gap): not called dead
+    assert "replica-down" not in judge([replica(p, BUSY[:40]) for p in "abc"] + [replica("d", BUSY)])
 
 
 def test_counters_become_per_step_increases_and_a_restart_is_not_negative():

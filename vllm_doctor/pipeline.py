@@ -134,7 +134,7 @@ class Pipeline:
         self.engine.attach(self.state)  # the rules' window aggregates, updated by the state per line
         self._sources: dict[str, _SourceCtx] = {}
         self.active: list[Finding] = []
-        self._scanner = KeywordScanner()
+        self._keyword_scanner: KeywordScanner | None = None  # built on the first log bytes (_scanner)
         self._parsed: dict[str, int] = {}  # source -> lines that gave an event
         self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
@@ -151,6 +151,14 @@ class Pipeline:
         self._first_ts: float | None = None
         self._max_ts: float | None = None
         self._in_range = self._out_of_range = 0
+
+    @property
+    def _scanner(self) -> KeywordScanner:
+        """The log keyword scanner, compiled when the first log bytes arrive: a pipeline fed only
+        typed events (fleet diagnosis: one per replica) never pays for it."""
+        if self._keyword_scanner is None:
+            self._keyword_scanner = KeywordScanner()
+        return self._keyword_scanner
 
     @property
     def follow(self) -> bool:

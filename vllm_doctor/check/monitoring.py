@@ -11,6 +11,7 @@ import re
 
 import promql_parser as pq
 
+from vllm_doctor import catalogue
 from vllm_doctor.check import metric_names as mn
 from vllm_doctor.check.findings import CheckFinding
 
@@ -20,6 +21,10 @@ PROMQL_NOT = {"derivative": "deriv", "derive": "deriv", "avg": "avg_over_time", 
 
 
 def _suggest(name: str, version: str) -> str | None:
+    hit = mn.lookup(name)
+    new = catalogue.successor(hit[0]) if hit else None  # vLLM renamed it: its new name
+    if new and catalogue.exported(new, version):
+        return new + name[len(hit[0]):] if name.startswith(hit[0]) else new
     cands = mn.names_in(version)
     base = name.replace("vllm_", "vllm:", 1) if name.startswith("vllm_") else name
     for c in cands:

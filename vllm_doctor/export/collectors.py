@@ -44,13 +44,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from vllm_doctor import __version__
+from vllm_doctor import catalogue
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm_doctor.export.serve import Sidecar
 
 log = logging.getLogger(__name__)
 
-GPU_LABELS = ["gpu", "uuid", "model"]
+_CLASSES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "info": InfoMetricFamily}
+
+
+def family(name: str):
+    """An empty family of the sidecar's series ``name`` (the name a query uses), its type,
+    documentation and label names from the catalogue (vllm_doctor/data/vllm_metrics.json)."""
+    f = catalogue.sidecar_families()[name]
+    if f.type == "info":  # an info's labels are given with its value
+        return InfoMetricFamily(f.defined_as, f.documentation)
+    return _CLASSES[f.type](f.defined_as, f.documentation, labels=list(f.labels))
 
 
 def _num(v: Any) -> float | None:
@@ -71,8 +81,8 @@ class SidecarCollector(Collector):
         self.errors = 0
 
     def describe(self) -> list:
-        """No up-front description (the families depend on what is configured)."""
-        return []
+        """Every family the sidecar may export (the catalogue's sidecar series), without samples."""
+        return [family(n) for n in catalogue.sidecar_families()]
 
     def collect(self) -> Iterator:
         """Yield every family that can be built now; never raises."""
@@ -91,8 +101,7 @@ class SidecarCollector(Collector):
         finally:
             if lock is not None:
                 lock.release()
-        err = CounterMetricFamily("vllm_doctor_collector_errors",
-                                  "Metric families left out of a scrape because building them failed.")
+        err = family("vllm_doctor_collector_errors_total")
         err.add_metric([], self.errors)
         out.append(err)
         yield from out
@@ -107,10 +116,10 @@ class SidecarCollector(Collector):
         m = st.last_metrics if sc.metrics_live() else None
         fams = []
 
-        def gauge(name: str, doc: str, value: Any) -> None:
+        def gauge(name: str, value: Any) -> None:
             v = _num(value)
             if v is not None:
-                g = GaugeMetricFamily(name, doc)
+                g = family(name)
                 g.add_metric([], v)
                 fams.append(g)
 
@@ -125,8 +134,8 @@ class SidecarCollector(Collector):
                 by_metrics = {next(iter(by_stats)) if len(by_stats) == 1 else "0": m}
         engines = sorted(set(by_stats) | set(by_metrics), key=lambda x: (len(x), x))
 
-        def per_engine(name: str, doc: str, metric_field: str | None, stats_field: str) -> None:
-            g = GaugeMetricFamily(name, doc, labels=["engine"])
+        def per_engine(name: str, metric_field: str | None, stats_field: str) -> None:
+            g = family(name)
             for eng in engines:
                 v = getattr(by_metrics.get(eng), metric_field, None) if metric_field else None
                 if v is None:
@@ -137,40 +146,29 @@ class SidecarCollector(Collector):
             if g.samples:
                 fams.append(g)
 
-        gauge("vllm_kv_cache_tokens", "KV cache capacity in tokens (vLLM's 'GPU KV cache size', "
-              "or num_gpu_blocks x block_size).", facts.get("kv_cache_tokens"))
-        gauge("vllm_max_concurrency", "Sequences of max_model_len tokens the KV cache holds at once "
-              "(vLLM's 'Maximum concurrency').", facts.get("max_concurrency"))
-        gauge("vllm_max_num_seqs", "--max-num-seqs in effect.", facts.get("max_num_seqs"))
-        gauge("vllm_max_model_len", "--max-model-len in effect.", facts.get("max_model_len"))
-        per_engine("vllm_running_sequences", "Requests running, per engine (vllm:num_requests_running, or the "
-                   "stats line's Running).", "num_running", "num_running")
-        per_engine("vllm_pending_sequences", "Requests waiting to be scheduled, per engine "
-                   "(vllm:num_requests_waiting, or the stats line's Waiting / Pending).", "num_waiting", "num_waiting")
-        per_engine("vllm_swapped_sequences", "Requests swapped to CPU (V0 engine only).", "num_swapped", "num_swapped")
-        per_engine("vllm_kv_cache_usage_ratio", "KV cache usage 0..1, per engine (vllm:kv_cache_usage_perc, or the "
-                   "stats line's GPU/CPU KV cache usage).", "kv_cache_usage_ratio", "kv_cache_usage_ratio")
-        per_engine("vllm_prompt_throughput_tokens_per_second", "Prompt (prefill) throughput of the last stats "
-                   "interval, per engine.", None, "prompt_tps")
-        per_engine("vllm_generation_throughput_tokens_per_second", "Generation (decode) throughput of the last "
-                   "stats interval, per engine.", None, "generation_tps")
+        gauge("vllm_kv_cache_tokens", facts.get("kv_cache_tokens"))
+        gauge("vllm_max_concurrency", facts.get("max_concurrency"))
+        gauge("vllm_max_num_seqs", facts.get("max_num_seqs"))
+        gauge("vllm_max_model_len", facts.get("max_model_len"))
+        per_engine("vllm_running_sequences", "num_running", "num_running")
+        per_engine("vllm_pending_sequences", "num_waiting", "num_waiting")
+        per_engine("vllm_swapped_sequences", "num_swapped", "num_swapped")
+        per_engine("vllm_kv_cache_usage_ratio", "kv_cache_usage_ratio", "kv_cache_usage_ratio")
+        per_engine("vllm_prompt_throughput_tokens_per_second", None, "prompt_tps")
+        per_engine("vllm_generation_throughput_tokens_per_second", None, "generation_tps")
         hit = stats.prefix_cache_hit_ratio if stats is not None else None
         if hit is None and sc.scraper is not None:
             hit = sc.scraper.prefix_cache_hit_ratio
-        gauge("vllm_prefix_cache_hit_ratio", "Prefix cache hits / queries.", hit)
-        c = CounterMetricFamily("vllm_preemptions", "Preemptions, one counter whichever source saw "
-                                "them (V0 log warnings' cumulative count, V1 stats 'Preemptions', "
-                                "vllm:num_preemptions_total); never counted twice.")
+        gauge("vllm_prefix_cache_hit_ratio", hit)
+        c = family("vllm_preemptions_total")
         if st.preemptions_reported:  # unknown (a V1 log without /metrics) is not zero
             c.add_metric([], st.preemptions_total)
         fams.append(c)
-        c = CounterMetricFamily("vllm_oom_events", "CUDA / torch out-of-memory errors seen in the log.")
+        c = family("vllm_oom_events_total")
         c.add_metric([], st.oom_events_total)
         fams.append(c)
         if sc.scraper is not None and sc.scraper.ttft_quantiles:
-            g = GaugeMetricFamily("vllm_time_to_first_token_seconds", "Time to first token over the "
-                                  "last window, from vllm:time_to_first_token_seconds.",
-                                  labels=["quantile"])
+            g = family("vllm_time_to_first_token_seconds")
             for q, v in sorted(sc.scraper.ttft_quantiles.items()):
                 g.add_metric([q], v)
             fams.append(g)
@@ -182,25 +180,18 @@ class SidecarCollector(Collector):
         gpus = dict(self.sidecar.pipeline.state.gpus)
         if not gpus:
             return []
-        spec = [
-            ("gpu_memory_used_bytes", "GPU memory used (NVML memory info v2 where available, as nvidia-smi).",
-             "memory_used_bytes"),
-            ("gpu_memory_total_bytes", "GPU memory total.", "memory_total_bytes"),
-            ("gpu_utilization_ratio", "GPU utilization 0..1 over NVML's last sample period.",
-             "utilization_ratio"),
-            ("gpu_power_watts", "GPU power draw.", "power_watts"),
-            ("gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius"),
-        ]
+        spec = [("gpu_memory_used_bytes", "memory_used_bytes"), ("gpu_memory_total_bytes", "memory_total_bytes"),
+                ("gpu_utilization_ratio", "utilization_ratio"), ("gpu_power_watts", "power_watts"),
+                ("gpu_temperature_celsius", "temperature_celsius")]
         fams = []
-        for name, doc, attr in spec:
-            g = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+        for name, attr in spec:
+            g = family(name)
             for idx, s in sorted(gpus.items()):
                 v = _num(getattr(s, attr, None))
                 if v is not None:
                     g.add_metric([str(idx), s.uuid, s.model], v)
             fams.append(g)
-        g = GaugeMetricFamily("gpu_process_memory_used_bytes", "GPU memory used by each compute process.",
-                              labels=["gpu", "uuid", "pid", "process"])
+        g = family("gpu_process_memory_used_bytes")
         for idx, s in sorted(gpus.items()):
             for pid, name, used in s.processes:
                 g.add_metric([str(idx), s.uuid, str(pid), name], float(used))
@@ -212,8 +203,7 @@ class SidecarCollector(Collector):
     def _findings(self) -> list:
         p = self.sidecar.pipeline
         active = {f.rule_id for f in p.engine.findings.values() if f.active}
-        g = GaugeMetricFamily("vllm_doctor_finding_active", "1 while the rule's finding is active, "
-                              "else 0 (every loaded rule).", labels=["rule_id", "name", "severity"])
+        g = family("vllm_doctor_finding_active")
         for r in p.ruleset.rules:
             g.add_metric([r.id, r.name, r.severity], 1.0 if r.id in active else 0.0)
         return [g]
@@ -221,49 +211,37 @@ class SidecarCollector(Collector):
     def _health(self) -> list:
         sc = self.sidecar
         st = sc.pipeline.state
-        lines = CounterMetricFamily("vllm_doctor_log_lines", "Log lines read.", labels=["source"])
-        unparsed = CounterMetricFamily("vllm_doctor_unparsed_lines", "Log lines that gave no event "
-                                       "(not an error: most vLLM lines carry nothing to diagnose).",
-                                       labels=["source"])
-        rot = CounterMetricFamily("vllm_doctor_log_rotations", "Log rotations seen (rename or "
-                                  "delete + re-create).", labels=["source"])
-        trunc = CounterMetricFamily("vllm_doctor_log_truncations", "Log truncations seen "
-                                    "(copytruncate).", labels=["source"])
+        lines = family("vllm_doctor_log_lines_total")
+        unparsed = family("vllm_doctor_unparsed_lines_total")
+        rot = family("vllm_doctor_log_rotations_total")
+        trunc = family("vllm_doctor_log_truncations_total")
         for f in sc.log_sources():
             lines.add_metric([f.name], st.lines_total.get(f.name, 0))
             unparsed.add_metric([f.name], max(0, sc.pipeline.unparsed(f.name)))
             rot.add_metric([f.name], f.stats.rotations)
             trunc.add_metric([f.name], f.stats.truncations)
-        up = GaugeMetricFamily("vllm_doctor_source_up", "1 when the source is live: the log file is "
-                               "open, the last /metrics scrape or NVML poll succeeded.",
-                               labels=["source"])
+        up = family("vllm_doctor_source_up")
         for s in sc.source_status():
             up.add_metric([s["source"]], 1.0 if s["up"] else 0.0)
-        scrape_err = CounterMetricFamily("vllm_doctor_scrape_errors", "Failed scrapes of vLLM's /metrics.")
+        scrape_err = family("vllm_doctor_scrape_errors_total")
         scrape_err.add_metric([], sc.scraper.stats.errors if sc.scraper is not None else 0)
-        rejected = CounterMetricFamily("vllm_doctor_rejected_values", "Impossible values in vLLM's "
-                                       "/metrics (negative, NaN, a ratio above 1), dropped.")
+        rejected = family("vllm_doctor_rejected_values_total")
         rejected.add_metric([], sc.scraper.stats.rejected_values if sc.scraper is not None else 0)
-        perr = CounterMetricFamily("vllm_doctor_pipeline_errors", "Input the pipeline failed on "
-                                   "(skipped; the sidecar keeps running).")
+        perr = family("vllm_doctor_pipeline_errors_total")
         perr.add_metric([], sc.pipeline_errors)
-        evals = CounterMetricFamily("vllm_doctor_evaluations", "Rule evaluations run.")
+        evals = family("vllm_doctor_evaluations_total")
         evals.add_metric([], sc.evaluations)
-        eval_s = CounterMetricFamily("vllm_doctor_evaluation_seconds", "Time spent evaluating the rules "
-                                     "(the pipeline is locked meanwhile).")
+        eval_s = family("vllm_doctor_evaluation_seconds_total")
         eval_s.add_metric([], sc.eval_seconds_total)
-        rerr = CounterMetricFamily("vllm_doctor_rule_errors", "Evaluations of a rule that failed (the "
-                                   "rule's incident was not checked; the rule-evaluation-failed finding "
-                                   "says why).", labels=["rule_id"])
+        rerr = family("vllm_doctor_rule_errors_total")
         errs_total = sc.pipeline.engine.rule_errors_total
         for r in sc.pipeline.ruleset.rules:
             rerr.add_metric([r.id], errs_total.get(r.id, 0))
         fams = [lines, unparsed, rot, trunc, up, scrape_err, rejected, perr, evals, eval_s, rerr]
         if sc.last_eval_seconds is not None:
-            last = GaugeMetricFamily("vllm_doctor_last_evaluation_duration_seconds",
-                                     "How long the last rule evaluation took.")
+            last = family("vllm_doctor_last_evaluation_duration_seconds")
             last.add_metric([], sc.last_eval_seconds)
             fams.append(last)
-        info = InfoMetricFamily("vllm_doctor_build", "vllm-doctor's version.")
+        info = family("vllm_doctor_build_info")
         info.add_metric([], {"version": __version__})
         return fams + [info]

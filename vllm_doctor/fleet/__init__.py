@@ -38,6 +38,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from vllm_doctor.catalogue import V, either
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.errors import InputError
 from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
@@ -62,14 +63,14 @@ SIDECAR_CONFIG = ("vllm_max_num_seqs", "vllm_max_model_len", "vllm_kv_cache_toke
 SIDECAR_GPU = ("gpu_memory_used_bytes", "gpu_memory_total_bytes")
 FINDING_ACTIVE = "vllm_doctor_finding_active"
 
-#: Latency histograms (vLLM 0.32 names; older ones after ``|``, joined with ``or`` so a version
-#: that exports both is not counted twice): signal -> (names, threshold key of its p99 target).
+#: Latency histograms: signal -> (vLLM's histogram, threshold key of its p99 target). Each is queried
+#: under every name it had (catalogue.either: its old and new names combined per series, then summed).
 LATENCY = {
-    "ttft": (("vllm:time_to_first_token_seconds",), "ttft_p99_target_seconds"),
-    "itl": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "itl_p99_target_seconds"),
-    "tpot": (("vllm:request_time_per_output_token_seconds",), "tpot_p99_target_seconds"),
-    "e2e": (("vllm:e2e_request_latency_seconds",), "e2e_p99_target_seconds"),
-    "queue": (("vllm:request_queue_time_seconds",), "queue_time_p99_target_seconds"),
+    "ttft": (V.time_to_first_token_seconds, "ttft_p99_target_seconds"),
+    "itl": (V.inter_token_latency_seconds, "itl_p99_target_seconds"),
+    "tpot": (V.request_time_per_output_token_seconds, "tpot_p99_target_seconds"),
+    "e2e": (V.e2e_request_latency_seconds, "e2e_p99_target_seconds"),
+    "queue": (V.request_queue_time_seconds, "queue_time_p99_target_seconds"),
 }
 LATENCY_QUANTILE = 0.99
 
@@ -212,7 +213,7 @@ def replica_events(rep: Replica, since: float, step: float):
                                               kv_cache_tokens=int(kv) if kv is not None else None,
                                               max_concurrency=cfg.get("vllm_max_concurrency"))))
     if rep.cache_config:
-        evs.append((since, 0, VllmMetricsSample(Meta(source=src, ts=since, text="vllm:cache_config_info"),
+        evs.append((since, 0, VllmMetricsSample(Meta(source=src, ts=since, text=V.cache_config_info),
                                                 cache_config=tuple(sorted(rep.cache_config.items())))))
     for eng_name, es in sorted(rep.engines.items()):
         v = es.values
@@ -339,7 +340,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
     full, waiting_min, idle_kv = t["kv_cache_full_ratio"], t["waiting_min"], t["fleet_idle_kv_ratio"]
     sat = idle = 0
     status: dict[float, str] = {}
-    kvs, running, waiting = [], [], []
+    kvs, kv_tops, running, waiting = [], [], [], []  # KV usage: mean of the engines, and the fullest engine
     for ts, rows in per_t.items():
         r = sum(x[0] or 0 for x in rows)
         w = sum(x[1] or 0 for x in rows)
@@ -349,6 +350,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         waiting.append(w)
         if ks:
             kvs.append(sum(ks) / len(ks))
+            kv_tops.append(k)
         if k is not None and k >= full and w >= waiting_min:
             sat += 1
             status[ts] = "saturated"
@@ -362,7 +364,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
     s = Summary(
         replica=rep.name, engine=engine, steps=n,
         running_peak=max(running, default=None), waiting_peak=max(waiting, default=None),
-        kv_peak=max(kvs, default=None), kv_mean=(sum(kvs) / len(kvs)) if kvs else None,
+        kv_peak=max(kv_tops, default=None), kv_mean=(sum(kvs) / len(kvs)) if kvs else None,
         preemptions=int(pre) if have_pre else None,
         saturated_ratio=sat / n if n else 0.0, idle_ratio=idle / n if n else 0.0,
         generation_tps_mean=sum(gen_rates) if gen_rates else None,
@@ -394,10 +396,10 @@ def latency_queries(sel: str, by: str, rng: str, t: dict[str, float]) -> list[tu
     """(signal, kind, PromQL) of the latency layer over ``rng``: the p99 per ``by`` from the raw
     buckets (aggregatable across replicas), and the share of requests within the objective."""
     out = []
-    for sig, (names, _) in LATENCY.items():
+    for sig, (name, _) in LATENCY.items():
         def agg(suffix: str, extra: str = "", grouping: str = by) -> str:
-            return " or ".join(
-                f"sum by ({grouping}) (increase({n}_{suffix}{{{_join(sel, extra)}}}[{rng}]))" for n in names)
+            return (f"sum by ({grouping}) "
+                    f"({either(name, _join(sel, extra), suffix='_' + suffix, fn='increase', window=rng)})")
         grouping = _join(by, "le")
         out.append((sig, "p99", f"histogram_quantile({LATENCY_QUANTILE}, {agg('bucket', grouping=grouping)})"))
         slo = t.get(f"slo_{sig}_seconds")
@@ -446,7 +448,7 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
     by = "namespace, pod, instance"
     calls: list[tuple] = [
         ("range", f'{{__name__=~"{names}", {sel}}}' if sel else f'{{__name__=~"{names}"}}', since, until, step),
-        ("instant", f"last_over_time(vllm:cache_config_info{{{sel}}}[{rng}])", until),
+        ("instant", f"last_over_time({V.cache_config_info}{{{sel}}}[{rng}])", until),
     ]
     lat = latency_queries(sel, by, rng, t)
     fleet_lat_q = latency_queries(sel, "", rng, t)
@@ -553,10 +555,12 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     t = ruleset.thresholds
     with PrometheusClient(url, headers=headers, bearer_token=bearer_token) as client:
         reps, fleet_lat = fetch(client, sel, t_since, t_until, step_s, t)
+        warnings = list(client.warnings)
     if not reps:
-        raise InputError(f"no vLLM series (vllm:num_requests_running, ...) nor sidecar series match "
+        raise InputError(f"no vLLM series ({V.num_requests_running}, ...) nor sidecar series match "
                          f"{{{sel}}} between {time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_since))} and "
-                         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_until))} UTC")
+                         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_until))} UTC"
+                         + (f" (the query API warned: {warnings[0]})" if warnings else ""))
     global _JOB
     _JOB = (reps, ruleset, t_since, step_s, prefilter)
     keys = sorted(reps)
@@ -584,8 +588,10 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
         vllm_version=None, vllm_version_source=None, engine="v1" if any(len(r.engines) for r in reps.values()) else None,
         facts={n: None for n in FACT_NAMES}, facts_defaulted=[], findings=all_findings,
         sources=[{"name": f"{url}{f' {{{sel}}}' if sel else ''} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_since))}.."
-                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s",
-                  "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas)}],
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s"
+                          + (f" (partial response, {len(warnings)} warning(s): {warnings[0]})" if warnings else ""),
+                  "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas),
+                  **({"warnings": warnings} if warnings else {})}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
         replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
         timeline=timeline,

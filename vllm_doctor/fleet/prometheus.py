@@ -7,6 +7,12 @@ return DataFrames we would convert back; the official ``prometheus-client`` expo
 cannot query. The two endpoints we use are small, stable and documented
 (https://prometheus.io/docs/prometheus/latest/querying/api/), and httpx is already a dependency.
 
+A partial response (Thanos with ``--query.partial-response``, Mimir when a store or ingester fails)
+is ``status: success`` with ``warnings``: they are kept in :attr:`PrometheusClient.warnings` and
+the report says the data may be incomplete. Thanos' external labels (``cluster``, ``replica``)
+ride along on every series; a replica is keyed by ``(namespace, pod)`` or ``instance`` alone, so
+they neither split nor merge replicas (keep Thanos' deduplication on for an HA pair).
+
 Queries are POSTed as form data (long selectors fit; Thanos and Mimir accept POST). Mimir needs
 a tenant header (``X-Scope-OrgID``): pass it with ``headers``. Basic auth (``user:password`` in
 the URL or ``basic_auth``) and a bearer token (``bearer_token``) are supported.
@@ -23,6 +29,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from vllm_doctor.errors import InputError
+
+
+MAX_WARNINGS = 20
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,9 @@ class PrometheusClient:
         if bearer_token:
             hdrs["Authorization"] = f"Bearer {bearer_token}"
         self._client = httpx.Client(timeout=timeout, headers=hdrs, auth=basic_auth, follow_redirects=True)
+        #: the API's ``warnings`` (Thanos / Mimir partial responses: a store or ingester did not answer,
+        #: so some series may be missing), each once, at most MAX_WARNINGS
+        self.warnings: list[str] = []
 
     def close(self) -> None:
         self._client.close()
@@ -88,6 +100,11 @@ class PrometheusClient:
         if body["status"] != "success":
             err = str(body.get("error", "")).splitlines()[0][:300]
             raise InputError(f"Prometheus rejected the query ({body.get('errorType', resp.status_code)}): {err}")
+        warnings = body.get("warnings")
+        for w in warnings if isinstance(warnings, list) else []:
+            text = " ".join(str(w).split())[:300]
+            if text not in self.warnings and len(self.warnings) < MAX_WARNINGS:
+                self.warnings.append(text)
         return body["data"]
 
     def query(self, expr: str, at: float) -> list[Series]:

@@ -18,6 +18,9 @@ The fleet namespace (what a fleet rule's expressions may name):
   the range (the trend); ``kv_slope_per_hour``: slope of the fleet's mean KV cache usage;
 * ``latency_p99[signal]`` and ``slo_good_ratio[signal]`` over the fleet (signals ``ttft``,
   ``itl``, ``tpot``, ``e2e``, ``queue``), None when vLLM exported no such histogram;
+* ``vanished``: replicas whose series stopped ``t.replica_down_seconds`` or more before the
+  fleet's newest sample (a replica that died, hangs or was removed): ``(replica, last_seen, silent_seconds,
+  meta)``, the replica's summary as ``summary``;
 * ``t``: rules/thresholds.yaml.
 """
 
@@ -40,7 +43,7 @@ from vllm_doctor.state.core import State
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
     "imbalance_hot", "imbalance_cold", "engine_imbalance", "preemptions_first_half",
-    "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "t",
+    "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
 }
 
@@ -99,10 +102,14 @@ class FleetRuleEngine(RuleEngine):
         return Evaluator(names, {}), state.window(None)
 
     def run(self, now: float) -> list[Finding]:
+        from dataclasses import replace
+
         state = State()
         state.now = now
         self.evaluate(state)
-        return list(self.findings.values())
+        spans = self.names.get("spans") or {}
+        return [replace(f, first_seen=spans[f.name][0], last_seen=spans[f.name][1]) if f.name in spans else f
+                for f in self.findings.values()]
 
 
 def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, until: float,
@@ -117,17 +124,24 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     hot_t: dict[str, int] = {}
     cold_t: dict[str, int] = {}
     n_imb = 0
+    imb_times: list[float] = []
+    sat_times: list[float] = []
     for ts, sts in by_ts.items():
         hot = [r for r, st in sts.items() if st == "saturated"]
         cold = [r for r, st in sts.items() if st == "idle"]
+        if hot:
+            sat_times.append(ts)
         if hot and cold:
             n_imb += 1
+            imb_times.append(ts)
             for r in hot:
                 hot_t[r] = hot_t.get(r, 0) + 1
             for r in cold:
                 cold_t[r] = cold_t.get(r, 0) + 1
     need = t["fleet_imbalance_min_seconds"] / step
     engine_imb = []
+    eng_times: list[float] = []
+    pre_times: list[float] = []
     per_rep: dict[str, list] = {}
     for e in engines:
         per_rep.setdefault(e.replica, []).append(e)
@@ -143,6 +157,7 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 n += 1
                 hot_e.update(hot)
                 cold_e.update(cold)
+                eng_times.append(ts)
         if n:
             engine_imb.append(SimpleNamespace(replica=rep, seconds=n * step, hot=sorted(hot_e), cold=sorted(cold_e),
                                               meta=next(e.meta for e in es if e.engine in hot_e)))
@@ -158,6 +173,8 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 cur = pre[ts]
                 inc = 0.0 if prev is None else (cur - prev if cur >= prev else cur)
                 prev = cur
+                if inc > 0:
+                    pre_times.append(ts)
                 if ts < mid:
                     first += inc
                 else:
@@ -166,6 +183,12 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
                 kv_by_ts.setdefault(ts, []).append(v)
     times = sorted(kv_by_ts)
     fl = fleet_latency or {}
+    # silent since: the fleet's newest sample, not the end of the range (a range past the data, or
+    # Prometheus' own gap, would make every replica look dead)
+    newest = max((max(s.status) for s in replicas if s.status), default=until)
+    vanished = [SimpleNamespace(replica=s.replica, last_seen=max(s.status), silent_seconds=newest - max(s.status),
+                                meta=s.meta, summary=s)
+                for s in replicas if s.status and newest - max(s.status) >= t["replica_down_seconds"]]
     return {
         "replicas": list(replicas), "engines": list(engines), "n_replicas": len(replicas),
         "window_seconds": until - since, "step_seconds": step,
@@ -177,4 +200,10 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         "kv_slope_per_hour": slope_per_hour([sum(kv_by_ts[x]) / len(kv_by_ts[x]) for x in times], times),
         "latency_p99": {sig: fl.get((sig, "p99")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
         "slo_good_ratio": {sig: fl.get((sig, "good")) for sig in ("ttft", "itl", "tpot", "e2e", "queue")},
+        "vanished": vanished,
+        # when each fleet finding's condition held (its first and last seen), not the end of the range
+        "spans": {name: (min(ts), max(ts)) for name, ts in (
+            ("replica-imbalance", imb_times), ("engine-imbalance", eng_times), ("fleet-preemptions", pre_times),
+            ("fleet-kv-saturation", sat_times), ("replica-down", [v.last_seen for v in vanished] + (
+                [newest] if vanished else []))) if ts},
     }

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_doctor import catalogue as cat
+from vllm_doctor.catalogue import V
 from vllm_doctor.events import EngineMetrics, Meta, VllmMetricsSample
 
 log = logging.getLogger(__name__)
@@ -47,26 +49,31 @@ log = logging.getLogger(__name__)
 #: fields also kept per ``engine`` label (data parallel), see events.EngineMetrics.
 ENGINE_FIELDS = ("num_running", "num_waiting", "kv_cache_usage_ratio", "prompt_tokens_total",
                  "generation_tokens_total")
+
+
+def _renamed(fld: str, name: str, suffix: str = "") -> dict[str, tuple[str, int]]:
+    """A field read from a series and its older names (vLLM's renames): the newest wins."""
+    return {n + suffix: (fld, prio) for prio, n in enumerate(cat.names(name))}
+
+
 #: exposed sample name -> (field, priority): a lower priority number wins when both appear.
+#: Names and renames from the catalogue (vllm_doctor/catalogue.py).
 SAMPLE_FIELDS: dict[str, tuple[str, int]] = {
-    "vllm:num_requests_running": ("num_running", 0),
-    "vllm:num_requests_waiting": ("num_waiting", 0),
-    "vllm:num_requests_swapped": ("num_swapped", 0),
-    "vllm:kv_cache_usage_perc": ("kv_cache_usage_ratio", 0),
-    "vllm:gpu_cache_usage_perc": ("kv_cache_usage_ratio", 1),
-    "vllm:num_preemptions_total": ("num_preemptions_total", 0),
-    "vllm:prompt_tokens_total": ("prompt_tokens_total", 0),
-    "vllm:generation_tokens_total": ("generation_tokens_total", 0),
-    "vllm:time_to_first_token_seconds_count": ("ttft_count", 0),
-    "vllm:time_to_first_token_seconds_sum": ("ttft_sum", 0),
-    "vllm:prefix_cache_queries_total": ("prefix_cache_queries_total", 0),
-    "vllm:gpu_prefix_cache_queries_total": ("prefix_cache_queries_total", 1),
-    "vllm:prefix_cache_hits_total": ("prefix_cache_hits_total", 0),
-    "vllm:gpu_prefix_cache_hits_total": ("prefix_cache_hits_total", 1),
+    **_renamed("num_running", V.num_requests_running),
+    **_renamed("num_waiting", V.num_requests_waiting),
+    **_renamed("num_swapped", V.num_requests_swapped),
+    **_renamed("kv_cache_usage_ratio", V.kv_cache_usage_perc),
+    **_renamed("num_preemptions_total", V.num_preemptions_total),
+    **_renamed("prompt_tokens_total", V.prompt_tokens_total),
+    **_renamed("generation_tokens_total", V.generation_tokens_total),
+    **_renamed("ttft_count", V.time_to_first_token_seconds, "_count"),
+    **_renamed("ttft_sum", V.time_to_first_token_seconds, "_sum"),
+    **_renamed("prefix_cache_queries_total", V.prefix_cache_queries_total),
+    **_renamed("prefix_cache_hits_total", V.prefix_cache_hits_total),
 }
 RATIO_FIELDS = {"kv_cache_usage_ratio"}
-TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
-CACHE_CONFIG = "vllm:cache_config_info"
+TTFT_BUCKET = V.time_to_first_token_seconds + "_bucket"
+CACHE_CONFIG = V.cache_config_info
 _SAMPLE_KW = {"num_running", "num_waiting", "num_swapped", "kv_cache_usage_ratio",
               "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
               "ttft_count", "ttft_sum"}

@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vllm_doctor.catalogue import V
 from vllm_doctor.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 
 EXIT_UNKNOWN = 3
@@ -189,7 +190,7 @@ def ladder(
     else:
         print(f"vllm-doctor bench ladder: {result['url']} model {result['model']}")
         if result.get("kv_cache_tokens"):
-            print(f"KV cache: {result['kv_cache_tokens']:,} tokens (vllm:cache_config_info)")
+            print(f"KV cache: {result['kv_cache_tokens']:,} tokens ({V.cache_config_info})")
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
         print(ladder_table(result))

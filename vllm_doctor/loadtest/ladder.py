@@ -27,6 +27,7 @@ from typing import Callable
 
 import httpx
 
+from vllm_doctor.catalogue import V
 from vllm_doctor.ingest.scrape import parse_metrics
 from vllm_doctor.state.core import State
 from vllm_doctor.loadtest.client import RequestResult, request_body, stream_one
@@ -244,7 +245,7 @@ def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None
                 candidates.append((below, "the highest level without preemption",
                                    f"at {first_bad} concurrent requests vLLM preempted sequences"))
         else:
-            lines.append("no level was preempted (vllm:num_preemptions_total did not move)")
+            lines.append(f"no level was preempted ({V.num_preemptions_total} did not move)")
     if not candidates:
         return Recommendation("--max-num-seqs", None, "no level completed: nothing to recommend", lines)
     value, what, reason = min(candidates, key=lambda c: c[0])  # a tie: the first named (knee, KV, preemption)

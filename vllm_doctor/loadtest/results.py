@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vllm_doctor.catalogue import V
 from vllm_doctor.loadtest.ladder import RESULT_KIND
 
 
@@ -202,10 +203,10 @@ def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
     a = after.preemptions
     note = ""
     if a is None and after.format == "vllm-doctor-ladder":
-        note = "the ladder could not read the server's /metrics (vllm:num_preemptions_total)"
+        note = f"the ladder could not read the server's /metrics ({V.num_preemptions_total})"
     elif a is None:
         note = (f"{after.format} records no preemption count: run `vllm-doctor bench ladder`, which reads "
-                "vllm:num_preemptions_total before and after each level")
+                f"{V.num_preemptions_total} before and after each level")
     out.append(Check("preemptions", "", None if before.preemptions is None else float(before.preemptions),
                      None if a is None else float(a), f"<= {t.max_preemptions}",
                      judge(a, lambda v: v <= t.max_preemptions), note))

@@ -37,10 +37,13 @@ from typing import Any
 
 import yaml
 
+from vllm_doctor.catalogue import V, either
+
 RUNBOOK_BASE_URL = "https://github.com/vllm-doctor/vllm-doctor/blob/main/docs/runbooks"
 """Where ``runbook_url`` points; the runbooks are ``docs/runbooks/<name>.md`` in the repository."""
 
 DOCTOR_JOB = "vllm-doctor"
+VLLM_JOB = "vllm"  # the job label of vLLM's own /metrics target (deploy/kubernetes/base/podmonitor.yaml)
 """The Prometheus ``job`` label of the sidecar's scrape (compose, the PodMonitor, the e2e test)."""
 
 # Alert-only knobs (not thresholds of a diagnosis, so not in rules/thresholds.yaml).
@@ -163,7 +166,7 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             # and llm-d query vllm:num_preemptions, which does not exist, so they never fire).
             expr=(
                 f"increase(vllm_preemptions_total[{pre_w}]) >= {storm}\n"
-                f"or (sum by (job, instance, namespace, pod) (increase(vllm:num_preemptions_total[{pre_w}])) >= {storm}\n"
+                f"or (sum by (job, instance, namespace, pod) (increase({V.num_preemptions_total}[{pre_w}])) >= {storm}\n"
                 f"    unless on(namespace, pod) vllm_preemptions_total)"
             ),
             summary=f"vLLM on {WHERE} preempted {{{{ $value | printf \"%.0f\" }}}} requests in {pre_w}",
@@ -306,6 +309,23 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
         ),
     ]
 
+    vllm.append(Alert(
+        name="VllmTargetDown",
+        runbook="vllm-target-down",
+        rule="engine-dead",  # the metrics side of VD008: the log says why (the sidecar's finding)
+        severity="critical",
+        # vLLM's own target: a replica whose server died, hangs or restarts in a loop (its sidecar,
+        # another container, may still be up and see nothing new in the log)
+        expr=f'up{{job="{VLLM_JOB}"}} == 0',
+        for_=FOR_SIDECAR,
+        summary=f"vLLM on {WHERE} does not answer /metrics",
+        description=(
+            f"Prometheus cannot scrape vLLM's /metrics on {WHERE} (up == {{{{ $value }}}}) for {FOR_SIDECAR}: the "
+            "server is dead, hung or restarting, and the requests routed to it fail. The replica's vllm-doctor "
+            "sidecar (engine-dead, startup-oom) or `kubectl logs` names the cause."
+        ),
+    ))
+
     sidecar = [
         Alert(
             name="VllmDoctorDown",
@@ -368,16 +388,14 @@ RECORD_PREFIX = "namespace_model_name:"
 FOR_LATENCY = "5m"  # a p99 over the target for 5 minutes: not one slow burst
 FOR_FLEET = "10m"  # an imbalance or a fleet-wide saturation must last (t.fleet_imbalance_min_seconds)
 
-#: signal -> (vLLM histogram names, newest first, joined with ``or``; the SLO bound key or None;
-#: the p99 target key or None). Names: the recorded vLLM 0.32 /metrics capture;
-#: vllm:time_per_output_token_seconds is the name of ITL before it was renamed.
+#: signal -> (vLLM's histogram, the SLO bound key or None, the p99 target key or None). Each is
+#: queried under every name it had (catalogue.either: ITL was vllm:time_per_output_token_seconds).
 LATENCY_SIGNALS = {
-    "ttft": (("vllm:time_to_first_token_seconds",), "slo_ttft_seconds", "ttft_p99_target_seconds"),
-    "itl": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "slo_itl_seconds",
-            "itl_p99_target_seconds"),
-    "tpot": (("vllm:request_time_per_output_token_seconds",), None, None),
-    "e2e": (("vllm:e2e_request_latency_seconds",), "slo_e2e_seconds", "e2e_p99_target_seconds"),
-    "queue": (("vllm:request_queue_time_seconds",), "slo_queue_seconds", "queue_time_p99_target_seconds"),
+    "ttft": (V.time_to_first_token_seconds, "slo_ttft_seconds", "ttft_p99_target_seconds"),
+    "itl": (V.inter_token_latency_seconds, "slo_itl_seconds", "itl_p99_target_seconds"),
+    "tpot": (V.request_time_per_output_token_seconds, None, None),
+    "e2e": (V.e2e_request_latency_seconds, "slo_e2e_seconds", "e2e_p99_target_seconds"),
+    "queue": (V.request_queue_time_seconds, "slo_queue_seconds", "queue_time_p99_target_seconds"),
 }
 LATENCY_TITLES = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end latency", "queue": "queue time"}
 #: The SRE workbook's multiwindow, multi-burn-rate alerts for a 30-day budget:
@@ -387,7 +405,7 @@ SLO_BURN = {
     "slow": ("warning", (("1d", "2h", 3.0), ("3d", "6h", 1.0))),
 }
 SLO_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
-KV = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"  # the name before vLLM 0.9.2 after or
+KV = f"({either(V.kv_cache_usage_perc)})"  # with vllm:gpu_cache_usage_perc, its name before vLLM 0.9.2
 
 
 def le_matcher(bound: float) -> str:
@@ -396,9 +414,9 @@ def le_matcher(bound: float) -> str:
     return f"{text[:-2]}|{text}" if text.endswith(".0") else text
 
 
-def _hist(names: tuple[str, ...], suffix: str, by: str, window: str, matcher: str = "") -> str:
-    return " or ".join(f"sum by ({by}) (rate({n}_{suffix}{{{matcher}}}[{window}]))" if matcher
-                       else f"sum by ({by}) (rate({n}_{suffix}[{window}]))" for n in names)
+def _hist(name: str, suffix: str, by: str, window: str, matcher: str = "") -> str:
+    """The rate of a histogram's series summed ``by``, its old and new names combined per series first."""
+    return f"sum by ({by}) ({either(name, matcher, suffix='_' + suffix, fn='rate', window=window)})"
 
 
 def record(name: str) -> str:
@@ -407,12 +425,12 @@ def record(name: str) -> str:
 
 def _saturated(t: dict[str, float]) -> str:
     """An engine with a full KV cache and requests waiting (the fleet rules' "saturated")."""
-    return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and vllm:num_requests_waiting >= {_num(t['waiting_min'])}"
+    return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and {V.num_requests_waiting} >= {_num(t['waiting_min'])}"
 
 
 def _idle(t: dict[str, float]) -> str:
     """An engine with no request waiting and an almost empty KV cache (the fleet rules' "idle")."""
-    return f"vllm:num_requests_waiting < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}"
+    return f"{V.num_requests_waiting} < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}"
 
 
 def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
@@ -420,35 +438,35 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
     stay cheap: latency p99 per model from the summed buckets, SLO error ratios per window, load
     and KV cache per model, saturated and idle replicas."""
     rules: list[dict[str, Any]] = []
-    for sig, (names, slo_key, _) in LATENCY_SIGNALS.items():
+    for sig, (name, slo_key, _) in LATENCY_SIGNALS.items():
         rules.append({"record": record(f"vllm_{sig}_seconds:p99_rate5m"),
-                      "expr": f"histogram_quantile(0.99, {_hist(names, 'bucket', FLEET_BY + ', le', '5m')})"})
-    for sig, (names, slo_key, _) in LATENCY_SIGNALS.items():
+                      "expr": f"histogram_quantile(0.99, {_hist(name, 'bucket', FLEET_BY + ', le', '5m')})"})
+    for sig, (name, slo_key, _) in LATENCY_SIGNALS.items():
         if slo_key is None:
             continue
         good = f'le=~"{le_matcher(t[slo_key])}"'
         for w in SLO_WINDOWS:
             rules.append({
                 "record": record(f"vllm_latency_slo_errors:ratio_rate{w}"),
-                "expr": f"1 - (({_hist(names, 'bucket', FLEET_BY, w, good)}) / ({_hist(names, 'count', FLEET_BY, w)}))",
+                "expr": f"1 - (({_hist(name, 'bucket', FLEET_BY, w, good)}) / ({_hist(name, 'count', FLEET_BY, w)}))",
                 "labels": {"slo": sig},
             })
     sat = _saturated(t)
     rules += [
-        {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_running)"},
-        {"record": record("vllm_num_requests_waiting:sum"), "expr": f"sum by ({FLEET_BY}) (vllm:num_requests_waiting)"},
+        {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) ({V.num_requests_running})"},
+        {"record": record("vllm_num_requests_waiting:sum"), "expr": f"sum by ({FLEET_BY}) ({V.num_requests_waiting})"},
         {"record": record("vllm_kv_cache_usage:avg"), "expr": f"avg by ({FLEET_BY}) {KV}"},
         {"record": record("vllm_kv_cache_usage:max"), "expr": f"max by ({FLEET_BY}) {KV}"},
         {"record": record("vllm_num_preemptions:increase5m"),
-         "expr": f"sum by ({FLEET_BY}) (increase(vllm:num_preemptions_total[5m]))"},
+         "expr": f"sum by ({FLEET_BY}) (increase({V.num_preemptions_total}[5m]))"},
         {"record": record("vllm_generation_tokens:rate5m"),
-         "expr": f"sum by ({FLEET_BY}) (rate(vllm:generation_tokens_total[5m]))"},
+         "expr": f"sum by ({FLEET_BY}) (rate({V.generation_tokens_total}[5m]))"},
         {"record": record("vllm_replicas:count"),
-         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_running))"},
+         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_running}))"},
         {"record": record("vllm_replicas_saturated:count"),
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({sat}))"},
         {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
-         "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) (vllm:num_requests_waiting) < {_num(t['waiting_min'])}\n"
+         "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_waiting}) < {_num(t['waiting_min'])}\n"
                   f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},
     ]
     return rules
@@ -462,7 +480,7 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
     budget = round(1 - t["slo_objective_ratio"], 6)
     latency: list[Alert] = []
     camel = {"ttft": "Ttft", "itl": "Itl", "e2e": "E2eLatency", "queue": "QueueTime"}
-    for sig, (names, _, target_key) in LATENCY_SIGNALS.items():
+    for sig, (name, _, target_key) in LATENCY_SIGNALS.items():
         if target_key is None:
             continue
         target = _num(t[target_key])
@@ -477,10 +495,30 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
             summary=f"vLLM {title} p99 of {FLEET_WHERE} is {{{{ $value | humanizeDuration }}}}",
             description=(
                 f"{title} p99 over all replicas of {FLEET_WHERE} is {{{{ $value | humanizeDuration }}}} "
-                f"(vLLM's {names[0]} buckets summed over the replicas, rate over 5m), above the {target} s "
+                f"(vLLM's {name} buckets summed over the replicas, rate over 5m), above the {target} s "
                 f"target for {FOR_LATENCY}. `vllm-doctor diagnose --prometheus` names the replicas and the cause."
             ),
         ))
+    # one replica over a target: the fleet's p99 (all replicas' buckets summed) hides it in a fleet of many
+    per_replica = "\nor ".join(
+        f"label_replace(histogram_quantile(0.99, {_hist(name, 'bucket', REPLICA_BY + ', le', '5m')}) > "
+        f"{_num(t[target_key])}, \"slo\", \"{sig}\", \"\", \"\")"
+        for sig, (name, _, target_key) in LATENCY_SIGNALS.items() if target_key is not None)
+    latency.append(Alert(
+        name="VllmReplicaLatencyP99High",
+        runbook="vllm-replica-latency-p99-high",
+        rule="latency-objective-missed",
+        severity="warning",
+        expr=per_replica,
+        for_=FOR_LATENCY,
+        summary=f"vLLM {{{{ $labels.slo }}}} p99 on {WHERE} is {{{{ $value | humanizeDuration }}}}",
+        description=(
+            f"The {{{{ $labels.slo }}}} p99 of {WHERE} alone ({FLEET_WHERE}) is {{{{ $value | humanizeDuration }}}}, "
+            f"above its target (rules/thresholds.yaml *_p99_target_seconds) for {FOR_LATENCY}, from this replica's "
+            "own histogram buckets. The fleet's p99 may still be fine: one bad replica among many. "
+            "`vllm-doctor diagnose --prometheus` and the replica's sidecar name the cause."
+        ),
+    ))
     for speed, (severity, pairs) in SLO_BURN.items():
         cond = "\nor ".join(
             f"({record(f'vllm_latency_slo_errors:ratio_rate{lw}')} > {_num(round(rate * budget, 6))}\n"
@@ -507,7 +545,7 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
     storm = _num(t["preemption_storm_min"])
     pre_w = duration(t["preemption_window_seconds"])
     wide = _num(t["fleet_wide_min_ratio"])
-    storming = (f"sum by ({REPLICA_BY}) (increase(vllm:num_preemptions_total[{pre_w}])) >= {storm}")
+    storming = (f"sum by ({REPLICA_BY}) (increase({V.num_preemptions_total}[{pre_w}])) >= {storm}")
     fleet = [
         Alert(
             name="VllmReplicaImbalance",
@@ -551,7 +589,7 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
             summary=f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} are in a preemption storm",
             description=(
                 f"{{{{ $value | humanizePercentage }}}} of the replicas of {FLEET_WHERE} preempted {storm} or more "
-                f"requests per {pre_w} (vllm:num_preemptions_total), for {FOR_FLEET}: the fleet's KV cache is too "
+                f"requests per {pre_w} ({V.num_preemptions_total}), for {FOR_FLEET}: the fleet's KV cache is too "
                 "small for the load, not one configuration. Lower --max-num-seqs everywhere or add replicas."
             ),
         ),
@@ -669,6 +707,20 @@ def _series(title, targets, pos, unit="", description="", thresholds=None, min_=
     )
 
 
+def fixes_table() -> str:
+    """The Fixes panel's table: every rule of the rule catalogue (rules/, rules/fleet/) and the
+    flags and environment variables its findings may compute, in the rule's order."""
+    from vllm_doctor.diagnosis.loader import builtin_rules_dir
+
+    rows = ["| rule | flags the finding computes |", "|---|---|"]
+    for d in (builtin_rules_dir(), builtin_rules_dir() / "fleet"):
+        for path in sorted(d.glob("VD*.yaml")):
+            doc = yaml.safe_load(path.read_text())
+            flags = list(dict.fromkeys(f["flag"] for f in doc.get("fixes") or []))
+            rows.append(f"| {doc['id']} {doc['name']} | {', '.join(f'`{f}`' for f in flags) or 'none (the finding names the cause)'} |")
+    return "\n".join(rows) + "\n"
+
+
 def dashboard(t: dict[str, float] | None = None):
     """The vLLM dashboard (grafanalib ``Dashboard``); templated by namespace, pod and GPU."""
     from grafanalib.core import (
@@ -697,7 +749,7 @@ def dashboard(t: dict[str, float] | None = None):
             [
                 target(f"vllm_kv_cache_usage_ratio{{{SEL}}}", "{{pod}} (vllm-doctor)", "A"),
                 # one query for every version: the name since 0.9.2, or the name up to 0.11.2 where that is all there is
-                target(f"vllm:kv_cache_usage_perc{{{SEL}}} or vllm:gpu_cache_usage_perc{{{SEL}}}",
+                target(either(V.kv_cache_usage_perc, SEL),
                        "{{pod}} engine {{engine}} (vLLM)", "B"),
             ],
             (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]],
@@ -722,7 +774,7 @@ def dashboard(t: dict[str, float] | None = None):
             f"Preemptions per {pre_w}",
             [
                 target(f"increase(vllm_preemptions_total{{{SEL}}}[{pre_w}])", "{{pod}}", "A"),
-                target(f"sum by (namespace, pod) (increase(vllm:num_preemptions_total{{{SEL}}}[{pre_w}]))",
+                target(f"sum by (namespace, pod) (increase({V.num_preemptions_total}{{{SEL}}}[{pre_w}]))",
                        "{{pod}} (vLLM /metrics)", "B"),
             ],
             (8, 8, 0, 9), unit="short", min_=0, thresholds=[t["preemption_storm_min"]],
@@ -735,10 +787,10 @@ def dashboard(t: dict[str, float] | None = None):
                 target(f'vllm_time_to_first_token_seconds{{{SEL}, quantile=~"0.5|0.99"}}',
                        "{{pod}} p{{quantile}} (vllm-doctor)", "A"),
                 target(f"histogram_quantile(0.99, sum by (namespace, pod, le) "
-                       f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[$__rate_interval])))",
+                       f"(rate({V.time_to_first_token_seconds}_bucket{{{SEL}}}[$__rate_interval])))",
                        "{{pod}} p99 (vLLM histogram)", "B"),
                 target(f"histogram_quantile(0.5, sum by (namespace, pod, le) "
-                       f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[$__rate_interval])))",
+                       f"(rate({V.time_to_first_token_seconds}_bucket{{{SEL}}}[$__rate_interval])))",
                        "{{pod}} p50 (vLLM histogram)", "C"),
             ],
             (8, 8, 8, 9), unit="s", min_=0, thresholds=[t["ttft_p99_target_seconds"]],
@@ -748,9 +800,9 @@ def dashboard(t: dict[str, float] | None = None):
             [
                 target(f"vllm_prompt_throughput_tokens_per_second{{{SEL}}}", "{{pod}} prompt", "A"),
                 target(f"vllm_generation_throughput_tokens_per_second{{{SEL}}}", "{{pod}} generation", "B"),
-                target(f"sum by (namespace, pod) (rate(vllm:prompt_tokens_total{{{SEL}}}[$__rate_interval]))",
+                target(f"sum by (namespace, pod) (rate({V.prompt_tokens_total}{{{SEL}}}[$__rate_interval]))",
                        "{{pod}} prompt (vLLM /metrics)", "C"),
-                target(f"sum by (namespace, pod) (rate(vllm:generation_tokens_total{{{SEL}}}[$__rate_interval]))",
+                target(f"sum by (namespace, pod) (rate({V.generation_tokens_total}{{{SEL}}}[$__rate_interval]))",
                        "{{pod}} generation (vLLM /metrics)", "D"),
             ],
             (8, 8, 16, 9), unit="short", min_=0, description="Tokens per second.",
@@ -812,17 +864,7 @@ def dashboard(t: dict[str, float] | None = None):
                 "Each finding names the vLLM flag to change with a value computed from what was "
                 "observed. Open the sidecar (`kubectl port-forward pod/POD 9401` then "
                 "http://127.0.0.1:9401/) or `curl :9401/api/findings`.\n\n"
-                "| rule | flags the finding computes |\n|---|---|\n"
-                "| VD001 preemption-storm | `--max-num-seqs`, `--gpu-memory-utilization`, `--kv-cache-dtype`, `--tensor-parallel-size` |\n"
-                "| VD002 startup-oom | `--max-model-len`, `--kv-cache-memory-bytes`, `--gpu-memory-utilization`, `--enforce-eager` |\n"
-                "| VD003 prefill-blocking | `--enable-chunked-prefill`, `--max-num-batched-tokens`, `--long-prefill-token-threshold` |\n"
-                "| VD004 kv-capacity-bound | `--max-num-seqs`, `--kv-cache-memory-bytes`, `--gpu-memory-utilization`, `--kv-cache-dtype` |\n"
-                "| VD005 gpu-memory-leak | `--gpu-memory-utilization` (headroom), then a restart |\n"
-                "| VD006 nccl-failure | `--disable-custom-all-reduce` |\n"
-                "| VD007 runtime-oom | `--gpu-memory-utilization`, `--max-num-batched-tokens` |\n"
-                "| VD008 engine-dead | `VLLM_ENGINE_ITERATION_TIMEOUT_S`; the traceback names the cause |\n"
-                "| VD009 max-model-len-exceeds-model | `--max-model-len` |\n"
-                "| VD010 unknown-flag | the setting vLLM really reads |\n"
+                + fixes_table()
             ),
         ),
         series(
@@ -882,13 +924,13 @@ def _fleet_templating(drill_down: bool):
 
     vs = [
         Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
-        variable("namespace", "label_values(vllm:num_requests_running, namespace)", "Namespace"),
-        variable("model_name", 'label_values(vllm:num_requests_running{namespace=~"$namespace"}, model_name)', "Model"),
+        variable("namespace", f"label_values({V.num_requests_running}, namespace)", "Namespace"),
+        variable("model_name", f'label_values({V.num_requests_running}{{namespace=~"$namespace"}}, model_name)', "Model"),
     ]
     if drill_down:
         vs += [
-            variable("pod", f"label_values(vllm:num_requests_running{{{FSEL}}}, pod)", "Replica (pod)"),
-            variable("engine", f'label_values(vllm:num_requests_running{{{FSEL}, pod=~"$pod"}}, engine)', "Engine"),
+            variable("pod", f"label_values({V.num_requests_running}{{{FSEL}}}, pod)", "Replica (pod)"),
+            variable("engine", f'label_values({V.num_requests_running}{{{FSEL}, pod=~"$pod"}}, engine)', "Engine"),
         ]
     return Templating(list=vs)
 
@@ -961,9 +1003,9 @@ def fleet_dashboard(t: dict[str, float] | None = None):
         ], (8, 8, 16, 10), unit="short", min_=0),
         _series(f"Preemptions per {pre_w}", [
             _target(f"{record('vllm_num_preemptions:increase5m')}{{{FSEL}}}", "{{model_name}} (fleet)", "A"),
-            _target(f"sum by (namespace, pod) (increase(vllm:num_preemptions_total{{{FSEL}}}[{pre_w}]))", "{{pod}}", "B"),
+            _target(f"sum by (namespace, pod) (increase({V.num_preemptions_total}{{{FSEL}}}[{pre_w}]))", "{{pod}}", "B"),
         ], (8, 12, 0, 18), unit="short", min_=0, thresholds=[t["preemption_storm_min"]],
-            description=f"vllm:num_preemptions_total (vllm:num_preemptions does not exist); {_num(t['preemption_storm_min'])} "
+            description=f"{V.num_preemptions_total} (without _total it matches nothing); {_num(t['preemption_storm_min'])} "
                         f"or more per {pre_w} on a replica is a storm."),
         _series("Generation throughput", [
             _target(f"{record('vllm_generation_tokens:rate5m')}{{{FSEL}}}", "{{model_name}}", "A"),
@@ -1004,15 +1046,15 @@ def replicas_dashboard(t: dict[str, float] | None = None):
     panels = [
         RowPanel(title="Per replica and engine", gridPos=GridPos(1, 24, 0, 0)),
         _series("KV cache usage", [
-            _target(f"vllm:kv_cache_usage_perc{{{RSEL}}} or vllm:gpu_cache_usage_perc{{{RSEL}}}",
+            _target(either(V.kv_cache_usage_perc, RSEL),
                     "{{pod}} engine {{engine}}", "A"),
         ], (8, 12, 0, 1), unit="percentunit", min_=0, max_=1, thresholds=[t["kv_cache_full_ratio"]]),
-        _series("Waiting", [_target(f"vllm:num_requests_waiting{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+        _series("Waiting", [_target(f"{V.num_requests_waiting}{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
                 (8, 12, 12, 1), unit="short", min_=0),
-        _series("Running", [_target(f"vllm:num_requests_running{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
+        _series("Running", [_target(f"{V.num_requests_running}{{{RSEL}}}", "{{pod}} engine {{engine}}", "A")],
                 (8, 12, 0, 9), unit="short", min_=0),
         _series(f"Preemptions per {pre_w}", [
-            _target(f"increase(vllm:num_preemptions_total{{{RSEL}}}[{pre_w}])", "{{pod}} engine {{engine}}", "A"),
+            _target(f"increase({V.num_preemptions_total}{{{RSEL}}}[{pre_w}])", "{{pod}} engine {{engine}}", "A"),
         ], (8, 12, 12, 9), unit="short", min_=0, thresholds=[t["preemption_storm_min"]]),
         RowPanel(title="Latency per replica", gridPos=GridPos(1, 24, 0, 17)),
         _series("TTFT p99", [_target(quantile("ttft"), "{{pod}}", "A")], (8, 8, 0, 18), unit="s", min_=0,
@@ -1022,7 +1064,7 @@ def replicas_dashboard(t: dict[str, float] | None = None):
         _series("Queue time p99", [_target(quantile("queue"), "{{pod}}", "A")], (8, 8, 16, 18), unit="s", min_=0,
                 thresholds=[t["queue_time_p99_target_seconds"]]),
         _series("Generation throughput", [
-            _target(f"sum by (namespace, pod, engine) (rate(vllm:generation_tokens_total{{{RSEL}}}[$__rate_interval]))",
+            _target(f"sum by (namespace, pod, engine) (rate({V.generation_tokens_total}{{{RSEL}}}[$__rate_interval]))",
                     "{{pod}} engine {{engine}}", "A"),
         ], (8, 24, 0, 26), unit="short", min_=0, description="Tokens per second."),
     ]

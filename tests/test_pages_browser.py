@@ -155,6 +155,8 @@ def fleet_report(monkeypatch):
         replica("busy", BUSY)]
 
     class Client:
+        warnings: list[str] = []  # PrometheusClient.warnings: no partial response here
+
         def __init__(self, *a, **k):
             pass
 

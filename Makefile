@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings lock clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings lock wheel clean
 
 setup: $(VENV)/.installed
 
@@ -78,6 +78,13 @@ golden: setup
 # The wordings table read from vLLM's released wheels (downloads one wheel per minor version).
 wordings: setup
 	$(BIN)/python tools/gen_wordings.py
+
+# dist/vllm_incident_doctor-*.whl: what `pip install .` installs and deploy/Dockerfile's image holds
+# (tests/test_packaging.py checks that such a wheel holds every file of the package tree).
+wheel: setup
+	rm -rf dist build
+	$(BIN)/python -m pip wheel --no-deps -q -w dist .
+	rm -rf build
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

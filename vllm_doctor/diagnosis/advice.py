@@ -263,7 +263,8 @@ def fix_label(fx: FlagFix, fixes: list[FlagFix]) -> str:
 def share_fixes(findings: list[Finding]) -> list[Finding]:
     """Copies of ``findings`` (in report order) where a fix that an earlier finding already gives
     (same command) appears once: the first keeps it, with ``also_for`` naming the others; a later
-    finding drops it and says where it is."""
+    finding drops it and says where it is, and its remaining options are numbered again (1..n, the
+    relations recomputed: a single option left is the ``only`` thing to do)."""
     out = [copy.deepcopy(f) for f in findings]
     first: dict[str, tuple[Finding, FlagFix]] = {}
     for f in out:
@@ -283,5 +284,7 @@ def share_fixes(findings: list[Finding]) -> list[Finding]:
                     f.notes.append(f"{key} also fixes this; it is listed under {o.name} ({o.rule_id})")
             else:
                 kept.append(fx)
+        if len(kept) < len(f.fixes):  # what is left is numbered again: "option 2 of 2", never "option 4 of 2"
+            relate_fixes(kept, [str(fx.option) for fx in kept])
         f.fixes = kept
     return out

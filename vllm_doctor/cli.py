@@ -328,7 +328,7 @@ def serve(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
     eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error. (default: info)")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error | critical. (default: info)")] = None,
     bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,

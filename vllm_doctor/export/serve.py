@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -125,7 +125,7 @@ class ServeConfig(BaseModel):
     start_wait: float = Field(default=2.0, ge=0)
     stale_after: float = Field(default=120.0, gt=0)
     ttft_window: float = Field(default=300.0, gt=0)
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     bench: str | None = None  # a `bench ladder` result: findings name the level where they began
 
     @field_validator("metrics_url", mode="before")
@@ -134,6 +134,11 @@ class ServeConfig(BaseModel):
         if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "off", "false")):
             return None
         return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("logs", "rules", mode="before")
     @classmethod
@@ -196,7 +201,9 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "config"
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        given = first.get("input")
+        given = f"={given!r}" if isinstance(given, (str, int, float)) else ""
+        raise ConfigError(f"invalid setting {where}{given}: {first['msg']}") from None
 
 
 @dataclass

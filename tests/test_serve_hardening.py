@@ -10,6 +10,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 
 from serve_helpers import free_port, value, wait_for
 
@@ -136,3 +137,20 @@ def test_a_bad_log_level_is_a_usage_error_from_flag_env_and_config_file(tmp_path
             "vllm-doctor: invalid setting log_level='loud': Input should be 'debug', 'info', 'warning', 'error' "
             "or 'critical'"]), (args, extra)
     assert load_config({"log_level": "WARNING"}, env={}).log_level == "warning"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_stops_cleanly_on_sigterm_and_on_sigint_inherited_as_ignored(tmp_path, sig):
+    """Issue 27: a background job of a script inherits SIGINT as ignored; serve stops on it and on
+    SIGTERM, exit 0, with its offsets checkpointed (the app's shutdown ran)."""
+    from stop_signals import stop_with
+
+    log = tmp_path / "vllm.log"
+    log.write_text(STATS.format(s=1))
+    state = tmp_path / "state.json"
+    code, text = stop_with(sig, ["serve", "--log", str(log), "--metrics-url", "none", "--no-nvml", "--from-start",
+                                 "--host", "127.0.0.1", "--port", "0", "--state-file", str(state)],
+                           tmp_path / "serve.out", lambda out: "Uvicorn running on" in out or "Application startup complete" in out)
+    assert code == 0, text[-2000:]
+    assert "Traceback" not in text
+    assert str(log.resolve()) in state.read_text() or str(log) in state.read_text()

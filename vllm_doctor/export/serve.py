@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -596,8 +597,9 @@ class Sidecar:
 
 
 def run(cfg: ServeConfig) -> int:
-    """Serve until SIGTERM / SIGINT (uvicorn's handlers; the sidecar is stopped and its
-    checkpoint written in the app's shutdown). Returns the exit code."""
+    """Serve until SIGTERM / SIGINT (uvicorn's handlers, SIGINT even where it was inherited as
+    ignored; the sidecar is stopped and its checkpoint written in the app's shutdown). Returns the
+    exit code: 0 after a stop by either signal."""
     import uvicorn
 
     from vllm_doctor.export.server import create_app
@@ -608,6 +610,13 @@ def run(cfg: ServeConfig) -> int:
     app = create_app(sidecar, manage=True)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            access_log=False, lifespan="on"))
+    # uvicorn catches SIGINT and SIGTERM while serving (SIGINT too where it was inherited as ignored),
+    # shuts down, then raises the signal again under the handlers it found: by default that kills the
+    # process (-15) or raises KeyboardInterrupt (130) after a clean stop. The handlers it finds are
+    # these, so a stop by either signal is exit 0.
+    stopped_by: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _frame: stopped_by.append(sig))
+                for sig in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() else {}
     try:
         server.run()
     except SystemExit as e:   # uvicorn exits 3 when it cannot bind (port in use, an address not this host's)
@@ -616,4 +625,7 @@ def run(cfg: ServeConfig) -> int:
         print(f"vllm-doctor: cannot serve on {cfg.host}:{cfg.port} (the port is in use or the address is not "
               f"this host's: see uvicorn's error above)", file=sys.stderr)
         return 2
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0

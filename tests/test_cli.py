@@ -400,6 +400,20 @@ def test_help_shows_no_python_types(cmd):
         assert leak not in out, (cmd, leak)
 
 
+@pytest.mark.parametrize("cmd", all_commands(), ids=lambda c: " ".join(c) or "top")
+def test_dash_h_is_help_and_no_argument_is_named_twice(cmd):
+    """Issue 27: `-h` was 'No such option: -h'; every help page listed its arguments as 'LOG LOG'."""
+    rc, out, err = run(*cmd, "-h")
+    assert (rc, err) == (0, "") and out == run(*cmd, "--help")[1]
+    assert "-h, --help" in out
+    args = out.split("\nArguments:\n", 1)[1].split("\n\n", 1)[0] if "\nArguments:\n" in out else ""
+    for line in args.splitlines():
+        words = line.split()
+        if line.startswith("  ") and not line.startswith("   ") and len(words) > 1:
+            assert words[0] != words[1], (cmd, line)
+            assert words[0].upper() == words[0], (cmd, line)   # LOG, MODEL, FILE: what to type, upper case
+
+
 def test_export_alertmanager_is_the_shipped_routing():
     rc, out, err = run("export", "alertmanager")
     assert rc == 0, err

@@ -25,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command and subcommand inherits it
 )
 
 
@@ -38,10 +39,10 @@ _typer_type = typer.core.TyperOption.display_type
 
 
 def _help_type(self, ctx) -> str | None:  # noqa: ANN001 - typer's signature
+    if isinstance(self, typer.core.TyperArgument):  # its name is its metavar already: never "LOG LOG"
+        return None
     if self.metavar is not None:
         return self.metavar or None
-    if isinstance(self, typer.core.TyperArgument):
-        return None
     word = (_typer_type(self, ctx) or "").strip("<>")
     if word.startswith("list[") and word.endswith("]"):
         word = word[5:-1]
@@ -376,7 +377,7 @@ def watch(
 # --- plan/check (issue 12) ---
 @app.command()
 def plan(
-    model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
     vllm_version: Annotated[str, typer.Option("--vllm-version", metavar="X.Y.Z", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
     device: Annotated[str, typer.Option("--device", metavar="cuda|cpu", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
@@ -433,7 +434,7 @@ def plan(
 
 @app.command()
 def check(
-    paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
+    paths: Annotated[list[str], typer.Argument(metavar="FILE", help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", metavar="X.Y.Z", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
     model_config: Annotated[Optional[str], typer.Option("--model-config", metavar="PATH", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,

@@ -375,6 +375,15 @@ def watch(
 
 
 # --- plan/check (issue 12) ---
+def _warn_newer(version: str | None) -> None:
+    """One line on stderr when ``--vllm-version`` is newer than any known release (a typo, or a
+    release after vllm-doctor's tables): which known release it is judged as."""
+    from vllm_doctor.versions import newer_than_known
+
+    if (msg := newer_than_known(version)) is not None:
+        print(f"vllm-doctor: warning: {msg}", file=sys.stderr)
+
+
 @app.command()
 def plan(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
@@ -413,6 +422,7 @@ def plan(
 
     if parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    _warn_newer(vllm_version)
     try:
         cfg, name = planmod.load_config(model)
         kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
@@ -453,6 +463,7 @@ def check(
 
     if vllm_version is not None and parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    _warn_newer(vllm_version)
     try:
         cfg = planmod.load_config(model_config)[0] if model_config else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None

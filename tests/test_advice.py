@@ -382,3 +382,18 @@ def test_a_shared_fix_leaves_the_other_options_numbered_1_to_n_in_every_format()
     # one option left: the only thing to do, no "option 1 of 1"
     lone = share_fixes([storm, finding("VD004", "kv-capacity-bound", [("--max-num-seqs", "8"), ("--block-size", "32")])])[1]
     assert [(x.flag, x.option, x.relation) for x in lone.fixes] == [("--block-size", 1, "only")]
+
+
+def test_one_sequence_is_singular():
+    """Issue 27: 'the KV cache holds 1 sequences'."""
+    from vllm_doctor.diagnosis.advice import Concurrency
+
+    one = Concurrency(1, "running-at-full", running=1, usage_ratio=1.0, never_preempt=1, kv_cache_tokens=2048,
+                      max_model_len=2048, block_size=16, pressure_running=3, pressure_full=True)
+    assert one.admit == 1
+    assert "the KV cache holds 1 sequence even if every one grows to max_model_len" in one.admit_why
+    assert one.summary == "which held 1 running sequence when it was full"
+    assert one.text.startswith("1 sequence was running when the KV cache was full (100.0%")
+    assert "; 3 were running when the KV cache was full" in one.admit_text
+    two = Concurrency(2, "never-preempt-bound", never_preempt=2, kv_cache_tokens=4096, max_model_len=2048)
+    assert two.summary == "which holds 2 sequences of max_model_len (the never-preempt bound)"

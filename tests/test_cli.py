@@ -157,6 +157,36 @@ def test_a_report_under_since_until_says_which_span_it_judged():
     assert "Judged only" not in run("diagnose", demo)[1]
 
 
+def test_logs_of_two_servers_at_once_are_refused_rotations_and_restarts_are_merged(tmp_path):
+    """Issue 27: the logs of two servers given together were reported as one (one log's version with
+    the other's engine). Files that run at the same time and name another vLLM version, engine or model
+    are refused with the reason (exit 2); one deployment's files one after the other are merged."""
+    from vllm_doctor.ingest.replay import restamp
+
+    t0 = 1_790_000_000.0
+    v032 = (LOGS / "cpu-preemption-tiny-kv-cache.log").read_bytes()
+    v050 = log("014").read_bytes()
+    a, b = tmp_path / "replica-a.log", tmp_path / "replica-b.log"
+    a.write_bytes(restamp(v032, now=t0))
+    b.write_bytes(restamp(v050, now=t0))
+    rc, out, err = run("diagnose", a, b)
+    assert (rc, out) == (2, "")
+    assert err == ("vllm-doctor: replica-a.log (version 0.32.0, engine v1, model /srv/vllm-test/tiny-llama) and "
+                   "replica-b.log (engine v0) are logs of two vLLM servers running at the same time, not one "
+                   "deployment's rotated files: diagnose each server's logs on its own\n")
+    # the same two servers one after the other (an upgrade and a restart): one deployment, merged
+    b.write_bytes(restamp(v050, now=t0 + 3600))
+    rc, out, err = run("diagnose", "-f", "json", a, b)
+    assert (rc, err) == (1, "") and json.loads(out)["facts"]["preemptions_total"] == 151
+    # one log cut in two rotated files: merged, the same facts as the whole
+    lines = v032.splitlines(keepends=True)
+    (tmp_path / "vllm.log.1").write_bytes(b"".join(lines[:120]))
+    (tmp_path / "vllm.log").write_bytes(b"".join(lines[120:]))
+    rc, out, err = run("diagnose", "-f", "json", tmp_path / "vllm.log.1", tmp_path / "vllm.log")
+    whole = json.loads(run("diagnose", "-f", "json", LOGS / "cpu-preemption-tiny-kv-cache.log")[1])
+    assert rc == 1 and json.loads(out)["facts"] == whole["facts"], err
+
+
 def test_truncated_lines_and_invalid_utf8(tmp_path):
     raw = log("014").read_bytes()
     p = tmp_path / "cut.log"

@@ -294,6 +294,8 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | N
     # rules are judged once more with it (not before any log line was read).
     after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
     pipe.run(sources, after=after)
+    if (mixed := pipe.mixed_servers()) is not None:
+        raise InputError(mixed)
     return pipe.report()
 
 

@@ -36,7 +36,7 @@ demo: setup
 	$(BIN)/vllm-doctor diagnose --metrics $(DEMO_METRICS) $(DEMO_LOG); test $$? -le 1
 
 test: setup system-deps e2e-setup
-	@echo "== pytest: every test (usually 12-18 min on 2 cores: each e2e vLLM scenario and the container"
+	@echo "== pytest: every test (README.md says how long on 2 cores: each e2e vLLM scenario and the container"
 	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
 	@echo "== bench/bench_memory.py --quick: peak memory figures (printed, not a test: a loaded machine can skew them; make bench-memory runs the full sizes)"

@@ -61,3 +61,14 @@ def test_readme_console_example_is_the_real_output(where, argv, shown):
         hit = next((i for i in range(at, len(real)) if matches(line, real[i])), None)
         assert hit is not None, f"README line not in the output (after line {at}): {line!r}"
         at = hit + 1
+
+
+def test_readme_names_every_debian_package_make_system_deps_installs():
+    """Issue 27: the README's list left out chromium and chromium-driver; .ci/apt-packages.txt is the truth."""
+    listed = [ln.strip() for ln in (ROOT / ".ci" / "apt-packages.txt").read_text().splitlines()
+              if ln.strip() and not ln.lstrip().startswith("#")]
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("- `make system-deps`: the Debian packages"):]
+    part = part[:part.index("\n- ")]
+    assert "chromium-driver" in listed
+    assert [p for p in listed if f"`{p}`" not in part] == []

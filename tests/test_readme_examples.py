@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `vllm-doctor diagnose vllm.log` in the README is the bundled log that `make demo` diagnoses
 STAND_INS = {"vllm.log": "tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log"}
-NEEDS_A_SERVER = ("bench",)   # bench ladder measures a running vLLM: its example is a recording
+# bench ladder measures a running vLLM, fleet reads a Prometheus: their examples are recordings
+NEEDS_A_SERVER = ("bench", "fleet")
 
 
 def examples() -> list[tuple[str, list[str], list[str]]]:

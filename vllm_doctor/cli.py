@@ -115,21 +115,33 @@ def _when(text: str | None, option: str) -> float | None:
         _fail(f"{option} {text!r}: {e}")
 
 
+# Options that `diagnose` and `fleet` share (one declaration each).
+_FormatOpt = Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")]
+_FailOnOpt = Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")]
+_RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")]
+_OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")]
+_BenchOpt = Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")]
+_SelectorOpt = Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")]
+_SinceOpt = Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")]
+_UntilOpt = Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")]
+_StepOpt = Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")]
+
+
 @app.command()
 def diagnose(
     paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order; files of two servers running at once are refused.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")] = "text",
-    fail_on: Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")] = "warning",
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    format: _FormatOpt = "text",
+    fail_on: _FailOnOpt = "warning",
+    rules: _RulesOpt = None,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
-    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
+    output: _OutputOpt = None,
+    bench: _BenchOpt = None,
     # --- fleet (issue 13) ---
-    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
-    selector: Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")] = None,
-    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")] = None,
-    step: Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")] = None,
+    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs (also: vllm-doctor fleet URL). [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
+    selector: _SelectorOpt = None,
+    since: _SinceOpt = None,
+    until: _UntilOpt = None,
+    step: _StepOpt = None,
     # --- end fleet ---
 ) -> None:
     """Read vLLM logs to the end (or every replica's series from Prometheus): what happened, what to do
@@ -191,6 +203,25 @@ def diagnose(
     if rep.nothing_in_range and not rep.findings:  # not "healthy": no line was in the span to judge
         raise typer.Exit(EXIT_NOTHING_IN_RANGE)
     raise typer.Exit(EXIT_OK)
+
+
+@app.command()
+def fleet(
+    url: Annotated[str, typer.Argument(metavar="URL", help="A Prometheus (or Thanos / Mimir) query URL, e.g. http://prometheus-operated.monitoring:9090. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")],
+    selector: _SelectorOpt = None,
+    since: _SinceOpt = None,
+    until: _UntilOpt = None,
+    step: _StepOpt = None,
+    format: _FormatOpt = "text",
+    fail_on: _FailOnOpt = "warning",
+    rules: _RulesOpt = None,
+    output: _OutputOpt = None,
+) -> None:
+    """Diagnose every vLLM replica (and data-parallel engine) from Prometheus: the per-replica table,
+    each replica's incidents and the fleet rules (imbalance, fleet-wide preemptions and KV saturation,
+    latency objectives). The same as `vllm-doctor diagnose --prometheus URL` (docs/fleet.md)."""
+    diagnose(paths=None, format=format, fail_on=fail_on, rules=rules, metrics=None, output=output, bench=None,
+             prometheus=url, selector=selector, since=since, until=until, step=step)
 
 
 @app.command()

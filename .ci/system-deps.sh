@@ -21,6 +21,9 @@ if [ "$(id -u)" -ne 0 ]; then
   # a terminal can answer sudo's password prompt; CI (no terminal) needs password-less sudo
   if [ -t 0 ]; then as_root=(sudo); else as_root=(sudo -n); fi
 fi
-echo "== system-deps: installing Debian packages (usually 1-2 min): ${missing[*]}"
-"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# another apt-get or dpkg (unattended-upgrades, a second `make test`) holds the dpkg lock: wait for
+# it (up to 10 min; apt-get prints "Waiting for cache lock") instead of failing at once
+apt_opts=(-o DPkg::Lock::Timeout=600)
+echo "== system-deps: installing Debian packages (usually 1-2 min; waits up to 10 min for another apt-get): ${missing[*]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" update -qq
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

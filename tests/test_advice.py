@@ -346,3 +346,54 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
     assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)
+
+
+def test_a_shared_fix_leaves_the_other_options_numbered_1_to_n_in_every_format():
+    """Issue 27: two findings share a fix; the later one drops it and listed what remained under its
+    old numbers: '--tensor-parallel-size 2 (option 4 of 2: pick one)', JSON "option": 4."""
+    from vllm_doctor.diagnosis.advice import relate_fixes, share_fixes
+    from vllm_doctor.findings import Finding, FlagFix
+    from vllm_doctor.pipeline import Report
+    from vllm_doctor.report.render import FORMATS, to_text
+
+    def finding(rule_id: str, name: str, flags: list[tuple[str, str]]) -> Finding:
+        fixes = [FlagFix(fl, v, f"because {fl}") for fl, v in flags]
+        relate_fixes(fixes, [None] * len(fixes))
+        return Finding(rule_id, name, "critical", f"{name} title", f"{name} message", fixes=fixes)
+
+    storm = finding("VD001", "preemption-storm", [("--max-num-seqs", "8"), ("--gpu-memory-utilization", "0.95")])
+    oom = finding("VD002", "startup-oom", [("--max-num-seqs", "8"), ("--gpu-memory-utilization", "0.95"),
+                                           ("--max-model-len", "4096"), ("--tensor-parallel-size", "2")])
+    first, second = share_fixes([storm, oom])
+    assert [(x.flag, x.option, x.relation) for x in first.fixes] == [
+        ("--max-num-seqs", 1, "alternative"), ("--gpu-memory-utilization", 2, "alternative")]
+    assert [(x.flag, x.option, x.relation) for x in second.fixes] == [
+        ("--max-model-len", 1, "alternative"), ("--tensor-parallel-size", 2, "alternative")]
+    assert [o.option for o in oom.fixes] == [1, 2, 3, 4]   # the findings given are not changed
+    rep = Report(vllm_version="0.10.0", vllm_version_source="banner", engine="v1", facts={}, facts_defaulted=[],
+                 findings=[first, second], sources=[{"name": "vllm.log", "lines_total": 9, "unparsed_lines": 0,
+                                                     "vllm_lines": 9}])
+    text = to_text(rep)
+    assert "--tensor-parallel-size 2   (option 2 of 2: pick one)" in text and "of 2: pick one)" in text
+    assert "option 4" not in text and "option 3" not in text
+    assert [x["option"] for x in rep.to_dict()["findings"][1]["fixes"]] == [1, 2]
+    assert "`--tensor-parallel-size 2` (option 2 of 2: pick one)" in FORMATS["markdown"](rep)
+    assert "<code class=\"fix\">--tensor-parallel-size 2</code> <em>(option 2 of 2: pick one)</em>" in FORMATS["html"](rep)
+    # one option left: the only thing to do, no "option 1 of 1"
+    lone = share_fixes([storm, finding("VD004", "kv-capacity-bound", [("--max-num-seqs", "8"), ("--block-size", "32")])])[1]
+    assert [(x.flag, x.option, x.relation) for x in lone.fixes] == [("--block-size", 1, "only")]
+
+
+def test_one_sequence_is_singular():
+    """Issue 27: 'the KV cache holds 1 sequences'."""
+    from vllm_doctor.diagnosis.advice import Concurrency
+
+    one = Concurrency(1, "running-at-full", running=1, usage_ratio=1.0, never_preempt=1, kv_cache_tokens=2048,
+                      max_model_len=2048, block_size=16, pressure_running=3, pressure_full=True)
+    assert one.admit == 1
+    assert "the KV cache holds 1 sequence even if every one grows to max_model_len" in one.admit_why
+    assert one.summary == "which held 1 running sequence when it was full"
+    assert one.text.startswith("1 sequence was running when the KV cache was full (100.0%")
+    assert "; 3 were running when the KV cache was full" in one.admit_text
+    two = Concurrency(2, "never-preempt-bound", never_preempt=2, kv_cache_tokens=4096, max_model_len=2048)
+    assert two.summary == "which holds 2 sequences of max_model_len (the never-preempt bound)"

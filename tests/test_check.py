@@ -367,3 +367,16 @@ def test_grafana_findings_name_the_line_of_the_expression_and_odd_panels_are_ski
     r = check_text(text, "d.json", vllm_version="0.11.0")
     assert r.kind == "grafana" and [(f.rule_id, f.line) for f in r.findings] == [("VM001", line)]
     assert check_text('{"dashboard": [1]}', "e.json").findings == []
+
+
+def test_a_version_newer_than_any_known_is_said_and_never_pinned():
+    """Issue 27: `check --vllm-version 0.99` told the user to pin vllm/vllm-openai:v0.99, a release
+    that does not exist. Now a warning names the release it is judged as, and the pin is that one."""
+    f = NOTE / "s8-docker-run.sh"
+    p = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(f), "--vllm-version", "0.99", "--format", "json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stderr == ("vllm-doctor: warning: vLLM 0.99 is newer than any release vllm-doctor knows (the newest is "
+                        "0.33.0): judged as 0.33.0\n")
+    pins = [x["fix"]["value"] for r in json.loads(p.stdout) for x in r["findings"] if x["rule_id"] == "VC008"]
+    assert pins == ["vllm/vllm-openai:v0.33.0"]
+    assert [x.fix["value"] for x in run(f, "0.11.0").findings if x.rule_id == "VC008"] == ["vllm/vllm-openai:v0.11.0"]

@@ -139,6 +139,54 @@ def test_since_after_the_log_is_no_all_clear():
     assert {f["name"] for f in d["findings"]} == {"kv-capacity-bound"}
 
 
+def test_a_report_under_since_until_says_which_span_it_judged():
+    """Issue 27: the text report under --since did not say which span it judged (the JSON has
+    time_range); text, markdown and html say it, with the events in and outside it."""
+    demo = LOGS / "cpu-preemption-tiny-kv-cache.log"
+    line = ("Judged only the span 2000-01-01 00:00:00 .. 2100-01-01 00:00:00 (UTC, the log's clock; --since/--until): "
+            "21 events in it, 0 outside it")
+    span = ["--since", "2000-01-01", "--until", "2100-01-01"]
+    rc, out, _ = run("diagnose", *span, demo)
+    assert rc == 1 and out.splitlines()[3] == line
+    rc, out, _ = run("diagnose", "-f", "markdown", *span, demo)
+    assert f"\n- {line}\n" in out
+    rc, out, _ = run("diagnose", "-f", "html", *span, demo)
+    assert '<p class="muted" id="span">' + line.replace("'", "&#39;") + "</p>" in out
+    rc, out, _ = run("diagnose", "--since", "2000-01-01", demo)
+    assert "Judged only the span since 2000-01-01 00:00:00 (UTC" in out
+    assert "Judged only" not in run("diagnose", demo)[1]
+
+
+def test_logs_of_two_servers_at_once_are_refused_rotations_and_restarts_are_merged(tmp_path):
+    """Issue 27: the logs of two servers given together were reported as one (one log's version with
+    the other's engine). Files that run at the same time and name another vLLM version, engine or model
+    are refused with the reason (exit 2); one deployment's files one after the other are merged."""
+    from vllm_doctor.ingest.replay import restamp
+
+    t0 = 1_790_000_000.0
+    v032 = (LOGS / "cpu-preemption-tiny-kv-cache.log").read_bytes()
+    v050 = log("014").read_bytes()
+    a, b = tmp_path / "replica-a.log", tmp_path / "replica-b.log"
+    a.write_bytes(restamp(v032, now=t0))
+    b.write_bytes(restamp(v050, now=t0))
+    rc, out, err = run("diagnose", a, b)
+    assert (rc, out) == (2, "")
+    assert err == ("vllm-doctor: replica-a.log (version 0.32.0, engine v1, model /srv/vllm-test/tiny-llama) and "
+                   "replica-b.log (engine v0) are logs of two vLLM servers running at the same time, not one "
+                   "deployment's rotated files: diagnose each server's logs on its own\n")
+    # the same two servers one after the other (an upgrade and a restart): one deployment, merged
+    b.write_bytes(restamp(v050, now=t0 + 3600))
+    rc, out, err = run("diagnose", "-f", "json", a, b)
+    assert (rc, err) == (1, "") and json.loads(out)["facts"]["preemptions_total"] == 151
+    # one log cut in two rotated files: merged, the same facts as the whole
+    lines = v032.splitlines(keepends=True)
+    (tmp_path / "vllm.log.1").write_bytes(b"".join(lines[:120]))
+    (tmp_path / "vllm.log").write_bytes(b"".join(lines[120:]))
+    rc, out, err = run("diagnose", "-f", "json", tmp_path / "vllm.log.1", tmp_path / "vllm.log")
+    whole = json.loads(run("diagnose", "-f", "json", LOGS / "cpu-preemption-tiny-kv-cache.log")[1])
+    assert rc == 1 and json.loads(out)["facts"] == whole["facts"], err
+
+
 def test_truncated_lines_and_invalid_utf8(tmp_path):
     raw = log("014").read_bytes()
     p = tmp_path / "cut.log"
@@ -400,6 +448,20 @@ def test_help_shows_no_python_types(cmd):
     assert rc == 0 and "Usage: vllm-doctor" in out
     for leak in ("<list", "<bool>", "<str>", "<int>", "<float>", "<path>", "Path]", "Optional["):
         assert leak not in out, (cmd, leak)
+
+
+@pytest.mark.parametrize("cmd", all_commands(), ids=lambda c: " ".join(c) or "top")
+def test_dash_h_is_help_and_no_argument_is_named_twice(cmd):
+    """Issue 27: `-h` was 'No such option: -h'; every help page listed its arguments as 'LOG LOG'."""
+    rc, out, err = run(*cmd, "-h")
+    assert (rc, err) == (0, "") and out == run(*cmd, "--help")[1]
+    assert "-h, --help" in out
+    args = out.split("\nArguments:\n", 1)[1].split("\n\n", 1)[0] if "\nArguments:\n" in out else ""
+    for line in args.splitlines():
+        words = line.split()
+        if line.startswith("  ") and not line.startswith("   ") and len(words) > 1:
+            assert words[0] != words[1], (cmd, line)
+            assert words[0].upper() == words[0], (cmd, line)   # LOG, MODEL, FILE: what to type, upper case
 
 
 def test_export_alertmanager_is_the_shipped_routing():

@@ -12,6 +12,9 @@ vLLM log mounted read-only, and its /metrics is read from outside through a port
 127.0.0.1. Where no container can run (no podman, no root for mmdebstrap, no Debian mirror) the
 tests are skipped with the reason.
 
+The image is built from the wheel of this working tree (tests/wheel_build.py, as `make wheel`
+makes it), in a build context of deploy/Dockerfile and dist/ only.
+
 Cost: cold (no cache) about 2 min for the Debian rootfs + 1 min to build; warm (the rootfs tar in
 $VLLM_DOCTOR_CONTAINER_CACHE, default ~/.cache/vllm-doctor-container, and podman's own image and
 layer store) a few seconds.
@@ -32,6 +35,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import LOGS, ROOT
+from wheel_build import build_wheel, dev_rule_ids
 
 CACHE = Path(os.environ.get("VLLM_DOCTOR_CONTAINER_CACHE", str(Path.home() / ".cache" / "vllm-doctor-container")))
 SUITE = "bookworm"                      # Debian 12: python3 3.11, as the package requires
@@ -108,6 +112,13 @@ def image(tmp_path_factory, progress) -> Podman:
         probe = podman("run", "--rm", "--network", "none", BASE_TAG, "python3", "-c", "print('ok')")
         if probe.returncode != 0 or probe.stdout.strip() != "ok":
             pytest.skip(f"podman cannot run a container here (runtime {RUNC}): {_tail(probe, 3)}")
+        # the context as `make wheel` leaves it: deploy/Dockerfile and dist/ holding the wheel of this tree
+        context = tmp_path_factory.mktemp("context")
+        progress("container: pip wheel of the working tree into the build context (usually 15 s)")
+        build_wheel(context / "dist", tmp_path_factory.mktemp("wheel"))
+        (context / "deploy").mkdir()
+        for name in ("Dockerfile", "Dockerfile.dockerignore"):
+            shutil.copy2(ROOT / "deploy" / name, context / "deploy" / name)
         progress("container: podman build deploy/Dockerfile (cached layers: seconds; cold: about 1 min, "
                  "pip downloads the dependencies)")
         args = ["build", "--format", "docker", "--network", "host", "--ignorefile", "deploy/Dockerfile.dockerignore",
@@ -118,7 +129,7 @@ def image(tmp_path_factory, progress) -> Podman:
         if os.environ.get("PIP_INDEX_URL", "").startswith("http"):
             args += ["--build-arg", f"PIP_INDEX_URL={os.environ['PIP_INDEX_URL']}"]
         t0 = time.monotonic()
-        p = _run(["podman", "--runtime", RUNC, *args, str(ROOT)], timeout=900, env=podman.env, cwd=str(ROOT))
+        p = _run(["podman", "--runtime", RUNC, *args, str(context)], timeout=900, env=podman.env, cwd=str(context))
         assert p.returncode == 0, f"podman build failed:\n{_tail(p, 30)}"
         progress(f"container: image built in {time.monotonic() - t0:.0f} s")
     return podman
@@ -180,6 +191,16 @@ def test_image_is_non_root_read_only_with_a_healthcheck(container):
     assert w.returncode != 0 and "Read-only file system" in w.stderr
     hc = podman("healthcheck", "run", name, timeout=60)
     assert hc.returncode == 0, _tail(hc)
+
+
+def test_image_holds_every_rule(container):
+    """The image's package is the development setup's: the same 16 rules, fleet rules included
+    (issue 27: an image built from a wheel without rules/fleet/ listed 11)."""
+    podman, _, _ = container
+    dev = dev_rule_ids()
+    p = podman("run", "--rm", "--network", "none", "--entrypoint", "vllm-doctor", IMAGE, "rules", "--format", "json")
+    assert p.returncode == 0, _tail(p)
+    assert [r["id"] for r in json.loads(p.stdout)] == dev
 
 
 def test_container_serves_the_diagnosis_of_a_real_log(container):

@@ -182,3 +182,17 @@ def test_unreachable_or_not_prometheus_is_one_line_and_exit_2(prometheus):
     port = yaml.safe_load(sidecar.read_text())["port"]
     res = diagnose(f"http://127.0.0.1:{port}")
     assert res.returncode == 2 and "not a Prometheus API response" in res.stderr, res.stderr
+
+
+def test_fleet_is_diagnose_prometheus(prometheus):
+    """Issue 27: `vllm-doctor fleet URL`, the name an operator looks for, runs the same code as
+    `diagnose --prometheus URL`: the same report, the same exit code."""
+    url, span = prometheus["url"], ["--since", str(prometheus["start"]), "--until", str(int(time.time()) - 5)]
+    a = subprocess.run([cli(), "fleet", url, *span, "-f", "json"], capture_output=True, text=True, timeout=120)
+    b = diagnose(url, *span, "-f", "json")
+    assert a.returncode == b.returncode == 1, a.stderr
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert [(f["rule_id"], f["title"]) for f in ja["findings"]] == [(f["rule_id"], f["title"]) for f in jb["findings"]]
+    assert ja["replicas"] == jb["replicas"] and len(ja["replicas"]) >= 24
+    h = subprocess.run([cli(), "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "  fleet " in h

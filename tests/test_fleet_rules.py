@@ -69,6 +69,22 @@ def test_the_fleet_rules_load_with_the_same_schema_and_validation(tmp_path):
         load_fleet_rules(T, tmp_path)
 
 
+def test_diagnose_prometheus_says_when_the_installation_has_no_fleet_rule(tmp_path, monkeypatch):
+    """An installation that lost rules/fleet/ (issue 27: the wheel left it out) is a one-line error
+    naming the cause, before any query; never a fleet diagnosis that ran no fleet rule."""
+    from typer.testing import CliRunner
+
+    from vllm_doctor.cli import app
+    from vllm_doctor.fleet import rules as fleet_rules_mod
+
+    monkeypatch.setattr(fleet_rules_mod, "fleet_rules_dir", lambda: tmp_path / "fleet")
+    r = CliRunner().invoke(app, ["diagnose", "--prometheus", "http://127.0.0.1:9"])
+    assert r.exit_code == 2
+    assert f"no fleet rule (VD020+) in {tmp_path / 'fleet'}: this installation of vllm-incident-doctor lacks its " \
+           "package data" in r.output
+    assert load_fleet_rules(T, tmp_path).rules == ()   # a directory of one's own may be empty
+
+
 def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     got = judge([replica("hot", HOT), replica("idle", IDLE), replica("busy", BUSY)])
     assert set(got) == {"replica-imbalance"}

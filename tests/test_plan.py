@@ -559,3 +559,25 @@ def test_help_names_values_not_python_types(cmd):
                        timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0
     assert not re.search(r"<(str|int|float)[^>]*>|\bTEXT\b|\bINTEGER\b|\bFLOAT\b", r.stdout.split("Options")[-1]), r.stdout
+
+
+def test_unknown_quantization_and_a_version_newer_than_any_known_are_said():
+    """Issue 27: `plan -q bogus` sized bfloat16 weights and exited 0; `--vllm-version 9.9.9` was used
+    silently. An unknown method is a one-line error listing vLLM's methods (exit 2); a version past the
+    newest known release is planned as that release, said on stderr and in the notes."""
+    model = str(MODELS / "llama-3.1-8b")
+    base = [sys.executable, "-m", "vllm_doctor", "plan", model, "--gpu-memory", "40GiB"]
+    p = subprocess.run(base + ["-q", "bogus"], capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr.startswith("vllm-doctor: unknown --quantization 'bogus': the methods vLLM's parser knows (up to "
+                               "0.10.2) are aqlm, auto-round, awq, awq_marlin, ")
+    assert "gptq_marlin" in p.stderr and "plan sizes the weights of fp8, awq, gptq, bitsandbytes, mxfp4, nvfp4" in p.stderr
+    assert subprocess.run(base + ["-q", "gptq_marlin"], capture_output=True, timeout=60).returncode == 0
+    p = subprocess.run(base + ["--vllm-version", "9.9.9", "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    assert p.stderr == ("vllm-doctor: warning: vLLM 9.9.9 is newer than any release vllm-doctor knows (the newest is "
+                        "0.33.0): judged as 0.33.0\n")
+    assert "vLLM 9.9.9 is newer than any release vllm-doctor knows (the newest is 0.33.0): judged as 0.33.0's " \
+           "accounting and defaults" in json.loads(p.stdout)["notes"]
+    p = subprocess.run(base + ["--vllm-version", "0.33.1"], capture_output=True, text=True, timeout=60)
+    assert p.stderr == "" and "newer than any release" not in p.stdout   # a patch of the newest line is known

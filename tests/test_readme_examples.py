@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `vllm-doctor diagnose vllm.log` in the README is the bundled log that `make demo` diagnoses
 STAND_INS = {"vllm.log": "tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log"}
-NEEDS_A_SERVER = ("bench",)   # bench ladder measures a running vLLM: its example is a recording
+# bench ladder measures a running vLLM, fleet reads a Prometheus: their examples are recordings
+NEEDS_A_SERVER = ("bench", "fleet")
 
 
 def examples() -> list[tuple[str, list[str], list[str]]]:
@@ -61,3 +62,14 @@ def test_readme_console_example_is_the_real_output(where, argv, shown):
         hit = next((i for i in range(at, len(real)) if matches(line, real[i])), None)
         assert hit is not None, f"README line not in the output (after line {at}): {line!r}"
         at = hit + 1
+
+
+def test_readme_names_every_debian_package_make_system_deps_installs():
+    """Issue 27: the README's list left out chromium and chromium-driver; .ci/apt-packages.txt is the truth."""
+    listed = [ln.strip() for ln in (ROOT / ".ci" / "apt-packages.txt").read_text().splitlines()
+              if ln.strip() and not ln.lstrip().startswith("#")]
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("- `make system-deps`: the Debian packages"):]
+    part = part[:part.index("\n- ")]
+    assert "chromium-driver" in listed
+    assert [p for p in listed if f"`{p}`" not in part] == []

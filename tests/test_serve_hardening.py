@@ -10,6 +10,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 
 from serve_helpers import free_port, value, wait_for
 
@@ -116,3 +117,40 @@ def test_two_processes_rotating_one_log_lose_no_line(tmp_path):
     ids = [int(x) for x in re.findall(rb"line (\d+) from", b"".join(got))]
     assert f.stats.rotations >= 5
     assert sorted(ids) == list(range(400))
+
+
+def test_a_bad_log_level_is_a_usage_error_from_flag_env_and_config_file(tmp_path):
+    """Issue 27: `serve --log-level loud` was 'internal error: KeyError: 'loud''; from the flag, the
+    environment variable and the config file it is one line naming the setting and the choices, exit 2
+    (errors.EXIT_USAGE), before anything is served. Case does not matter (INFO is info)."""
+    from vllm_doctor.export.serve import load_config
+
+    base = [sys.executable, "-m", "vllm_doctor", "serve", "--log", os.devnull, "--metrics-url", "none", "--no-nvml",
+            "--host", "127.0.0.1", "--port", "0"]
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("log_level: loud\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DOCTOR_")}
+    for args, extra in (([ "--log-level", "loud"], {}), ([], {"VLLM_DOCTOR_LOG_LEVEL": "loud"}),
+                        (["--config", str(cfg)], {})):
+        p = subprocess.run(base + args, capture_output=True, text=True, timeout=60, env={**env, **extra})
+        assert (p.returncode, p.stdout, p.stderr.splitlines()) == (2, "", [
+            "vllm-doctor: invalid setting log_level='loud': Input should be 'debug', 'info', 'warning', 'error' "
+            "or 'critical'"]), (args, extra)
+    assert load_config({"log_level": "WARNING"}, env={}).log_level == "warning"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_stops_cleanly_on_sigterm_and_on_sigint_inherited_as_ignored(tmp_path, sig):
+    """Issue 27: a background job of a script inherits SIGINT as ignored; serve stops on it and on
+    SIGTERM, exit 0, with its offsets checkpointed (the app's shutdown ran)."""
+    from stop_signals import stop_with
+
+    log = tmp_path / "vllm.log"
+    log.write_text(STATS.format(s=1))
+    state = tmp_path / "state.json"
+    code, text = stop_with(sig, ["serve", "--log", str(log), "--metrics-url", "none", "--no-nvml", "--from-start",
+                                 "--host", "127.0.0.1", "--port", "0", "--state-file", str(state)],
+                           tmp_path / "serve.out", lambda out: "Uvicorn running on" in out or "Application startup complete" in out)
+    assert code == 0, text[-2000:]
+    assert "Traceback" not in text
+    assert str(log.resolve()) in state.read_text() or str(log) in state.read_text()

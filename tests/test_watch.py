@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
+import threading
 from pathlib import Path
 
+import pytest
+
 from fake_nvml import FakeGpu, FakeNvml
+from stop_signals import stop_with
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -129,7 +134,12 @@ def test_watch_into_a_pipe_prints_each_frame_as_it_goes(tmp_path):
                 time.sleep(0.2)
         finally:
             p.send_signal(signal.SIGINT)
-            p.wait(10)
+            try:
+                p.wait(10)
+            finally:
+                if p.poll() is None:   # never leave the child running, whatever happened
+                    p.kill()
+                    p.wait(10)
     text = out.read_text()
     assert text.count("vllm-doctor watch  vLLM 0.32.0 (v1)") >= 2, text[-2000:]   # frames while it runs
     assert "VD004 kv-capacity-bound" in text and "Traceback" not in text
@@ -158,12 +168,36 @@ def test_the_first_frame_of_the_live_view_holds_the_logs_finding(tmp_path, monke
     console = Console(record=True, width=120, color_system=None, force_terminal=False)
     frames = []
 
-    def sleep(_s):
-        frames.append(console.export_text(clear=True))
-        raise KeyboardInterrupt
+    class StopAfterTheFirstFrame(threading.Event):  # watch's stop event (SIGTERM/SIGINT): set after one frame
+        def wait(self, timeout=None):
+            frames.append(console.export_text(clear=True))
+            self.set()
+            return True
 
-    monkeypatch.setattr(w.time, "sleep", sleep)
+    monkeypatch.setattr(w, "_stop_on_signals", StopAfterTheFirstFrame)
     cfg = load_config({"logs": [str(log)], "metrics_url": "none", "from_start": True, "nvml": False,
                        "eval_interval": 3600}, env={})
     assert watch(cfg, console=console) == 0
     assert "VD001 preemption-storm (warning, since " in frames[0] and "no active finding" not in frames[0]
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_watch_stops_cleanly_on_sigterm_and_on_sigint_inherited_as_ignored(tmp_path, sig):
+    """Issue 27: run by a script as a background job, watch inherits SIGINT as ignored (Python then
+    raises no KeyboardInterrupt) and did not stop on SIGTERM either: it ran on after the test."""
+    log = tmp_path / "vllm.log"
+    shutil.copy(LOGS / "cpu-preemption-tiny-kv-cache.log", log)
+    code, text = stop_with(sig, ["watch", str(log), "--no-nvml", "--interval", "0.5"], tmp_path / "watch.out",
+                           lambda out: out.count("vllm-doctor watch") >= 2)
+    assert code == 0, text[-2000:]
+    assert "Traceback" not in text
+
+
+def test_watch_once_on_a_missing_file_is_an_error_not_a_healthy_server(tmp_path):
+    """Issue 27: a typo in the path gave 'no active finding' and exit 0. Now the reason on one line,
+    exit 2 (errors.EXIT_USAGE, as diagnose on a missing file); a directory likewise."""
+    import subprocess
+    import sys
+
+    for path, why in ((tmp_path / "vllm.lgo", "no such file"), (tmp_path, "is a directory, not a log file")):
+        p = subprocess.run([sys.executable, "-m", "vllm_doctor", "watch", "--once", "--no-nvml", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        assert (p.returncode, p.stdout, p.stderr) == (2, "", f"vllm-doctor: {path}: {why}\n")

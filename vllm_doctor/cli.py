@@ -25,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command and subcommand inherits it
 )
 
 
@@ -38,10 +39,10 @@ _typer_type = typer.core.TyperOption.display_type
 
 
 def _help_type(self, ctx) -> str | None:  # noqa: ANN001 - typer's signature
+    if isinstance(self, typer.core.TyperArgument):  # its name is its metavar already: never "LOG LOG"
+        return None
     if self.metavar is not None:
         return self.metavar or None
-    if isinstance(self, typer.core.TyperArgument):
-        return None
     word = (_typer_type(self, ctx) or "").strip("<>")
     if word.startswith("list[") and word.endswith("]"):
         word = word[5:-1]
@@ -114,21 +115,33 @@ def _when(text: str | None, option: str) -> float | None:
         _fail(f"{option} {text!r}: {e}")
 
 
+# Options that `diagnose` and `fleet` share (one declaration each).
+_FormatOpt = Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")]
+_FailOnOpt = Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")]
+_RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")]
+_OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")]
+_BenchOpt = Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")]
+_SelectorOpt = Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")]
+_SinceOpt = Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")]
+_UntilOpt = Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")]
+_StepOpt = Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")]
+
+
 @app.command()
 def diagnose(
-    paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")] = "text",
-    fail_on: Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")] = "warning",
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order; files of two servers running at once are refused.")] = None,
+    format: _FormatOpt = "text",
+    fail_on: _FailOnOpt = "warning",
+    rules: _RulesOpt = None,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
-    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
+    output: _OutputOpt = None,
+    bench: _BenchOpt = None,
     # --- fleet (issue 13) ---
-    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
-    selector: Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")] = None,
-    since: Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")] = None,
-    step: Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")] = None,
+    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs (also: vllm-doctor fleet URL). [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
+    selector: _SelectorOpt = None,
+    since: _SinceOpt = None,
+    until: _UntilOpt = None,
+    step: _StepOpt = None,
     # --- end fleet ---
 ) -> None:
     """Read vLLM logs to the end (or every replica's series from Prometheus): what happened, what to do
@@ -190,6 +203,25 @@ def diagnose(
     if rep.nothing_in_range and not rep.findings:  # not "healthy": no line was in the span to judge
         raise typer.Exit(EXIT_NOTHING_IN_RANGE)
     raise typer.Exit(EXIT_OK)
+
+
+@app.command()
+def fleet(
+    url: Annotated[str, typer.Argument(metavar="URL", help="A Prometheus (or Thanos / Mimir) query URL, e.g. http://prometheus-operated.monitoring:9090. [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")],
+    selector: _SelectorOpt = None,
+    since: _SinceOpt = None,
+    until: _UntilOpt = None,
+    step: _StepOpt = None,
+    format: _FormatOpt = "text",
+    fail_on: _FailOnOpt = "warning",
+    rules: _RulesOpt = None,
+    output: _OutputOpt = None,
+) -> None:
+    """Diagnose every vLLM replica (and data-parallel engine) from Prometheus: the per-replica table,
+    each replica's incidents and the fleet rules (imbalance, fleet-wide preemptions and KV saturation,
+    latency objectives). The same as `vllm-doctor diagnose --prometheus URL` (docs/fleet.md)."""
+    diagnose(paths=None, format=format, fail_on=fail_on, rules=rules, metrics=None, output=output, bench=None,
+             prometheus=url, selector=selector, since=since, until=until, step=step)
 
 
 @app.command()
@@ -328,7 +360,7 @@ def serve(
     rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
     eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error. (default: info)")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error | critical. (default: info)")] = None,
     bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
@@ -374,9 +406,18 @@ def watch(
 
 
 # --- plan/check (issue 12) ---
+def _warn_newer(version: str | None) -> None:
+    """One line on stderr when ``--vllm-version`` is newer than any known release (a typo, or a
+    release after vllm-doctor's tables): which known release it is judged as."""
+    from vllm_doctor.versions import newer_than_known
+
+    if (msg := newer_than_known(version)) is not None:
+        print(f"vllm-doctor: warning: {msg}", file=sys.stderr)
+
+
 @app.command()
 def plan(
-    model: Annotated[str, typer.Argument(help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
     vllm_version: Annotated[str, typer.Option("--vllm-version", metavar="X.Y.Z", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
     device: Annotated[str, typer.Option("--device", metavar="cuda|cpu", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
@@ -412,6 +453,7 @@ def plan(
 
     if parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    _warn_newer(vllm_version)
     try:
         cfg, name = planmod.load_config(model)
         kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
@@ -433,7 +475,7 @@ def plan(
 
 @app.command()
 def check(
-    paths: Annotated[list[str], typer.Argument(help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
+    paths: Annotated[list[str], typer.Argument(metavar="FILE", help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", metavar="X.Y.Z", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
     model_config: Annotated[Optional[str], typer.Option("--model-config", metavar="PATH", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
@@ -452,6 +494,7 @@ def check(
 
     if vllm_version is not None and parse_version(vllm_version) is None:
         _fail(f"not a vLLM version: {vllm_version!r} (e.g. 0.11.0)")
+    _warn_newer(vllm_version)
     try:
         cfg = planmod.load_config(model_config)[0] if model_config else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else None

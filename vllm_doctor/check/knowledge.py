@@ -166,6 +166,22 @@ def _values() -> dict:
     return _VALUES
 
 
+def choices_ever(flag: str) -> tuple[tuple[str, ...], str | None]:
+    """(sorted choices of ``flag`` in any examined release's parser, the newest release that lists
+    them), or ((), None) where no release has choices for it. vLLM's --quantization lists its choices up to
+    0.10.2 (later releases take a string checked at start-up)."""
+    from packaging.version import Version
+
+    names: set[str] = set()
+    newest = None
+    for ver, table in sorted(_values()["versions"].items(), key=lambda kv: Version(kv[0])):
+        got = (table.get(flag) or {}).get("choices") or []
+        if got:
+            names |= {c for c in got if c != "None"}
+            newest = ver
+    return tuple(sorted(names)), newest
+
+
 _HUMAN_INT_RE = __import__("re").compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 
 

@@ -77,12 +77,12 @@ class Concurrency:
     def summary(self) -> str:
         """One clause for a message: how many sequences the KV cache holds, and how we know."""
         if self.method == "running-at-full":
-            return f"which held {self.value} running sequences when it was full"
+            return f"which held {_n(self.value, 'running sequence')} when it was full"
         if self.method == "tokens-per-sequence":
-            return (f"which holds about {self.value} sequences of the length observed "
+            return (f"which holds about {_n(self.value, 'sequence')} of the length observed "
                     f"({self.tokens_per_sequence:,.0f} tokens each)")
         if self.method == "never-preempt-bound":
-            return f"which holds {self.value} sequences of max_model_len (the never-preempt bound)"
+            return f"which holds {_n(self.value, 'sequence')} of max_model_len (the never-preempt bound)"
         return "whose size is unknown"
 
     @property
@@ -97,8 +97,8 @@ class Concurrency:
                  f"; the never-preempt bound (every sequence at max_model_len) would be "
                  f"{self.kv_cache_tokens:,} / {self.max_model_len:,} = {self.never_preempt}{self._blocks}")
         if self.method == "running-at-full":
-            return (f"{self.running} sequences were running when the KV cache was full "
-                    f"({self.usage_ratio:.1%}{where}){bound}")
+            return (f"{_n(self.running, 'sequence')} {'was' if self.running == 1 else 'were'} running when the KV "
+                    f"cache was full ({self.usage_ratio:.1%}{where}){bound}")
         if self.method == "tokens-per-sequence":
             return (f"{self.kv_cache_tokens:,} KV cache tokens / {self.tokens_per_sequence:,.0f} tokens per running "
                     f"sequence observed ({self.usage_ratio:.1%} x {self.kv_cache_tokens:,} / {self.running} running"
@@ -138,7 +138,7 @@ class Concurrency:
         when = ("when the KV cache was full" if self.pressure_full else
                 "when vLLM counted preemptions" if getattr(s, "preemptions", None) else "at the most seen")
         kv = f"{ratio:.1%}" if ratio is not None else "KV cache usage unknown"
-        return f"{self.pressure_running} were running {when} ({kv}{_where(s)})"
+        return f"{self.pressure_running} {'was' if self.pressure_running == 1 else 'were'} running {when} ({kv}{_where(s)})"
 
     @property
     def _ran(self) -> str:
@@ -155,7 +155,7 @@ class Concurrency:
             return ""
         if self.admit_stops:
             ran = "" if self.pressure_running is None else f" ({self._ran})"
-            return (f"No running sequence can be preempted: the KV cache holds {self.admit} sequences even if "
+            return (f"No running sequence can be preempted: the KV cache holds {_n(self.admit, 'sequence')} even if "
                     f"every one grows to max_model_len{ran}; the rest wait in the queue, so concurrency is "
                     f"lower than what ran.")
         bound = ("the KV cache size or max_model_len is not in the inputs" if self.never_preempt is None else
@@ -178,10 +178,16 @@ class Concurrency:
                     f"{self.max_model_len:,} = {self.never_preempt}{blocks}; {self._pressure}")
         where = _where(self.sample)
         if self.method == "running-at-full":
-            seen = f"{self.running} sequences were running when the KV cache was full ({self.usage_ratio:.1%}{where})"
+            seen = (f"{_n(self.running, 'sequence')} {'was' if self.running == 1 else 'were'} running when the KV cache "
+                    f"was full ({self.usage_ratio:.1%}{where})")
         else:
             seen = self.text.split("; the never-preempt bound")[0]
         return f"{seen}; {self._pressure}"
+
+
+def _n(count: int | None, noun: str) -> str:
+    """``1 sequence``, ``2 sequences`` (English plural: the noun's last word takes an s)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _where(sample: Any) -> str:
@@ -263,7 +269,8 @@ def fix_label(fx: FlagFix, fixes: list[FlagFix]) -> str:
 def share_fixes(findings: list[Finding]) -> list[Finding]:
     """Copies of ``findings`` (in report order) where a fix that an earlier finding already gives
     (same command) appears once: the first keeps it, with ``also_for`` naming the others; a later
-    finding drops it and says where it is."""
+    finding drops it and says where it is, and its remaining options are numbered again (1..n, the
+    relations recomputed: a single option left is the ``only`` thing to do)."""
     out = [copy.deepcopy(f) for f in findings]
     first: dict[str, tuple[Finding, FlagFix]] = {}
     for f in out:
@@ -283,5 +290,7 @@ def share_fixes(findings: list[Finding]) -> list[Finding]:
                     f.notes.append(f"{key} also fixes this; it is listed under {o.name} ({o.rule_id})")
             else:
                 kept.append(fx)
+        if len(kept) < len(f.fixes):  # what is left is numbered again: "option 2 of 2", never "option 4 of 2"
+            relate_fixes(kept, [str(fx.option) for fx in kept])
         f.fixes = kept
     return out

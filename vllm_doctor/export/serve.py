@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -128,7 +129,7 @@ class ServeConfig(BaseModel):
     start_wait: float = Field(default=2.0, ge=0)
     stale_after: float = Field(default=120.0, gt=0)
     ttft_window: float = Field(default=300.0, gt=0)
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     bench: str | None = None  # a `bench ladder` result: findings name the level where they began
 
     @field_validator("metrics_url", mode="before")
@@ -137,6 +138,11 @@ class ServeConfig(BaseModel):
         if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "off", "false")):
             return None
         return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("logs", "rules", mode="before")
     @classmethod
@@ -199,7 +205,9 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "config"
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        given = first.get("input")
+        given = f"={given!r}" if isinstance(given, (str, int, float)) else ""
+        raise ConfigError(f"invalid setting {where}{given}: {first['msg']}") from None
 
 
 @dataclass
@@ -622,8 +630,9 @@ class Sidecar:
 
 
 def run(cfg: ServeConfig) -> int:
-    """Serve until SIGTERM / SIGINT (uvicorn's handlers; the sidecar is stopped and its
-    checkpoint written in the app's shutdown). Returns the exit code."""
+    """Serve until SIGTERM / SIGINT (uvicorn's handlers, SIGINT even where it was inherited as
+    ignored; the sidecar is stopped and its checkpoint written in the app's shutdown). Returns the
+    exit code: 0 after a stop by either signal."""
     import uvicorn
 
     from vllm_doctor.export.server import create_app
@@ -634,6 +643,13 @@ def run(cfg: ServeConfig) -> int:
     app = create_app(sidecar, manage=True)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            access_log=False, lifespan="on"))
+    # uvicorn catches SIGINT and SIGTERM while serving (SIGINT too where it was inherited as ignored),
+    # shuts down, then raises the signal again under the handlers it found: by default that kills the
+    # process (-15) or raises KeyboardInterrupt (130) after a clean stop. The handlers it finds are
+    # these, so a stop by either signal is exit 0.
+    stopped_by: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _frame: stopped_by.append(sig))
+                for sig in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() else {}
     try:
         server.run()
     except SystemExit as e:   # uvicorn exits 3 when it cannot bind (port in use, an address not this host's)
@@ -642,4 +658,7 @@ def run(cfg: ServeConfig) -> int:
         print(f"vllm-doctor: cannot serve on {cfg.host}:{cfg.port} (the port is in use or the address is not "
               f"this host's: see uvicorn's error above)", file=sys.stderr)
         return 2
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0

@@ -53,10 +53,16 @@ def fleet_rules_dir() -> Path:
 
 
 def load_fleet_rules(thresholds: dict[str, float], directory: Path | None = None) -> RuleSet:
-    """The fleet rules, validated like the others: schema, id = file name, names and thresholds."""
+    """The fleet rules, validated like the others: schema, id = file name, names and thresholds.
+    The built-in directory without a rule is an installation that lost its package data: an
+    error, never a fleet diagnosis that silently runs no fleet rule."""
     d = directory or fleet_rules_dir()
     rules = []
-    for path in sorted(d.glob("VD*.yaml")):
+    paths = sorted(d.glob("VD*.yaml"))
+    if not paths and directory is None:
+        raise RuleLoadError(f"no fleet rule (VD020+) in {d}: this installation of vllm-incident-doctor lacks its "
+                            "package data; reinstall it (pip install --force-reinstall vllm-incident-doctor)")
+    for path in paths:
         try:
             rule = Rule(**yaml.safe_load(path.read_text()), source=str(path))
         except (OSError, yaml.YAMLError, ValidationError, TypeError) as e:

@@ -82,6 +82,17 @@ def _input_errors(path: str, kind: str) -> Iterator[None]:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
+def check_readable(path: str, kind: str = "log") -> None:
+    """InputError (the same words as reading it) unless ``path`` exists, is not a directory and can be
+    read; never opens it (a FIFO without a writer would block)."""
+    with _input_errors(path, kind):
+        if Path(path).is_dir():
+            raise IsADirectoryError(path)
+        os.stat(path)
+        if not os.access(path, os.R_OK):
+            raise PermissionError(path)
+
+
 def open_source(path: str) -> tuple[str, Iterator[bytes]]:
     """(display name, byte chunks) for a path, a pipe or FIFO (``<(kubectl logs ...)``), or "-".
 
@@ -283,6 +294,8 @@ def diagnose(paths: list[str], rules_dirs=(), metrics_files=(), since: float | N
     # rules are judged once more with it (not before any log line was read).
     after = lambda: [pipe.observe(s) for s in samples]  # noqa: E731
     pipe.run(sources, after=after)
+    if (mixed := pipe.mixed_servers()) is not None:
+        raise InputError(mixed)
     return pipe.report()
 
 

@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from vllm_doctor.plan import capacity as cap
 from vllm_doctor.errors import InputError
-from vllm_doctor.versions import defaults as version_defaults, flag_exists, parse_version
+from vllm_doctor.versions import defaults as version_defaults, flag_exists, newer_than_known, parse_version
 
 _NEWEST = "0.33.0"
 
@@ -313,6 +313,10 @@ def _gib(n: float) -> str:
     return f"{n / cap.GiB:.2f} GiB"
 
 
+#: --quantization methods whose weight width plan knows (bits per weight)
+_QUANT_BITS = {"fp8": 8, "awq": 4, "gptq": 4, "bitsandbytes": 4, "mxfp4": 4, "nvfp4": 4}
+
+
 def make_plan(inp: PlanInputs) -> Plan:
     """The whole plan from the inputs. Raises InputError on a config it cannot read."""
     validate_config(inp.config)
@@ -326,6 +330,8 @@ def make_plan(inp: PlanInputs) -> Plan:
     cpu = inp.device == "cpu"
     dflt = version_defaults(version, engine, inp.gpu_memory_bytes, device="CPU" if cpu else None, world_size=tp * pp)
     notes: list[str] = []
+    if (newer := newer_than_known(version)) is not None:
+        notes.append(f"{newer}'s accounting and defaults")
 
     model_dtype = shape.dtype if inp.dtype == "auto" else inp.dtype
     if model_dtype in ("float32", "float") and inp.dtype == "auto" and not cpu:
@@ -338,9 +344,17 @@ def make_plan(inp: PlanInputs) -> Plan:
     except KeyError as e:
         raise InputError(f"unknown dtype {e.args[0]!r} (from --dtype, --kv-cache-dtype, --mamba-*-cache-dtype or the "
                          "config's torch_dtype / mamba_ssm_dtype)") from None
+    if inp.quantization:
+        from vllm_doctor.check.knowledge import choices_ever
+
+        methods, newest = choices_ever("--quantization")
+        known = sorted(set(methods) | set(_QUANT_BITS))
+        if inp.quantization not in known:
+            raise InputError(f"unknown --quantization {inp.quantization!r}: the methods vLLM's parser knows (up to "
+                             f"{newest}) are {', '.join(known)}; plan sizes the weights of {', '.join(_QUANT_BITS)}")
     if inp.quantization and not shape.quant_method:
         shape.quant_method = inp.quantization
-        shape.quant_bits = {"fp8": 8, "awq": 4, "gptq": 4, "bitsandbytes": 4, "mxfp4": 4, "nvfp4": 4}.get(inp.quantization)
+        shape.quant_bits = _QUANT_BITS.get(inp.quantization)
         shape.quant_group_size = {"awq": 128, "gptq": 128, "mxfp4": 32, "nvfp4": 16}.get(inp.quantization)
         if shape.quant_bits is None:
             notes.append(f"quantization {inp.quantization!r}: weight width unknown, weights sized as {model_dtype}")

@@ -305,17 +305,33 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def _at(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _span_words(tr: dict) -> str:
+    lo, hi = tr.get("since"), tr.get("until")
+    return (f"{_at(lo)} .. {_at(hi)}" if lo is not None and hi is not None else
+            f"since {_at(lo)}" if lo is not None else f"until {_at(hi)}")
+
+
+def span_line(rep: Report) -> str | None:
+    """Under ``--since`` / ``--until``: the span judged, on the log's clock, and how many events fell in
+    it and outside it (the JSON's ``time_range``); None without a span."""
+    tr = rep.time_range
+    if not tr:
+        return None
+    return (f"Judged only the span {_span_words(tr)} (UTC, the log's clock; --since/--until): "
+            f"{plural(tr.get('events_in_range', 0), 'event')} in it, {tr.get('events_outside', 0):,} outside it")
+
+
 def out_of_range_headline(rep: Report) -> str:
     """The verdict when ``--since`` / ``--until`` left nothing to judge: the span, that no line of
     the logs fell in it, and when the logs begin and end (on their own clock)."""
     tr = rep.time_range or {}
     lo, hi, first, last = tr.get("since"), tr.get("until"), tr.get("log_first_ts"), tr.get("log_last_ts")
-    def at(ts: float) -> str:
-        return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-    span = (f"{at(lo)} .. {at(hi)}" if lo is not None and hi is not None else
-            f"since {at(lo)}" if lo is not None else f"until {at(hi)}")
-    head = (f"Nothing to diagnose in the span {span} (UTC, the log's clock): no vLLM line read "
+    at = _at
+    head = (f"Nothing to diagnose in the span {_span_words(tr)} (UTC, the log's clock): no vLLM line read "
             f"({plural(tr.get('events_outside', 0), 'event')}) falls in it")
     if first is not None and last is not None:
         head += f"; the log runs {at(first)} .. {at(last)}"
@@ -390,6 +406,8 @@ def to_text(rep: Report, color: bool = False) -> str:
         lines.append(c("1", f"{v.get('first_label', 'Do this first')}: ") + v["first"] + (f"  ({v['why']})" if v["why"] else ""))
     src = ", ".join(f"{s['name']} ({plural(s['lines_total'], 'line')})" for s in rep.sources)
     lines.append(f"Read {src}; {version_line(rep)}")
+    if (judged := span_line(rep)) is not None and not nothing_judged(rep):
+        lines.append(judged)
     if nothing_judged(rep):
         return "\n".join(lines) + "\n"
     cards = finding_cards(rep)
@@ -469,7 +487,10 @@ def to_markdown(rep: Report) -> str:
         step += f" ({v['first_size']})" if v.get("first_size") else ""
         out += [f"**{v.get('first_label', 'Do this first')}:** {step}" + (f": {_md(v['why'])}" if v["why"] else ""), ""]
     out += [f"- vLLM: {rep.vllm_version or 'unknown'} ({rep.engine or 'engine unknown'})",
-            "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources), ""]
+            "- Sources: " + ", ".join(f"`{s['name']}` ({s['lines_total']:,} lines)" for s in rep.sources)]
+    if (judged := span_line(rep)) is not None and not nothing_judged(rep):
+        out.append(f"- {judged}")
+    out.append("")
     if nothing_judged(rep):
         return "\n".join(out) + "\n"
     cards = finding_cards(rep)
@@ -551,9 +572,10 @@ def to_html(rep: Report) -> str:
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(
         rep=rep, verdict=verdict(rep), stop=nothing_judged(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
-        version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total"),
-                                                      # the fleet's series are keyed by replica name
-                                                      names={k: k for k in (rep.timeline or {}).get("series", {})} if rep.replicas else None),
+        version_line=version_line(rep), span_line=None if nothing_judged(rep) else span_line(rep),
+        charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total"),
+                      # the fleet's series are keyed by replica name
+                      names={k: k for k in (rep.timeline or {}).get("series", {})} if rep.replicas else None),
         replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas],
         cards=finding_cards(rep))
 

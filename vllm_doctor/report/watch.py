@@ -9,6 +9,8 @@ their flag fixes.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from typing import Any
 
@@ -159,9 +161,25 @@ class WatchView:
 
 def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
           console: Console | None = None, nvml: Any = None) -> int:
-    """Run the live view until Ctrl-C (or one frame with ``once``). Returns the exit code."""
+    """Run the live view until SIGINT (Ctrl-C) or SIGTERM (or one frame with ``once``). Returns the
+    exit code: 0 when stopped by either signal. With
+    ``once`` a log that is missing, a directory or unreadable raises InputError (exit 2); live, a
+    missing log is followed until it appears (its source shows as down)."""
     from rich.live import Live
 
+    if once:  # one frame of logs none of which is there would read as a healthy server
+        from vllm_doctor.errors import InputError
+        from vllm_doctor.ingest.oneshot import check_readable
+
+        unreadable: list[InputError] = []
+        for path in cfg.logs:
+            if path != "-":
+                try:
+                    check_readable(path)
+                except InputError as e:
+                    unreadable.append(e)
+        if unreadable and len(unreadable) == len(cfg.logs):
+            raise unreadable[0]  # some log is there: the frame says which are missing, at its top
     console = console or Console()
     sc = Sidecar(cfg, nvml=nvml)
     sc.start()
@@ -180,18 +198,42 @@ def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
             console.print(view.frame())
             return 0
         sc.evaluate()  # the first frame judges what the first read brought (not "no active finding")
+        stop = _stop_on_signals()
         if not console.is_terminal:   # a pipe or a file: Live would write nothing until it stops
-            while True:
+            while not stop.is_set():
                 sc.evaluate()
                 console.print(view.frame())
                 console.file.flush()
-                time.sleep(interval)
+                stop.wait(interval)
+            return 0
         with Live(view.frame(), console=console, refresh_per_second=4, transient=False) as live:
-            while True:
-                time.sleep(interval)
+            while not stop.wait(interval):
                 sc.evaluate()
                 live.update(view.frame())
+        return 0
     except KeyboardInterrupt:
         return 0
     finally:
+        _restore_signals()
         sc.stop()
+
+
+_saved_handlers: dict[int, Any] = {}
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT. SIGINT's handler is installed even where the process
+    inherited it as ignored (a background job of a script), where Python raises no
+    KeyboardInterrupt: `kill -INT` and `kill` (SIGTERM) both stop the view cleanly. Off the main
+    thread (signals cannot be caught there) only the event."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            _saved_handlers[sig] = signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _restore_signals() -> None:
+    while _saved_handlers:
+        sig, handler = _saved_handlers.popitem()
+        signal.signal(sig, handler)

@@ -36,6 +36,7 @@ import re
 import time
 from array import array
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import NamedTuple
 
 # Client-controlled text, known by its fixed head (vLLM's request logging of every version, the
@@ -207,6 +208,27 @@ def prefilter_patterns(keywords) -> list[bytes]:
     return sorted(set(out))
 
 
+@lru_cache(maxsize=8)
+def _compiled_scan(keywords: tuple[str, ...]) -> tuple[list[bytes], re.Pattern, re.Pattern, object]:
+    """What a :class:`KeywordScanner` of ``keywords`` scans with, built once per process (the
+    Hyperscan compile takes about 0.4 s): the patterns, the keyword regex, the per-line regex, and
+    the Hyperscan database (None: ``re`` is used)."""
+    patterns = prefilter_patterns(keywords)
+    any_kw = b"(?:" + b"|".join(patterns) + b")"
+    line_re = re.compile(any_kw + rb"[^\n]*")  # finditer: one match per line, to its end
+    db = None
+    try:
+        import hyperscan  # type: ignore[import-not-found]
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
+        db.compile(expressions=[any_kw + rb"[^\n]*$", cri_p], ids=[0, 1], elements=2,
+                   flags=[hyperscan.HS_FLAG_MULTILINE] * 2)
+    except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
+        db = None
+    return patterns, re.compile(b"|".join(patterns)), line_re, db
+
+
 class KeywordScanner:
     """Finds the lines of a block of bytes that hold one of KEYWORDS: the offset where each such
     line ends (its ``\n``, or the end of the block), once per line; and the ends of the CRI
@@ -225,23 +247,13 @@ class KeywordScanner:
             from vllm_doctor.parsers.records import prefilter_keywords  # the matcher table (imports this module)
 
             keywords = prefilter_keywords()
-        self.patterns = prefilter_patterns(keywords)
-        self.regex = re.compile(b"|".join(self.patterns))
-        any_kw = b"(?:" + b"|".join(self.patterns) + b")"
-        self._line_re = re.compile(any_kw + rb"[^\n]*")  # finditer: one match per line, to its end
-        self.backend = "re"
-        self._db = None
-        try:
-            import hyperscan  # type: ignore[import-not-found]
+        self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords))
+        self.backend = "re" if self._db is None else "hyperscan"
+        self._scratch = None
+        if self._db is not None:  # the database is shared; a scan's scratch space is not (the GIL is
+            import hyperscan  # type: ignore[import-not-found]  # released while it scans)
 
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
-            db.compile(expressions=[any_kw + rb"[^\n]*$", cri_p], ids=[0, 1], elements=2,
-                       flags=[hyperscan.HS_FLAG_MULTILINE] * 2)
-            self._db = db
-            self.backend = "hyperscan"
-        except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
-            self._db = None
+            self._scratch = hyperscan.Scratch(self._db)
 
     def line_ends(self, block: bytes) -> tuple[list[int], set[int]]:
         """Sorted offsets where the lines of ``block`` that hold a keyword end (the offset of
@@ -259,7 +271,8 @@ class KeywordScanner:
             return ends, cri_p
         hits: list[int] = []
         append, add = hits.append, cri_p.add
-        self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to))
+        self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to),
+                      scratch=self._scratch)
         hits.sort()
         return hits, cri_p
 

@@ -21,6 +21,7 @@ import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from vllm_doctor import events as ev
@@ -917,6 +918,22 @@ def _dispatch_table() -> tuple[re.Pattern, dict[str, tuple[Matcher, ...]]]:
 _ORDER: dict = {}
 
 
+@lru_cache(maxsize=4)
+def _keywords_db(keywords: tuple[str, ...]):
+    """A Hyperscan database finding each of ``keywords`` once (None: Hyperscan is missing or the
+    CPU lacks what it needs), compiled once per process and shared by every parser."""
+    try:
+        import hyperscan  # type: ignore[import-not-found]
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        n = len(keywords)
+        db.compile(expressions=[re.escape(k).encode() for k in keywords], ids=list(range(n)), elements=n,
+                   flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+        return db
+    except Exception:  # noqa: BLE001 - missing or no CPU support: re
+        return None
+
+
 class _KeywordHits:
     """The keywords of the matcher table found in a message: Hyperscan (about 1 us a message)
     where it imports, else one ``re`` with a lookahead (overlapping hits, slower)."""
@@ -924,18 +941,12 @@ class _KeywordHits:
     def __init__(self, rx: re.Pattern, keywords: list[str]) -> None:
         self.rx = rx
         self.keywords = keywords
-        self._db = self._scratch = None
-        try:
+        self._db = _keywords_db(tuple(keywords))  # compiled once per process
+        self._scratch = None
+        if self._db is not None:
             import hyperscan  # type: ignore[import-not-found]
 
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            n = len(keywords)
-            db.compile(expressions=[re.escape(k).encode() for k in keywords], ids=list(range(n)), elements=n,
-                       flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
-            self._scratch = hyperscan.Scratch(db)
-            self._db = db
-        except Exception:  # noqa: BLE001 - missing or no CPU support: re
-            self._db = None
+            self._scratch = hyperscan.Scratch(self._db)  # per parser: a Hyperscan scratch is not shared
 
     def __call__(self, msg: str) -> list[str]:
         if self._db is None:
@@ -1028,7 +1039,7 @@ class RecordParser:
             RecordParser._DISPATCH = _dispatch_table()
             _ORDER.update({id(m): i for i, m in enumerate(MATCHERS)})
         rx, self._by_kw = RecordParser._DISPATCH
-        self._hits = _KeywordHits(rx, list(self._by_kw))  # per parser: a Hyperscan scratch is not shared
+        self._hits = _KeywordHits(rx, list(self._by_kw))
 
     def parse(self, rec: Record) -> list:
         msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]

@@ -239,14 +239,19 @@ class KeywordScanner:
     ``backend`` says which. The keywords are one expression that runs on to the end of the line
     (``(?:kw1|kw2|...)[^\n]*$``, multi-line): Hyperscan reports an expression once per end
     offset, so a dense block costs one Python callback per candidate line, not one per keyword.
-    ``regex`` finds the keywords themselves.
+    ``regex`` finds the keywords themselves. ``near``: literals that count only within some lines
+    after an anchor (``parsers.records.NEAR_KEYWORDS``), looked for there only.
     """
 
-    def __init__(self, keywords=None) -> None:
+    def __init__(self, keywords=None, near=None) -> None:
         if keywords is None:
-            from vllm_doctor.parsers.records import prefilter_keywords  # the matcher table (imports this module)
+            from vllm_doctor.parsers.records import NEAR_KEYWORDS, prefilter_keywords  # (imports this module)
 
             keywords = prefilter_keywords()
+            near = NEAR_KEYWORDS if near is None else near
+        # literals that count only in the lines right after an anchor (see records.NEAR_KEYWORDS)
+        self._near = tuple((anchor.encode(), lines, tuple({f for kw in kws for f in (kw.encode(), json.dumps(kw)[1:-1].encode())}))
+                           for anchor, lines, kws in near or ())
         self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords))
         self.backend = "re" if self._db is None else "hyperscan"
         self._scratch = None
@@ -261,20 +266,40 @@ class KeywordScanner:
         line (a piece of a record continued on the next line)."""
         cri_p: set[int] = set()
         if self._db is None:
-            ends = [m.end() for m in self._line_re.finditer(block)]
+            hits = [m.end() for m in self._line_re.finditer(block)]
             for m in _CRI_P_MARK_RE.finditer(block):  # then the whole line, as CRI_PARTIAL_RE does
                 ls = block.rfind(b"\n", 0, m.start()) + 1
                 le = block.find(b"\n", m.end())
                 le = len(block) if le < 0 else le
                 if CRI_PARTIAL_RE.match(block[ls:le]):
                     cri_p.add(le)
-            return ends, cri_p
-        hits: list[int] = []
-        append, add = hits.append, cri_p.add
-        self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to),
-                      scratch=self._scratch)
-        hits.sort()
-        return hits, cri_p
+        else:
+            hits = []
+            append, add = hits.append, cri_p.add
+            self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to),
+                          scratch=self._scratch)
+            hits.sort()
+        near = self._near_ends(block) if self._near else None
+        return (sorted(near.union(hits)) if near else hits), cri_p
+
+    def _near_ends(self, block: bytes) -> set[int]:
+        """The ends of the lines that hold one of an anchor's literals within its number of lines
+        after it (a C-speed search for the rare anchor; the few lines after it are looked at)."""
+        out: set[int] = set()
+        find = block.find
+        for anchor, n, kws in self._near:
+            i = find(anchor)
+            while i >= 0:
+                le = find(b"\n", i)
+                for _ in range(n):
+                    if le < 0:
+                        break
+                    ls, le = le + 1, find(b"\n", le + 1)
+                    e = len(block) if le < 0 else le
+                    if any(find(k, ls, e) >= 0 for k in kws):
+                        out.add(e)
+                i = find(anchor, i + len(anchor))
+        return out
 
 
 # Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,

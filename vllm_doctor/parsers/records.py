@@ -885,15 +885,24 @@ MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress
 
 
 def prefilter_keywords() -> tuple[str, ...]:
-    """Every literal the keyword prefilter scans for: derived from the matcher table (each
-    matcher's keywords), the traceback joiner and the unknown-flag scan. A line that holds none of
-    them cannot give an event."""
+    """Every literal the keyword prefilter scans for in every line: derived from the matcher
+    table (each matcher's keywords), the traceback joiner and the unknown-flag scan. A line that
+    holds none of them, and none of :data:`NEAR_KEYWORDS` near their anchor, cannot give an event."""
     kws = {k for m in MATCHERS for k in m.keywords}
     kws.update(TRACEBACK_KEYWORDS)
     kws.update(FLAG_KEYWORDS)
-    kws.update(NS_CONT_KEYWORDS)  # the continuation lines of a hard-wrapped args echo
     kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
     return tuple(sorted(kws))
+
+
+#: Literals that tell something only in the lines right after an anchor: (anchor, lines after it,
+#: literals). The pieces of a hard-wrapped args echo (at most MAX_NS_PIECES, each at most 2 lines
+#: after the one before: RecordParser._namespace_continued) are found by Namespace's way of
+#: printing values (``=None, ``), which every V0 request line's SamplingParams echo holds too:
+#: scanned for in every line, they sent each ``Received request`` line of a V0 log to Python.
+NEAR_KEYWORDS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("args: Namespace(", 2 * MAX_NS_PIECES, NS_CONT_KEYWORDS),
+)
 
 
 def _dispatch_table() -> tuple[re.Pattern, dict[str, tuple[Matcher, ...]]]:

@@ -71,8 +71,8 @@ def keyword_throughput(n: int) -> None:
     process (time.process_time), so that other load on the machine does not count; then where
     the time goes per line, stage by stage (the stages run apart on the same lines)."""
     from vllm_doctor.diagnosis import load_rules
-    from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, candidate_spans
-    from vllm_doctor.parsers.records import RecordParser
+    from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, candidate_spans
+    from vllm_doctor.parsers.records import RecordParser, keyword_scanner
     from vllm_doctor.pipeline import Pipeline
 
     rules = load_rules([])
@@ -93,7 +93,7 @@ def keyword_throughput(n: int) -> None:
         # and the rules
         split = LineSplitter()
         spans = [sp for i in range(0, len(data), 1 << 20) for sp in split.feed(data[i : i + (1 << 20)])] + split.flush()
-        scanner = KeywordScanner()  # (compiling its database is no cost per line)
+        scanner = keyword_scanner()  # (compiling its database is no cost per line)
         t0 = time.process_time()
         blocks = [(buf, candidate_spans(scanner, buf, a, b)) for buf, a, b in spans]
         t1 = time.process_time()
@@ -159,13 +159,14 @@ def keyword_floor(n: int) -> None:
     import re
     from collections import deque
 
-    from vllm_doctor.ingest.envelope import KeywordScanner, LineSplitter, candidate_spans
+    from vllm_doctor.ingest.envelope import LineSplitter, candidate_spans
+    from vllm_doctor.parsers.records import keyword_scanner
 
     for name, (pattern, build) in FLOOR.items():
         data = keyword_data(KEYWORD_LINES[name], n)
         split = LineSplitter()
         spans = [sp for i in range(0, len(data), 1 << 20) for sp in split.feed(data[i : i + (1 << 20)])] + split.flush()
-        scanner, rx, ring, times, meta = KeywordScanner(), re.compile(pattern), deque(maxlen=20000), {}, ev.Meta
+        scanner, rx, ring, times, meta = keyword_scanner(), re.compile(pattern), deque(maxlen=20000), {}, ev.Meta
         best = None
         for _ in range(3):  # best of three: a floor
             t0 = time.process_time()
@@ -209,9 +210,9 @@ def main() -> None:
             pass
     doctor = [sys.executable, "-m", "vllm_doctor", "diagnose", "--format", "json", "--fail-on", "never", str(path)]
     grep = ["grep", "-c", "preempt", str(path)]
-    from vllm_doctor.ingest.envelope import KeywordScanner
+    from vllm_doctor.parsers.records import keyword_scanner
 
-    print(f"log: {real / 2**20:,.0f} MiB, {sum(1 for _ in open(path, 'rb')):,} lines; keyword scanner: {KeywordScanner().backend}")
+    print(f"log: {real / 2**20:,.0f} MiB, {sum(1 for _ in open(path, 'rb')):,} lines; keyword scanner: {keyword_scanner().backend}")
     res = {}
     for name, cmd in (("grep -c preempt", grep), ("vllm-doctor diagnose", doctor)):
         runs = [timed(cmd) for _ in range(a.runs)]

@@ -291,7 +291,7 @@ def test_sidecar_series_table_matches_the_collector():
     """check's table of the sidecar's own series is the collector's (vllm_doctor/export/collectors.py)."""
     from vllm_doctor.check.metric_names import SIDECAR_SERIES
 
-    src = (Path(__file__).parent.parent / "vllm_doctor" / "collectors.py").read_text()
+    src = (Path(__file__).parent.parent / "vllm_doctor" / "export" / "collectors.py").read_text()
     for name in SIDECAR_SERIES:
         assert f'"{name.removesuffix("_total")}"' in src, name
 

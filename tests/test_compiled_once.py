@@ -14,7 +14,7 @@ from conftest import log
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.diagnosis.expr import compile_line
 from vllm_doctor.diagnosis.loader import builtin_rules_dir
-from vllm_doctor.ingest.envelope import KeywordScanner
+from vllm_doctor.parsers.records import keyword_scanner
 from vllm_doctor.parsers.records import RecordParser
 from vllm_doctor.pipeline import Pipeline
 
@@ -56,13 +56,13 @@ def test_pipelines_share_the_scanner_database_not_its_scratch():
 
 def test_scanners_sharing_one_database_scan_at_once_from_threads():
     data = log("014-").read_bytes() * 200
-    first = KeywordScanner()
+    first = keyword_scanner()
     want = first.line_ends(data)
     assert len(want[0]) > 500
     got: list = []
 
     def scan() -> None:
-        s = KeywordScanner()
+        s = keyword_scanner()
         assert s._db is first._db  # one database (None with the re backend)
         got.extend(s.line_ends(data) for _ in range(5))
 

@@ -8,7 +8,8 @@ after an ``args: Namespace(`` (parsers.records.NEAR_KEYWORDS), and are looked fo
 from __future__ import annotations
 
 from conftest import FIXTURES
-from vllm_doctor.ingest.envelope import KeywordScanner, candidate_spans
+from vllm_doctor.ingest.envelope import candidate_spans
+from vllm_doctor.parsers.records import keyword_scanner
 
 CORPUS = FIXTURES / "corpus" / "logs"
 
@@ -25,8 +26,8 @@ def _request_lines() -> list[bytes]:
 
 def test_v0_request_lines_are_no_candidates_of_the_scan():
     block = b"\n".join(_request_lines() * 50)
-    assert KeywordScanner().line_ends(block)[0] == []
-    starts, _ends, _idx, n, _carry = candidate_spans(KeywordScanner(), block, 0, len(block))
+    assert keyword_scanner().line_ends(block)[0] == []
+    starts, _ends, _idx, n, _carry = candidate_spans(keyword_scanner(), block, 0, len(block))
     assert (len(starts), n) == (0, 100)
 
 
@@ -37,9 +38,9 @@ def test_the_pieces_of_a_hard_wrapped_args_echo_still_are():
     assert b"args: Namespace(" not in echo[piece + 1] and b"=None, " in echo[piece + 1]
     lines = [*_request_lines() * 10, echo[piece], echo[piece + 1]]
     block = b"\n".join(lines)
-    ends = KeywordScanner().line_ends(block)[0]
+    ends = keyword_scanner().line_ends(block)[0]
     got = [block[block.rfind(b"\n", 0, e) + 1:e] for e in ends]
     assert got == [echo[piece], echo[piece + 1]]
     # the 16th line after the echo is one (8 pieces, each at most 2 lines after the one before), the 21st is not
     far = b"\n".join([echo[piece], *[b"x"] * 15, echo[piece + 1], *[b"x"] * 4, echo[piece + 1]])
-    assert len(KeywordScanner().line_ends(far)[0]) == 2
+    assert len(keyword_scanner().line_ends(far)[0]) == 2

@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from vllm_doctor import __version__
+from vllm_doctor.about import __version__
 from vllm_doctor.diagnosis.advice import share_fixes
 from vllm_doctor.diagnosis import RuleEngine, RuleSet
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, Record, candidate_spans
 from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
 from vllm_doctor.findings import Finding
-from vllm_doctor.parsers.records import RecordParser
+from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 from vllm_doctor.state.core import QUIET_KINDS, State
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
@@ -134,7 +134,7 @@ class Pipeline:
         self.engine.attach(self.state)  # the rules' window aggregates, updated by the state per line
         self._sources: dict[str, _SourceCtx] = {}
         self.active: list[Finding] = []
-        self._scanner = KeywordScanner()
+        self._scanner = keyword_scanner()
         self._parsed: dict[str, int] = {}  # source -> lines that gave an event
         self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime

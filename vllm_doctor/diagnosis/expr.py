@@ -32,6 +32,7 @@ import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
 from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.units import gib, human_bytes
 from vllm_doctor.versions import flag_ranges_text
 
 
@@ -82,21 +83,6 @@ def coalesce(*xs: Any) -> Any:
         if x is not None:
             return x
     return None
-
-
-def gib(b: float | None) -> float | None:
-    """Bytes -> GiB (float)."""
-    return None if b is None else b / (1 << 30)
-
-
-def human_bytes(b: float | None) -> str | None:
-    """Bytes as a person reads them: ``4.0 MiB``, ``24.00 GiB``; None if None."""
-    if b is None:
-        return None
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(b) >= size:
-            return f"{b / size:.2f} {unit}"
-    return f"{int(b)} B"
 
 
 def percentile(xs: list, q: float) -> float | None:

@@ -230,7 +230,8 @@ def _compiled_scan(keywords: tuple[str, ...]) -> tuple[list[bytes], re.Pattern, 
 
 
 class KeywordScanner:
-    """Finds the lines of a block of bytes that hold one of KEYWORDS: the offset where each such
+    """Finds the lines of a block of bytes that hold one of ``keywords``
+    (:func:`vllm_doctor.parsers.records.keyword_scanner` gives the matcher table's): the offset where each such
     line ends (its ``\n``, or the end of the block), once per line; and the ends of the CRI
     ``P`` lines among them (:data:`CRI_PARTIAL_RE`).
 
@@ -243,15 +244,10 @@ class KeywordScanner:
     after an anchor (``parsers.records.NEAR_KEYWORDS``), looked for there only.
     """
 
-    def __init__(self, keywords=None, near=None) -> None:
-        if keywords is None:
-            from vllm_doctor.parsers.records import NEAR_KEYWORDS, prefilter_keywords  # (imports this module)
-
-            keywords = prefilter_keywords()
-            near = NEAR_KEYWORDS if near is None else near
+    def __init__(self, keywords, near=()) -> None:
         # literals that count only in the lines right after an anchor (see records.NEAR_KEYWORDS)
         self._near = tuple((anchor.encode(), lines, tuple({f for kw in kws for f in (kw.encode(), json.dumps(kw)[1:-1].encode())}))
-                           for anchor, lines, kws in near or ())
+                           for anchor, lines, kws in near)
         self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords))
         self.backend = "re" if self._db is None else "hyperscan"
         self._scratch = None

@@ -137,9 +137,10 @@ def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", "array", int
     main process), so that results waiting to be parsed stay small."""
     from array import array
 
-    from vllm_doctor.ingest.envelope import KeywordScanner, candidate_spans
+    from vllm_doctor.ingest.envelope import candidate_spans
+    from vllm_doctor.parsers.records import keyword_scanner
 
-    scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", KeywordScanner())
+    scanner = _worker_scanner.get("s") or _worker_scanner.setdefault("s", keyword_scanner())
     with open(path, "rb") as fh:
         fh.seek(a)
         buf = fh.read(b - a)

@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from vllm_doctor import events as ev
-from vllm_doctor.ingest.envelope import CLIENT_KEYWORDS, Record
+from vllm_doctor.ingest.envelope import CLIENT_KEYWORDS, KeywordScanner, Record
 from vllm_doctor.textscan import top_level
 from vllm_doctor.versions import known_flag
 
@@ -893,6 +893,12 @@ def prefilter_keywords() -> tuple[str, ...]:
     kws.update(FLAG_KEYWORDS)
     kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
     return tuple(sorted(kws))
+
+
+def keyword_scanner() -> KeywordScanner:
+    """The keyword scan of the matcher table (:func:`prefilter_keywords`, :data:`NEAR_KEYWORDS`);
+    its Hyperscan database is compiled once per process."""
+    return KeywordScanner(prefilter_keywords(), NEAR_KEYWORDS)
 
 
 #: Literals that tell something only in the lines right after an anchor: (anchor, lines after it,

@@ -209,10 +209,11 @@ def prefilter_patterns(keywords) -> list[bytes]:
 
 
 @lru_cache(maxsize=8)
-def _compiled_scan(keywords: tuple[str, ...]) -> tuple[list[bytes], re.Pattern, re.Pattern, object]:
+def _compiled_scan(keywords: tuple[str, ...], anchors: tuple[bytes, ...] = ()) -> tuple[list[bytes], re.Pattern, re.Pattern, object]:
     """What a :class:`KeywordScanner` of ``keywords`` scans with, built once per process (the
     Hyperscan compile takes about 0.4 s): the patterns, the keyword regex, the per-line regex, and
-    the Hyperscan database (None: ``re`` is used)."""
+    the Hyperscan database (None: ``re`` is used); it reports each of ``anchors`` too (id 2 + its
+    index, at its end), so that the rare anchor costs no pass of its own over a block."""
     patterns = prefilter_patterns(keywords)
     any_kw = b"(?:" + b"|".join(patterns) + b")"
     line_re = re.compile(any_kw + rb"[^\n]*")  # finditer: one match per line, to its end
@@ -222,8 +223,9 @@ def _compiled_scan(keywords: tuple[str, ...]) -> tuple[list[bytes], re.Pattern, 
 
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
-        db.compile(expressions=[any_kw + rb"[^\n]*$", cri_p], ids=[0, 1], elements=2,
-                   flags=[hyperscan.HS_FLAG_MULTILINE] * 2)
+        exprs = [any_kw + rb"[^\n]*$", cri_p, *(re.escape(a) for a in anchors)]
+        db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs),
+                   flags=[hyperscan.HS_FLAG_MULTILINE] * len(exprs))
     except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
         db = None
     return patterns, re.compile(b"|".join(patterns)), line_re, db
@@ -248,7 +250,7 @@ class KeywordScanner:
         # literals that count only in the lines right after an anchor (see records.NEAR_KEYWORDS)
         self._near = tuple((anchor.encode(), lines, tuple({f for kw in kws for f in (kw.encode(), json.dumps(kw)[1:-1].encode())}))
                            for anchor, lines, kws in near)
-        self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords))
+        self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords), tuple(a for a, _n, _k in self._near))
         self.backend = "re" if self._db is None else "hyperscan"
         self._scratch = None
         if self._db is not None:  # the database is shared; a scan's scratch space is not (the GIL is
@@ -269,22 +271,33 @@ class KeywordScanner:
                 le = len(block) if le < 0 else le
                 if CRI_PARTIAL_RE.match(block[ls:le]):
                     cri_p.add(le)
+            anchored = None  # (the re backend: a search for each anchor)
         else:
             hits = []
-            append, add = hits.append, cri_p.add
-            self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to),
-                          scratch=self._scratch)
+            anchored = []  # (index of the anchor, where it ends), from the same scan
+            append, add, seen = hits.append, cri_p.add, anchored.append
+
+            def hit(i: int, _f: int, to: int, _fl: int, _c: object) -> None:
+                if i == 0:
+                    append(to)
+                elif i == 1:
+                    add(to)
+                else:
+                    seen((i - 2, to))
+
+            self._db.scan(block, match_event_handler=hit, scratch=self._scratch)
             hits.sort()
-        near = self._near_ends(block) if self._near else None
+        near = self._near_ends(block, anchored) if self._near and anchored != [] else None
         return (sorted(near.union(hits)) if near else hits), cri_p
 
-    def _near_ends(self, block: bytes) -> set[int]:
+    def _near_ends(self, block: bytes, anchored: list[tuple[int, int]] | None) -> set[int]:
         """The ends of the lines that hold one of an anchor's literals within its number of lines
-        after it (a C-speed search for the rare anchor; the few lines after it are looked at)."""
+        after it; ``anchored``: where the anchors end, as the scan reported them (None: search)."""
         out: set[int] = set()
         find = block.find
-        for anchor, n, kws in self._near:
-            i = find(anchor)
+        for k, (anchor, n, kws) in enumerate(self._near):
+            starts = (sorted(to - len(anchor) for j, to in anchored if j == k) if anchored is not None else None)
+            i = (starts.pop(0) if starts else -1) if starts is not None else find(anchor)
             while i >= 0:
                 le = find(b"\n", i)
                 for _ in range(n):
@@ -292,9 +305,9 @@ class KeywordScanner:
                         break
                     ls, le = le + 1, find(b"\n", le + 1)
                     e = len(block) if le < 0 else le
-                    if any(find(k, ls, e) >= 0 for k in kws):
+                    if any(find(kw, ls, e) >= 0 for kw in kws):
                         out.add(e)
-                i = find(anchor, i + len(anchor))
+                i = (starts.pop(0) if starts else -1) if starts is not None else find(anchor, i + len(anchor))
         return out
 
 

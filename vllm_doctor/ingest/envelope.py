@@ -271,7 +271,7 @@ class KeywordScanner:
                 le = len(block) if le < 0 else le
                 if CRI_PARTIAL_RE.match(block[ls:le]):
                     cri_p.add(le)
-            anchored = None  # (the re backend: a search for each anchor)
+            anchored: list[tuple[int, int]] | None = None  # (the re backend: a search for each anchor)
         else:
             hits = []
             anchored = []  # (index of the anchor, where it ends), from the same scan

@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_LOG ?= tests/fixtures/logs/cpu-preemption-tiny-kv-cache.log
 DEMO_METRICS ?= tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt
 
-.PHONY: setup system-deps e2e-setup demo test test-quick bench bench-memory bundle docs golden wordings metrics lock wheel clean
+.PHONY: setup system-deps e2e-setup demo test test-fast lint test-quick bench bench-memory bundle docs golden wordings metrics lock wheel clean
 
 setup: $(VENV)/.installed
 
@@ -35,7 +35,7 @@ e2e-setup: setup
 demo: setup
 	$(BIN)/vllm-doctor diagnose --metrics $(DEMO_METRICS) $(DEMO_LOG); test $$? -le 1
 
-test: setup system-deps e2e-setup
+test: setup system-deps e2e-setup lint
 	@echo "== pytest: every test (README.md says how long on 2 cores: each e2e vLLM scenario and the container"
 	@echo "   image build print a line as each starts; VLLM_DOCTOR_SKIP_E2E=1 skips the vLLM ones)"
 	$(BIN)/python -m pytest -q
@@ -48,6 +48,16 @@ test: setup system-deps e2e-setup
 # of the sidecar under 2,000 OOM lines/s for 5 minutes (long; `make test` runs it with --quick).
 bench-memory: setup
 	$(BIN)/python bench/bench_memory.py
+
+# ruff and mypy against tools/lint_baseline.json: fails on a new finding (a count may only shrink)
+lint: setup
+	@echo "== lint: ruff and mypy against tools/lint_baseline.json (about 1 min)"
+	$(BIN)/python tools/lint_baseline.py
+
+# The inner loop: every test but the end-to-end ones (a real vLLM) and those marked slow
+# (a real Prometheus/Alertmanager, the container image, the kill loop); at most 3 min on 2 cores.
+test-fast: setup
+	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -m "not e2e and not slow" -p no:cacheprovider
 
 test-quick: setup
 	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -x

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gen_log import generate, size_arg  # noqa: E402
+from gen_log import generate, generate_v0, size_arg  # noqa: E402
 
 from vllm_doctor import events as ev  # noqa: E402
 
@@ -71,8 +71,8 @@ def keyword_throughput(n: int) -> None:
     process (time.process_time), so that other load on the machine does not count; then where
     the time goes per line, stage by stage (the stages run apart on the same lines)."""
     from vllm_doctor.diagnosis import load_rules
-    from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, candidate_spans
-    from vllm_doctor.parsers.records import RecordParser
+    from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, candidate_spans
+    from vllm_doctor.parsers.records import RecordParser, keyword_scanner
     from vllm_doctor.pipeline import Pipeline
 
     rules = load_rules([])
@@ -93,7 +93,7 @@ def keyword_throughput(n: int) -> None:
         # and the rules
         split = LineSplitter()
         spans = [sp for i in range(0, len(data), 1 << 20) for sp in split.feed(data[i : i + (1 << 20)])] + split.flush()
-        scanner = KeywordScanner()  # (compiling its database is no cost per line)
+        scanner = keyword_scanner()  # (compiling its database is no cost per line)
         t0 = time.process_time()
         blocks = [(buf, candidate_spans(scanner, buf, a, b)) for buf, a, b in spans]
         t1 = time.process_time()
@@ -159,13 +159,14 @@ def keyword_floor(n: int) -> None:
     import re
     from collections import deque
 
-    from vllm_doctor.ingest.envelope import KeywordScanner, LineSplitter, candidate_spans
+    from vllm_doctor.ingest.envelope import LineSplitter, candidate_spans
+    from vllm_doctor.parsers.records import keyword_scanner
 
     for name, (pattern, build) in FLOOR.items():
         data = keyword_data(KEYWORD_LINES[name], n)
         split = LineSplitter()
         spans = [sp for i in range(0, len(data), 1 << 20) for sp in split.feed(data[i : i + (1 << 20)])] + split.flush()
-        scanner, rx, ring, times, meta = KeywordScanner(), re.compile(pattern), deque(maxlen=20000), {}, ev.Meta
+        scanner, rx, ring, times, meta = keyword_scanner(), re.compile(pattern), deque(maxlen=20000), {}, ev.Meta
         best = None
         for _ in range(3):  # best of three: a floor
             t0 = time.process_time()
@@ -192,26 +193,29 @@ def main() -> None:
     ap.add_argument("--dir", default=os.environ.get("VLLM_DOCTOR_BENCH_DIR", tempfile.gettempdir()))
     ap.add_argument("--keyword-lines", type=int, default=1_000_000, help="lines per kind in the throughput test")
     ap.add_argument("--throughput-only", action="store_true", help="only the keyword-bearing lines throughput")
+    ap.add_argument("--shape", choices=("v1", "v0"), default="v1",
+                    help="the request-heavy log's shape (bench/gen_log.py): v1 = vLLM 0.32 with --enable-log-requests, "
+                         "v0 = vLLM <= 0.9's V0 engine (Received/Added/Finished request, uvicorn access; its default)")
     a = ap.parse_args()
     if a.throughput_only:
         keyword_throughput(a.keyword_lines)
         return
     size = size_arg(a.size)
-    path = Path(a.dir) / f"vllm-doctor-bench-{size >> 20}MiB.log"
+    path = Path(a.dir) / f"vllm-doctor-bench-{size >> 20}MiB{'-v0' if a.shape == 'v0' else ''}.log"
     if not path.exists() or path.stat().st_size < size * 0.99:
         t0 = time.perf_counter()
         with open(path, "w") as fh:
-            n = generate(size, fh)
+            n = (generate_v0 if a.shape == "v0" else generate)(size, fh)
         print(f"generated {path} ({path.stat().st_size / 2**20:,.0f} MiB, {n:,} requests) in {time.perf_counter() - t0:.1f} s")
     real = path.stat().st_size
     with open(path, "rb") as fh:  # warm the page cache for both commands
         while fh.read(1 << 24):
             pass
     doctor = [sys.executable, "-m", "vllm_doctor", "diagnose", "--format", "json", "--fail-on", "never", str(path)]
-    grep = ["grep", "-c", "preempt", str(path)]
-    from vllm_doctor.ingest.envelope import KeywordScanner
+    grep = ["grep", "-c", "preempt", str(path)]  # (grep's time hardly depends on the word: it reads every byte)
+    from vllm_doctor.parsers.records import keyword_scanner
 
-    print(f"log: {real / 2**20:,.0f} MiB, {sum(1 for _ in open(path, 'rb')):,} lines; keyword scanner: {KeywordScanner().backend}")
+    print(f"log: {real / 2**20:,.0f} MiB, {sum(1 for _ in open(path, 'rb')):,} lines; keyword scanner: {keyword_scanner().backend}")
     res = {}
     for name, cmd in (("grep -c preempt", grep), ("vllm-doctor diagnose", doctor)):
         runs = [timed(cmd) for _ in range(a.runs)]

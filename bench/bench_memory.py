@@ -68,7 +68,7 @@ KEYWORD_LINES = (
 OOM_LINE = KEYWORD_LINES[3]
 # Short lines that carry a keyword but match no parser (what a client can make vLLM print, or a
 # noisy library): the prefilter passes them, the parsers reject them. (Each holds a keyword of the
-# scan, KeywordScanner().patterns: tests/test_bench.py checks that the scan passes every line.)
+# scan, keyword_scanner().patterns: tests/test_bench.py checks that the scan passes every line.)
 SHORT_LINES = ("WARNING {md} {hms} x.py:1] Error {i}\n", "INFO {md} {hms} x.py:2] Exception {i}\n",
                "INFO {md} {hms} x.py:3] LLM engine {i}\n")
 

@@ -50,10 +50,22 @@ def ts(t: float) -> str:
     return f"11-{30 + d if 30 + d <= 30 else 30:02d} {h:02d}:{m:02d}:{s:02d}" if d == 0 else f"12-{d:02d} {h:02d}:{m:02d}:{s:02d}"
 
 
+def _begin(out, header: str, seed: int) -> tuple[random.Random, int]:
+    """Write the start-up header; the generator's random source and the bytes written."""
+    out.write(header)
+    return random.Random(seed), len(header.encode())
+
+
+def _flush(buf: list[str], out) -> int:
+    """Write the lines held in ``buf`` and empty it; the bytes written."""
+    chunk = "".join(buf)
+    out.write(chunk)
+    buf.clear()
+    return len(chunk.encode())
+
+
 def generate(size: int, out, seed: int = 1, rps: float = 40.0) -> int:
-    rnd = random.Random(seed)
-    out.write(HEADER)
-    written = len(HEADER.encode())
+    rnd, written = _begin(out, HEADER, seed)
     t = 9 * 3600 + 11 * 60.0
     next_stats = t + 10
     n = 0
@@ -80,12 +92,63 @@ def generate(size: int, out, seed: int = 1, rps: float = 40.0) -> int:
         buf.append(f'INFO:     127.0.0.1:{rnd.randint(30000, 60000)} - "POST /v1/completions HTTP/1.1" 200 OK\n')
         n += 1
         if len(buf) > 3000:
-            chunk = "".join(buf)
-            out.write(chunk)
-            written += len(chunk.encode())
-            buf = []
-    if buf:
-        out.write("".join(buf))
+            written += _flush(buf, out)
+    _flush(buf, out)
+    return n
+
+
+HEADER_V0 = """\
+INFO 02-01 06:30:02 api_server.py:495] vLLM API server version 0.6.3.post1
+INFO 02-01 06:30:02 api_server.py:496] args: Namespace(host=None, port=8000, model='/models/llama', max_model_len=8192, max_num_seqs=256, disable_log_requests=False)
+INFO 02-01 06:30:12 llm_engine.py:237] Initializing an LLM engine (v0.6.3.post1) with config: model='/models/llama', max_seq_len=8192, tensor_parallel_size=1, enable_prefix_caching=False
+INFO 02-01 06:30:40 gpu_executor.py:122] # GPU blocks: 31470, # CPU blocks: 2048
+INFO 02-01 06:30:40 gpu_executor.py:126] Maximum concurrency for 8192 tokens per request: 61.46x
+INFO:     Application startup complete.
+"""
+V0_PARAMS = ("SamplingParams(n=1, best_of=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+             "temperature=0.7, top_p=1.0, top_k=-1, min_p=0.0, seed=None, stop=[], stop_token_ids=[], "
+             "include_stop_str_in_output=False, ignore_eos=False, max_tokens={mt}, min_tokens=0, logprobs=None, "
+             "prompt_logprobs=None, skip_special_tokens=True, spaces_between_special_tokens=True, "
+             "truncate_prompt_tokens=None)")
+
+
+def generate_v0(size: int, out, seed: int = 1, rps: float = 40.0) -> int:
+    """What vLLM <= 0.9's V0 engine writes by default under load (request logging on, the
+    default): per request entrypoints/logger.py's ``Received request %s: prompt: %r, params: %s,
+    prompt_token_ids: %s, lora_request: %s, prompt_adapter_request: %s.``, async_llm_engine.py's
+    ``Added request %s.`` and ``Finished request %s.``, uvicorn's access line; metrics.py's stats
+    line every 5 s (the line formats of the real V0 logs in tests/fixtures)."""
+    rnd, written = _begin(out, HEADER_V0, seed)
+    t = 6 * 3600 + 31 * 60.0
+    next_stats = t + 5
+    n = 0
+    buf: list[str] = []
+    finishing: list[tuple[float, str]] = []
+    while written < size:
+        t += rnd.expovariate(rps)
+        while t >= next_stats:
+            buf.append(f"INFO {ts(next_stats)} metrics.py:349] Avg prompt throughput: {rnd.uniform(2000, 9000):.1f} tokens/s, "
+                       f"Avg generation throughput: {rnd.uniform(2500, 4000):.1f} tokens/s, Running: {rnd.randint(20, 120)} reqs, "
+                       f"Swapped: 0 reqs, Pending: {rnd.randint(0, 3)} reqs, GPU KV cache usage: {rnd.uniform(20, 80):.1f}%, "
+                       "CPU KV cache usage: 0.0%.\n")
+            next_stats += 5
+        while finishing and finishing[0][0] <= t:
+            done, frid = finishing.pop(0)
+            buf.append(f"INFO {ts(done)} async_llm_engine.py:140] Finished request {frid}.\n")
+            buf.append(f'INFO:     127.0.0.1:{rnd.randint(30000, 60000)} - "POST /v1/completions HTTP/1.1" 200 OK\n')
+        rid = f"cmpl-{rnd.getrandbits(128):032x}-0"
+        words = [rnd.choice(WORDS) if rnd.random() > 0.002 else rnd.choice(RARE) for _ in range(rnd.randint(150, 700))]
+        stamp = ts(t)
+        buf.append(f"INFO {stamp} logger.py:37] Received request {rid}: prompt: '{' '.join(words)}', "
+                   f"params: {V0_PARAMS.format(mt=rnd.randint(64, 1024))}, prompt_token_ids: None, lora_request: None, "
+                   "prompt_adapter_request: None.\n")
+        buf.append(f"INFO {stamp} async_llm_engine.py:207] Added request {rid}.\n")
+        finishing.append((t + rnd.uniform(1, 20), rid))
+        finishing.sort()
+        n += 1
+        if len(buf) > 3000:
+            written += _flush(buf, out)
+    _flush(buf, out)
     return n
 
 
@@ -94,13 +157,16 @@ def main() -> None:
     ap.add_argument("--size", default="100MiB", help="approximate size (e.g. 1GiB, 200MiB)")
     ap.add_argument("--out", default="-")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--shape", choices=("v1", "v0"), default="v1",
+                    help="v1: vLLM 0.32 with --enable-log-requests; v0: vLLM <= 0.9's V0 engine, request logging by default")
     a = ap.parse_args()
     size = size_arg(a.size)
+    gen = generate_v0 if a.shape == "v0" else generate
     if a.out == "-":
-        generate(size, sys.stdout)
+        gen(size, sys.stdout, a.seed)
     else:
         with open(a.out, "w") as fh:
-            n = generate(size, fh)
+            n = gen(size, fh, a.seed)
         print(f"wrote {a.out}: {size_arg(a.size) / (1 << 20):.0f} MiB, {n:,} requests", file=sys.stderr)
 
 

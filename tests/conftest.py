@@ -72,3 +72,17 @@ def progress(request):
             tr.ensure_newline()
             tr.write_line(f"[{time.strftime('%H:%M:%S')}] {msg}")
     return say
+
+
+#: Test modules that are slow by what they run (a real Prometheus/Alertmanager, the container image,
+#: a browser, seeded kill and fuzz loops of the sidecar and the follower, the bench ladder against
+#: a stand-in server): marked ``slow`` here, in one place, so that ``make test-fast`` (pytest -m
+#: "not e2e and not slow") leaves them to ``make test``. Individual slow tests carry the mark.
+SLOW_MODULES = {"test_alerting_e2e", "test_container", "test_charts_browser", "test_kill_loop", "test_serve_prometheus",
+                "test_follow_killpoints", "test_serve_fuzz", "test_bench"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -17,8 +17,8 @@ import bench_diagnose  # noqa: E402
 import bench_memory  # noqa: E402
 
 from vllm_doctor import events as ev  # noqa: E402
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, candidate_spans  # noqa: E402
-from vllm_doctor.parsers.records import RecordParser  # noqa: E402
+from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, candidate_spans  # noqa: E402
+from vllm_doctor.parsers.records import RecordParser, keyword_scanner  # noqa: E402
 
 
 def test_every_line_of_the_keyword_log_passes_the_scan(tmp_path):
@@ -27,7 +27,7 @@ def test_every_line_of_the_keyword_log_passes_the_scan(tmp_path):
     data = path.read_bytes()
     split = LineSplitter()
     spans = split.feed(data) + split.flush()
-    scanner = KeywordScanner()
+    scanner = keyword_scanner()
     total = passed = 0
     for buf, a, b in spans:
         starts, _, _, nlines, _ = candidate_spans(scanner, buf, a, b)

@@ -544,6 +544,7 @@ def test_parallel_scan_workers_end_when_diagnose_is_killed(tmp_path):
         assert alive == []
     finally:
         proc.kill()
+        proc.wait()
 
 
 def test_explain_says_what_each_value_a_condition_or_fix_reads_is():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from vllm_doctor import events as ev
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock
-from vllm_doctor.parsers.records import RecordParser
+from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock
+from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 
 from conftest import LOGS
 
@@ -169,7 +169,7 @@ def test_prefilter_keeps_every_line_a_matcher_needs():
         "User-specified max_model_len (8192) is greater than the derived max_model_len (max_position_embeddings=4096.0",
     ]
     for s in samples:
-        assert KeywordScanner().regex.search(s.encode()), s
+        assert keyword_scanner().regex.search(s.encode()), s
 
 
 def test_json_formatter_records():

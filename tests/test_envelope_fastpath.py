@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.parsers.records import keyword_scanner
 
 from wrapping import wrap
 
@@ -76,10 +77,10 @@ def test_fast_path_keeps_client_text_data():
 @pytest.mark.parametrize("kind", WRAPPERS)
 def test_scan_backends_agree_in_every_wrapper(kind):
     """Hyperscan and the re fallback select the same lines, whatever the block size."""
-    hs = KeywordScanner()
+    hs = keyword_scanner()
     if hs.backend != "hyperscan":
         pytest.skip("Hyperscan is not available here")
-    fallback = KeywordScanner()
+    fallback = keyword_scanner()
     fallback._db = None
     text = "".join(wrap(kind, p.read_text(errors="replace").splitlines()) for p in LOGS[::4]).encode()
 

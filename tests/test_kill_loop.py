@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_helpers import free_port, value, wait_for
+from serve_helpers import end_process, free_port, value, wait_for
 from vllm_doctor.diagnosis.loader import load_rules
 from vllm_doctor.pipeline import Pipeline
 
@@ -185,8 +185,6 @@ def test_kill_9_loop_counts_exactly_once(tmp_path):
                 checks += 1
     finally:
         writer.stop.set()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(20)
+        end_process(proc)
     assert kills == KILLS and checks >= KILLS // 2 and startup_kills >= 1
     assert writer.rotations >= 2, "the writer must have rotated while the sidecar was killed"

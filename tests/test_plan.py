@@ -484,9 +484,9 @@ def test_gpu_memory_through_nvml(monkeypatch):
     from vllm_doctor.plan.planner import nvml_total_memory
     from vllm_doctor.ingest import nvml
     fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(total=85_520_809_984)])
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake)
     assert nvml_total_memory() == 85_520_809_984
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake_nvml.FakeNvml(fail_init=fake_nvml.FakeNvmlError(12)))
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml(fail_init=fake_nvml.FakeNvmlError(12)))
     with pytest.raises(InputError, match="give --gpu-memory"):
         nvml_total_memory()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fake_nvml import FakeGpu, FakeNvml
-from serve_helpers import FIXTURES, Pages, free_port, live_sidecar, samples, value, wait_for
+from serve_helpers import FIXTURES, Pages, end_process, free_port, live_sidecar, samples, value, wait_for
 
 from vllm_doctor.export.serve import ConfigError, load_config
 from vllm_doctor.ingest.replay import restamp
@@ -299,8 +299,7 @@ def test_cli_serve_sigterm_writes_checkpoint_and_restart_does_not_double_count(t
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
         assert value(text, "vllm_kv_cache_tokens") == 4096.0
     finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(20)
+        end_process(p)
     assert n_first + n_second == V1_RUN[5000:].count(b"\n")
 
 
@@ -331,8 +330,7 @@ def test_cli_serve_reads_a_pipe(tmp_path):
         assert httpx.get(base + "/readyz").json()["sources"][0]["detail"] == "end of input"
         assert httpx.get(base + "/healthz").status_code == 200  # still serving what it learned
     finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(20)
+        end_process(p)
 
 
 def test_cli_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):

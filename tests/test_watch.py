@@ -120,26 +120,16 @@ def test_watch_into_a_pipe_prints_each_frame_as_it_goes(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
+
+    from serve_helpers import child, wait_for
 
     log = tmp_path / "vllm.log"
     shutil.copy(LOGS / "cpu-preemption-tiny-kv-cache.log", log)
     out = tmp_path / "watch.out"
-    with out.open("w") as fh:
-        p = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "watch", str(log), "--no-nvml", "--interval", "0.5"],
-                             stdout=fh, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while out.read_text().count("vllm-doctor watch") < 2 and time.monotonic() < deadline and p.poll() is None:
-                time.sleep(0.2)
-        finally:
-            p.send_signal(signal.SIGINT)
-            try:
-                p.wait(10)
-            finally:
-                if p.poll() is None:   # never leave the child running, whatever happened
-                    p.kill()
-                    p.wait(10)
+    with out.open("w") as fh, child([sys.executable, "-m", "vllm_doctor", "watch", str(log), "--no-nvml", "--interval",
+                                     "0.5"], sig=signal.SIGINT, stdout=fh, stderr=subprocess.STDOUT) as p:
+        # two frames, or the child's end (a generous bound: a loaded machine draws slowly)
+        wait_for(lambda: out.read_text().count("vllm-doctor watch") >= 2 or p.poll() is not None, 50, "two frames")
     text = out.read_text()
     assert text.count("vllm-doctor watch  vLLM 0.32.0 (v1)") >= 2, text[-2000:]   # frames while it runs
     assert "VD004 kv-capacity-bound" in text and "Traceback" not in text

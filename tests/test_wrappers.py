@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LogClock
-from vllm_doctor.parsers.records import MATCHERS, prefilter_keywords
+from vllm_doctor.ingest.envelope import Envelope, LogClock
+from vllm_doctor.parsers.records import MATCHERS, keyword_scanner, prefilter_keywords
 
 from wrapping import WRAPPERS, run, shape
 
@@ -25,7 +25,7 @@ def test_every_matcher_declares_keywords_versions_source_and_examples():
 def test_example_is_matched_by_its_matcher_and_prefiltered(name, i, line):
     mt = next(m for m in MATCHERS if m.name == name)
     assert any(k in line for k in mt.keywords), "an example holds one of its matcher's keywords"
-    assert KeywordScanner().regex.search(line.encode())
+    assert keyword_scanner().regex.search(line.encode())
     recs = Envelope(LogClock(2026)).records(1, line.encode())
     assert any((mt.regex.search(r.msg) if mt.search else mt.regex.match(r.msg)) for r in recs)
     assert all(k in prefilter_keywords() for k in mt.keywords)

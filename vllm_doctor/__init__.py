@@ -4,7 +4,7 @@ Public API: :func:`diagnose` (paths -> :class:`~vllm_doctor.pipeline.Report`),
 :func:`~vllm_doctor.diagnosis.load_rules`, :class:`~vllm_doctor.pipeline.Pipeline`.
 """
 
-__version__ = "0.1.0"
+from vllm_doctor.about import __version__  # noqa: F401 - the package's version
 
 
 def diagnose(paths, rules_dirs=(), metrics_files=(), since=None, until=None):

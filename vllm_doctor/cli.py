@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from vllm_doctor import __version__
+from vllm_doctor.about import __version__
 from vllm_doctor.errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
 
 app = typer.Typer(

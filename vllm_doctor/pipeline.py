@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from vllm_doctor import __version__
+from vllm_doctor.about import __version__
 from vllm_doctor.diagnosis.advice import share_fixes
 from vllm_doctor.diagnosis import RuleEngine, RuleSet
-from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, Record, candidate_spans
 from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
 from vllm_doctor.findings import Finding
-from vllm_doctor.parsers.records import RecordParser
+from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 from vllm_doctor.state.core import QUIET_KINDS, State
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
@@ -160,7 +160,7 @@ class Pipeline:
         """The log keyword scanner, compiled when the first log bytes arrive: a pipeline fed only
         typed events (fleet diagnosis: one per replica) never pays for it."""
         if self._keyword_scanner is None:
-            self._keyword_scanner = KeywordScanner()
+            self._keyword_scanner = keyword_scanner()
         return self._keyword_scanner
 
     @property

@@ -29,6 +29,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Each e2e scenario's wall time (printed, never asserted: a loaded machine stretches it; the
+    speed figures are bench/'s)."""
+    from .test_e2e_vllm import TIMINGS
+
+    if TIMINGS:
+        terminalreporter.write_line(f"[e2e] scenario wall times: {TIMINGS} total {sum(TIMINGS.values()):.0f} s")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_processes():
     """Whatever a failing test left behind, every process group the harness started dies here."""

@@ -261,8 +261,9 @@ class VllmServer:
         return (f"vLLM died during {what}: the API server {code}. vLLM's own log ({self.log_path}):\n"
                 + "\n".join(shown))
 
-    def wait_healthy(self, timeout: float = 150) -> float:
-        """Seconds until /health answered 200; raises if vLLM exits or the time runs out."""
+    def wait_healthy(self, timeout: float = 900) -> float:
+        """Seconds until /health answered 200; raises if vLLM exits or the time runs out (a generous
+        bound: vLLM on CPU takes 30-60 s on a quiet 2-core machine, several times that on a busy one)."""
         def ok():
             if not self.alive():
                 raise VllmDied(self.death_report("start-up (before /health answered)"))

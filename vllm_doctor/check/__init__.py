@@ -18,8 +18,8 @@ import yaml
 
 from vllm_doctor import versions
 from vllm_doctor.check.findings import RULES, CheckFinding
-from vllm_doctor.check.launch import (Launch, _flags_in, _line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
-                     read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, _scan_modules)
+from vllm_doctor.check.launch import (Launch, flags_in, line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
+                     read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, scan_modules)
 from vllm_doctor.check.monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
 NEWEST = "0.33.0"
@@ -203,7 +203,7 @@ def _flag_line(la: Launch, text: str, *flags: str) -> int:
         if fl in extra:
             return extra[fl]
         if any(a == fl or a.startswith(fl + "=") for a in la.argv):
-            return _line_of(la, text, fl)
+            return line_of(la, text, fl)
     return la.line
 
 
@@ -259,7 +259,7 @@ def _kv_cache_tokens(found: list[CheckFinding], flags: dict, version: str, model
                  "available": p.pool["available_kv_cache_bytes"] if gpu_memory else None,
                  "available_arithmetic": p.pool["available_arithmetic"] if gpu_memory else None,
                  "fp8": str(flags.get("--kv-cache-dtype") or "auto").startswith("fp8")}
-        said, fix, level = kv_cache_size_advice(tokens, version, set(_flags_in(version)), sized=sized)
+        said, fix, level = kv_cache_size_advice(tokens, version, set(flags_in(version)), sized=sized)
         f.message, f.fix = f.extra["read_as"] + ". " + said, fix
         f.level = level or f.level
 
@@ -321,7 +321,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         return _check_markdown(text, name, vllm_version, model_config, gpu_memory, recorded)
     if kind_ == "shell":
         launches = read_shell(text, name, findings)
-        _scan_modules(text, name, 1, findings)
+        scan_modules(text, name, 1, findings)
     elif kind_ == "compose":
         launches = read_compose(doc, text, name)
     elif kind_ == "kubernetes":
@@ -475,7 +475,7 @@ def to_json(results: list[CheckResult]) -> str:
 
 
 def to_sarif(results: list[CheckResult]) -> str:
-    from vllm_doctor import __version__
+    from vllm_doctor.about import __version__
 
     used = sorted({f.rule_id for r in results for f in r.findings})
     rules = [{"id": rid, "name": RULES[rid][0], "shortDescription": {"text": RULES[rid][2]},

@@ -491,7 +491,7 @@ def read_ci(doc: dict, text: str, file: str, findings: list[CheckFinding]) -> li
                 la.line += line - 1
                 la.image_line = la.image_line + line - 1 if la.image_line else 0
                 out.append(la)
-            _scan_modules(str(sc), file, line, findings)
+            scan_modules(str(sc), file, line, findings)
     return out
 
 
@@ -562,7 +562,7 @@ def read_vllm_config(doc: dict, text: str, file: str) -> list[Launch]:
     return [la]
 
 
-def _scan_modules(text: str, file: str, base_line: int, findings: list[CheckFinding]) -> None:
+def scan_modules(text: str, file: str, base_line: int, findings: list[CheckFinding]) -> None:
     for m in re.finditer(r"python[\d.]*\s+-m\s+(vllm[\w.]*)", text):
         mod = m.group(1)
         if mod in INVENTED_MODULES:
@@ -574,7 +574,7 @@ def _scan_modules(text: str, file: str, base_line: int, findings: list[CheckFind
 
 # ---------------------------------------------------------------- linting
 
-def _flags_in(version: str) -> list[str]:
+def flags_in(version: str) -> list[str]:
     d = versions._data()
     ex = versions.nearest_examined(version)
     return [f for f, r in d["flags"].items() if f.startswith("--") and versions._in_ranges(r, ex)]
@@ -584,7 +584,7 @@ def _ranges_text(flag: str) -> str:
     return versions.flag_ranges_text(flag) or ""
 
 
-def _line_of(la: Launch, text: str, token: str) -> int:
+def line_of(la: Launch, text: str, token: str) -> int:
     extra = getattr(la, "extra_lines", None)
     if extra and token in extra:
         return extra[token]
@@ -593,7 +593,7 @@ def _line_of(la: Launch, text: str, token: str) -> int:
 
 def parsed_flags(la: Launch, version: str) -> dict[str, str | None]:
     """argv -> {canonical flag: value or None}, resolving unique abbreviations (for capacity checks)."""
-    allf = set(_flags_in(version))
+    allf = set(flags_in(version))
     out: dict[str, str | None] = {}
     argv = la.argv
     i = 0
@@ -626,7 +626,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     out: list[CheckFinding] = []
     f = la.file
     pv = versions.parse_version(version) or Version("0.33.0")
-    allf = _flags_in(version)
+    allf = flags_in(version)
     allset = set(allf)
     if la.entry.startswith("module:"):
         mod = la.entry[7:]
@@ -654,7 +654,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
         raw = name
         if pv >= Version("0.5.4"):
             name = name.replace("_", "-")
-        line = _line_of(la, text, raw)
+        line = line_of(la, text, raw)
         if raw == "--config" or name.startswith(("--compilation-config.", "--json-arg")) or "." in name:
             i += 2 if (has_value and not eq) else 1
             continue

@@ -20,7 +20,7 @@ from vllm_doctor.findings import Evidence, Finding, FlagFix
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
-from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in
+from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in, parse_expr
 from vllm_doctor.diagnosis.loader import TEMPLATE_RE, WINDOW_SERIES, Rule, RuleSet, const_args, split_placeholder
 
 MAX_EVIDENCE = 8
@@ -92,7 +92,25 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def _rule_exprs(rule: Rule) -> list[str]:
+def _per_rule(fn):
+    """``fn(rule)`` worked out once per rule and process (a rule is immutable; the loaded rules are
+    shared by every pipeline: see load_rules). The result is shared: read it, never change it."""
+    memo: dict[int, tuple[Rule, Any]] = {}  # id(rule) -> (rule: keeps the id its own, result)
+
+    def once(rule: Rule):
+        got = memo.get(id(rule))
+        if got is None or got[0] is not rule:
+            if len(memo) >= 4096:
+                memo.clear()
+            got = memo[id(rule)] = (rule, fn(rule))
+        return got[1]
+
+    once.__doc__ = fn.__doc__
+    return once
+
+
+@_per_rule
+def _rule_exprs(rule: Rule) -> tuple[str, ...]:
     """Every expression of a rule (conditions, values, fixes' values and conditions, placeholders)."""
     out = list(rule.when.all) + list(rule.when.any) + list(rule.values.values())
     texts = [rule.message] if isinstance(rule.message, str) else [c.text for c in rule.message]
@@ -105,7 +123,7 @@ def _rule_exprs(rule: Rule) -> list[str]:
         out += [c.if_] if c.if_ else []
         texts.append(c.text)
     out += [split_placeholder(m.group(1))[0] for t in texts for m in TEMPLATE_RE.finditer(t)]
-    return out
+    return tuple(out)
 
 
 def _line_fields(cls: type) -> frozenset[str]:
@@ -137,6 +155,7 @@ LINE_MOVED_FACTS = {
 }
 
 
+@_per_rule
 def _fit_fields(rule: Rule) -> dict[str, set[str] | None]:
     """Window name -> the fields whose least-squares fit the rule reads (``w.slope_per_hour('f')``;
     None: a field not named by a constant, so every field). An aggregate keeps the fit's sums of
@@ -144,7 +163,7 @@ def _fit_fields(rule: Rule) -> dict[str, set[str] | None]:
     out: dict[str, set[str] | None] = {}
     for expr in _rule_exprs(rule):
         try:
-            tree = ast.parse(expr.strip(), mode="eval")
+            tree = parse_expr(expr.strip())
         except SyntaxError:
             continue
         for n in ast.walk(tree):

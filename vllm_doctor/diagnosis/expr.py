@@ -25,12 +25,14 @@ import ast
 import math
 import operator
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import Any
 
 import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
 from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.units import gib, human_bytes
 from vllm_doctor.versions import flag_ranges_text
 
 
@@ -83,21 +85,6 @@ def coalesce(*xs: Any) -> Any:
     return None
 
 
-def gib(b: float | None) -> float | None:
-    """Bytes -> GiB (float)."""
-    return None if b is None else b / (1 << 30)
-
-
-def human_bytes(b: float | None) -> str | None:
-    """Bytes as a person reads them: ``4.0 MiB``, ``24.00 GiB``; None if None."""
-    if b is None:
-        return None
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(b) >= size:
-            return f"{b / size:.2f} {unit}"
-    return f"{int(b)} B"
-
-
 def percentile(xs: list, q: float) -> float | None:
     v = sorted(_vals(xs))
     if not v:
@@ -137,12 +124,21 @@ STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_ev
                    "stats_max", "stats_min", "concurrency", "stalls")
 
 
-def names_in(expr: str) -> set[str]:
+@lru_cache(maxsize=8192)
+def parse_expr(expr: str) -> ast.Expression:
+    """``ast.parse(expr, mode="eval")``, once per process per expression (the rules' expressions
+    are read by the loader and by every pipeline's rule engine). The tree is shared: read it,
+    never change it. Raises SyntaxError as ast.parse does (not cached)."""
+    return ast.parse(expr, mode="eval")
+
+
+@lru_cache(maxsize=8192)
+def names_in(expr: str) -> frozenset[str]:
     """Free names used by an expression (comprehension variables excluded).
 
     Raises RuleLoadError on a syntax error."""
     try:
-        tree = ast.parse(expr, mode="eval")
+        tree = parse_expr(expr)
     except SyntaxError as e:
         raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
     bound: set[str] = set()
@@ -151,15 +147,14 @@ def names_in(expr: str) -> set[str]:
             for n in ast.walk(node.target):
                 if isinstance(n, ast.Name):
                     bound.add(n.id)
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in bound}
-    return used
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in bound)
 
 
-def attributes_of(expr: str, base: str) -> set[str]:
+@lru_cache(maxsize=8192)
+def attributes_of(expr: str, base: str) -> frozenset[str]:
     """Attributes read on name ``base`` (``t.x`` -> {"x"})."""
-    tree = ast.parse(expr, mode="eval")
-    return {n.attr for n in ast.walk(tree)
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base}
+    return frozenset(n.attr for n in ast.walk(parse_expr(expr))
+                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base)
 
 
 class _MissingData(Exception):
@@ -200,6 +195,64 @@ _LINE_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mu
              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
 
 
+@lru_cache(maxsize=1024)
+def _line_code(expr: str, fields: frozenset[str], thresholds: frozenset[str], funcs: frozenset[str],
+               has_names: bool) -> tuple[Any, tuple[tuple[str, str | None], ...]]:
+    """The code of :func:`compile_line`'s lambda, checked and compiled once per process, and what
+    each name it binds holds: ("names", None), ("t", threshold) or ("f", function)."""
+    try:
+        tree = parse_expr(expr.strip()).body
+    except SyntaxError as e:
+        raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
+    except RecursionError:
+        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
+    slots: list[tuple[str, str | None]] = []  # what each bound name _vN holds (see compile_line)
+
+    def bind(what: str, key: str | None) -> ast.Name:
+        slots.append((what, key))
+        return ast.Name(f"_v{len(slots) - 1}", ast.Load())
+
+    def c(n: ast.AST) -> ast.expr:
+        if isinstance(n, ast.Constant):
+            return ast.Constant(n.value)
+        if isinstance(n, ast.Name):
+            if n.id in ("None", "True", "False"):
+                return ast.Constant({"None": None, "True": True, "False": False}[n.id])
+            if n.id in fields:
+                return ast.Attribute(ast.Name("it", ast.Load()), n.id, ast.Load())
+            if not has_names:
+                raise RuleLoadError(f"unknown name {n.id!r} in {expr!r}")
+            return ast.Call(bind("names", None), [ast.Constant(n.id)], [])
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "t":
+            if n.attr not in thresholds:
+                raise RuleLoadError(f"unknown threshold t.{n.attr} in {expr!r}")
+            return bind("t", n.attr)
+        if isinstance(n, ast.BoolOp):
+            return ast.BoolOp(type(n.op)(), [c(v) for v in n.values])
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Not, ast.USub)):
+            return ast.UnaryOp(type(n.op)(), c(n.operand))
+        if isinstance(n, ast.Compare) and all(type(op) in _LINE_CMP for op in n.ops):
+            return ast.Compare(c(n.left), [type(op)() for op in n.ops], [c(x) for x in n.comparators])
+        if isinstance(n, ast.BinOp) and type(n.op) in _LINE_BIN:
+            return ast.BinOp(c(n.left), type(n.op)(), c(n.right))
+        if isinstance(n, ast.IfExp):
+            return ast.IfExp(c(n.test), c(n.body), c(n.orelse))
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs and not n.keywords
+                and not any(isinstance(a, ast.Starred) for a in n.args)):
+            return ast.Call(bind("f", n.func.id), [c(a) for a in n.args], [])
+        raise RuleLoadError(f"{ast.unparse(n)!r} in {expr!r}: a line's expression has comparisons, and / or / "
+                            f"not, arithmetic, 'a if c else b' and calls of the rule functions only")
+
+    try:
+        body = c(tree)
+        lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg("it")], kwonlyargs=[], kw_defaults=[],
+                                       defaults=[]), body)
+        code = compile(ast.fix_missing_locations(ast.Expression(lam)), f"<line expression {expr!r}>", "eval")
+    except RecursionError:  # a chain of thousands of terms: the checker and the compiler recurse per node
+        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
+    return code, tuple(slots)
+
+
 def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[str, Any],
                  functions: dict[str, Callable] | None = None,
                  names: Callable[[str], Any] | None = None) -> Callable[[Any], Any]:
@@ -216,57 +269,10 @@ def compile_line(expr: str, fields: frozenset[str] | set[str], thresholds: dict[
     node; the stats line of a busy log is read by several conditions). Only the node types above
     can reach the compiler, and the code has no builtins."""
     funcs = {**FUNCTIONS, **(functions or {})}
-    try:
-        tree = ast.parse(expr.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise RuleLoadError(f"syntax error in expression {expr!r}: {e.msg}") from None
-    except RecursionError:
-        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
+    code, slots = _line_code(expr, frozenset(fields), frozenset(thresholds), frozenset(funcs), names is not None)
     env: dict[str, Any] = {"__builtins__": {}}
-
-    def bind(value: Any) -> ast.Name:
-        name = f"_v{len(env)}"
-        env[name] = value
-        return ast.Name(name, ast.Load())
-
-    def c(n: ast.AST) -> ast.expr:
-        if isinstance(n, ast.Constant):
-            return ast.Constant(n.value)
-        if isinstance(n, ast.Name):
-            if n.id in ("None", "True", "False"):
-                return ast.Constant({"None": None, "True": True, "False": False}[n.id])
-            if n.id in fields:
-                return ast.Attribute(ast.Name("it", ast.Load()), n.id, ast.Load())
-            if names is None:
-                raise RuleLoadError(f"unknown name {n.id!r} in {expr!r}")
-            return ast.Call(bind(names), [ast.Constant(n.id)], [])
-        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "t":
-            if n.attr not in thresholds:
-                raise RuleLoadError(f"unknown threshold t.{n.attr} in {expr!r}")
-            return bind(thresholds[n.attr])
-        if isinstance(n, ast.BoolOp):
-            return ast.BoolOp(type(n.op)(), [c(v) for v in n.values])
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Not, ast.USub)):
-            return ast.UnaryOp(type(n.op)(), c(n.operand))
-        if isinstance(n, ast.Compare) and all(type(op) in _LINE_CMP for op in n.ops):
-            return ast.Compare(c(n.left), [type(op)() for op in n.ops], [c(x) for x in n.comparators])
-        if isinstance(n, ast.BinOp) and type(n.op) in _LINE_BIN:
-            return ast.BinOp(c(n.left), type(n.op)(), c(n.right))
-        if isinstance(n, ast.IfExp):
-            return ast.IfExp(c(n.test), c(n.body), c(n.orelse))
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs and not n.keywords
-                and not any(isinstance(a, ast.Starred) for a in n.args)):
-            return ast.Call(bind(funcs[n.func.id]), [c(a) for a in n.args], [])
-        raise RuleLoadError(f"{ast.unparse(n)!r} in {expr!r}: a line's expression has comparisons, and / or / "
-                            f"not, arithmetic, 'a if c else b' and calls of the rule functions only")
-
-    try:
-        body = c(tree)
-        lam = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg("it")], kwonlyargs=[], kw_defaults=[],
-                                       defaults=[]), body)
-        code = compile(ast.fix_missing_locations(ast.Expression(lam)), f"<line expression {expr!r}>", "eval")
-    except RecursionError:  # a chain of thousands of terms: the checker and the compiler recurse per node
-        raise RuleLoadError(f"expression nested too deeply: {expr[:80]!r}...") from None
+    for i, (what, key) in enumerate(slots):
+        env[f"_v{i}"] = names if what == "names" else thresholds[key] if what == "t" else funcs[key]
     return eval(code, env)  # noqa: S307 - a tree of the checked node types above, no builtins
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -31,7 +33,7 @@ from vllm_doctor.state.core import FACT_NAMES
 from vllm_doctor.state.windows import GpuMemory
 from vllm_doctor.textscan import top_level
 from vllm_doctor.versions import known_flag
-from vllm_doctor.diagnosis.expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in
+from vllm_doctor.diagnosis.expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of, compile_line, names_in, parse_expr
 
 #: libyaml's safe loader when PyYAML was built with it (the rules are read at every start; node
 #: marks, and so the line numbers of load errors, are the same), else the pure-Python one
@@ -195,10 +197,49 @@ def load_thresholds(path: Path) -> dict[str, float]:
     return out
 
 
+#: RuleSets already loaded in this process, by :func:`_files_key` (a few: the built-in rules, and
+#: each ``--rules`` directory set a serve or a test used); oldest dropped first
+_LOADED: dict[tuple, RuleSet] = {}
+_LOADED_MAX = 16
+
+
+def _files_key(extra_dirs, builtin: bool) -> tuple | None:
+    """What a RuleSet is made of: the name and text of every file load_rules would read (an
+    edited, added or removed rule file changes it; reading them costs a millisecond, checking
+    them a second); None when one cannot be read (load_rules then says why)."""
+    dirs = ([builtin_rules_dir()] if builtin else []) + [Path(d) for d in extra_dirs]
+    key: list = [builtin]
+    try:
+        if not builtin:  # (read anyway: the built-in thresholds)
+            key.append(hashlib.sha256((builtin_rules_dir() / "thresholds.yaml").read_bytes()).digest())
+        for d in dirs:
+            key.append(str(d))
+            key += [(p.name, hashlib.sha256(p.read_bytes()).digest()) for p in sorted([*d.glob("*.yaml"), *d.glob("*.yml")])]
+    except OSError:
+        return None
+    return tuple(key)
+
+
 def load_rules(extra_dirs: list[Path] | tuple[Path, ...] = (), builtin: bool = True) -> RuleSet:
     """Load the built-in rules and those in ``extra_dirs`` (``*.yaml`` / ``*.yml``).
 
+    Loaded once per process for the same files (parsing and checking some 240 expressions takes
+    about a second): the RuleSet is shared, read-only, by every pipeline that asks again while no
+    rule file changed (its text, a file added or removed).
+
     Raises RuleLoadError (one-line message naming the file) on any invalid rule."""
+    key = _files_key(extra_dirs, builtin)
+    got = _LOADED.get(key) if key is not None else None
+    if got is None:
+        got = _load_rules(extra_dirs, builtin)
+        if key is not None:
+            if len(_LOADED) >= _LOADED_MAX:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[key] = got
+    return got
+
+
+def _load_rules(extra_dirs: list[Path] | tuple[Path, ...], builtin: bool) -> RuleSet:
     base = builtin_rules_dir()
     thresholds = load_thresholds(base / "thresholds.yaml")
     files: list[tuple[Path, bool]] = []
@@ -265,23 +306,24 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def const_args(expr: str, fn: str) -> list[str]:
+@lru_cache(maxsize=8192)
+def const_args(expr: str, fn: str) -> tuple[str, ...]:
     """The string constants passed first to calls of ``fn`` (``peak('generation_tps')``)."""
-    return [n.args[0].value for n in ast.walk(ast.parse(expr, mode="eval"))
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == fn and n.args
-            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)]
+    return tuple(n.args[0].value for n in ast.walk(parse_expr(expr))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == fn and n.args
+                 and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str))
 
 
 def _window_reads(expr: str, windows: dict[str, WindowSpec]) -> str | None:
     """The first read of a window aggregate that it does not offer, as an error text:
     ``full.max('num_runing')`` (a field it does not aggregate), ``full.maximum(...)``."""
-    for n in ast.walk(ast.parse(expr, mode="eval")):
+    for n in ast.walk(parse_expr(expr)):
         if not (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in windows):
             continue
         if n.attr not in VIEW_FIELD_METHODS and n.attr not in VIEW_ATTRIBUTES:
             return (f"{ast.unparse(n)}: a window offers {', '.join(VIEW_ATTRIBUTES)} and "
                     f"{', '.join(m + '(field)' for m in VIEW_FIELD_METHODS)}")
-    for n in ast.walk(ast.parse(expr, mode="eval")):
+    for n in ast.walk(parse_expr(expr)):
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
                 and n.func.value.id in windows and n.func.attr in VIEW_FIELD_METHODS):
             w = windows[n.func.value.id]
@@ -365,7 +407,7 @@ class _Types:
 
     def check(self, expr: str) -> str | None:
         """The first attribute read that the event's class does not have, as an error text."""
-        tree = ast.parse(expr, mode="eval")
+        tree = parse_expr(expr)
 
         def visit(node: ast.AST, local: dict[str, type]) -> str | None:
             if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
@@ -392,7 +434,7 @@ class _Types:
         return visit(tree.body, {})
 
     def define(self, name: str, expr: str) -> None:
-        got = self.of(ast.parse(expr, mode="eval").body, {})
+        got = self.of(parse_expr(expr).body, {})
         if got:
             (self.one if got[0] == "one" else self.many)[name] = got[1]
 

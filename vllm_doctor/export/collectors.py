@@ -38,16 +38,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from vllm_doctor import __version__
 from vllm_doctor import catalogue
+from vllm_doctor.about import __version__
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vllm_doctor.export.serve import Sidecar
+
+class SidecarView(Protocol):
+    """What the collector reads of a running sidecar (:class:`vllm_doctor.export.serve.Sidecar`
+    is one): a sink depends on this view, not on serve.py."""
+
+    pipeline: Any  # vllm_doctor.pipeline.Pipeline: its state, findings and rule engine
+    scraper: Any  # vllm_doctor.ingest.scrape.MetricsScraper or None: vLLM's /metrics scrapes
+    pipeline_errors: int
+    evaluations: int
+    eval_seconds_total: float
+    last_eval_seconds: float | None
+
+    def metrics_live(self) -> bool: ...
+
+    def log_sources(self) -> list: ...
+
+    def source_status(self) -> list[dict[str, Any]]: ...
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +88,10 @@ def _num(v: Any) -> float | None:
 
 
 class SidecarCollector(Collector):
-    """Export a running :class:`vllm_doctor.export.serve.Sidecar` (its pipeline state, sources and
-    findings). Register it on the registry served at /metrics."""
+    """Export a running sidecar (:class:`SidecarView`: its pipeline state, sources and findings).
+    Register it on the registry served at /metrics."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: SidecarView) -> None:
         self.sidecar = sidecar
         self.errors = 0
 

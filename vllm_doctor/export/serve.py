@@ -45,6 +45,7 @@ from vllm_doctor.ingest.follow import (
 )
 from vllm_doctor.ingest.nvml import NvmlPoller
 from vllm_doctor.ingest.scrape import MetricsScraper
+from vllm_doctor.units import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +86,6 @@ def restore_sticky(state: Any, snap: dict) -> None:
             getattr(state, name).update(v)
         else:
             setattr(state, name, v)
-
-
-def human_duration(seconds: float) -> str:
-    """``42 s``, ``17 min``, ``15 h``, ``3.2 d``."""
-    s = abs(seconds)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 3 * 86400:
-        return f"{s / 3600:.0f} h"
-    return f"{s / 86400:.1f} d"
 
 
 class ConfigError(VllmDoctorError):

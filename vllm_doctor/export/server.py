@@ -30,10 +30,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from vllm_doctor import __version__
+from vllm_doctor.about import __version__
 from vllm_doctor.export.collectors import SidecarCollector
 from vllm_doctor.report.render import fmt_time, jinja_env  # one environment (autoescaped, fix_label) for both pages
-from vllm_doctor.export.serve import human_duration
+from vllm_doctor.units import human_duration
 
 
 

@@ -36,6 +36,7 @@ import re
 import time
 from array import array
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import NamedTuple
 
 # Client-controlled text, known by its fixed head (vLLM's request logging of every version, the
@@ -207,8 +208,32 @@ def prefilter_patterns(keywords) -> list[bytes]:
     return sorted(set(out))
 
 
+@lru_cache(maxsize=8)
+def _compiled_scan(keywords: tuple[str, ...], anchors: tuple[bytes, ...] = ()) -> tuple[list[bytes], re.Pattern, re.Pattern, object]:
+    """What a :class:`KeywordScanner` of ``keywords`` scans with, built once per process (the
+    Hyperscan compile takes about 0.4 s): the patterns, the keyword regex, the per-line regex, and
+    the Hyperscan database (None: ``re`` is used); it reports each of ``anchors`` too (id 2 + its
+    index, at its end), so that the rare anchor costs no pass of its own over a block."""
+    patterns = prefilter_patterns(keywords)
+    any_kw = b"(?:" + b"|".join(patterns) + b")"
+    line_re = re.compile(any_kw + rb"[^\n]*")  # finditer: one match per line, to its end
+    db = None
+    try:
+        import hyperscan  # type: ignore[import-not-found]
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
+        exprs = [any_kw + rb"[^\n]*$", cri_p, *(re.escape(a) for a in anchors)]
+        db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs),
+                   flags=[hyperscan.HS_FLAG_MULTILINE] * len(exprs))
+    except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
+        db = None
+    return patterns, re.compile(b"|".join(patterns)), line_re, db
+
+
 class KeywordScanner:
-    """Finds the lines of a block of bytes that hold one of KEYWORDS: the offset where each such
+    """Finds the lines of a block of bytes that hold one of ``keywords``
+    (:func:`vllm_doctor.parsers.records.keyword_scanner` gives the matcher table's): the offset where each such
     line ends (its ``\n``, or the end of the block), once per line; and the ends of the CRI
     ``P`` lines among them (:data:`CRI_PARTIAL_RE`).
 
@@ -217,31 +242,21 @@ class KeywordScanner:
     ``backend`` says which. The keywords are one expression that runs on to the end of the line
     (``(?:kw1|kw2|...)[^\n]*$``, multi-line): Hyperscan reports an expression once per end
     offset, so a dense block costs one Python callback per candidate line, not one per keyword.
-    ``regex`` finds the keywords themselves.
+    ``regex`` finds the keywords themselves. ``near``: literals that count only within some lines
+    after an anchor (``parsers.records.NEAR_KEYWORDS``), looked for there only.
     """
 
-    def __init__(self, keywords=None) -> None:
-        if keywords is None:
-            from vllm_doctor.parsers.records import prefilter_keywords  # the matcher table (imports this module)
+    def __init__(self, keywords, near=()) -> None:
+        # literals that count only in the lines right after an anchor (see records.NEAR_KEYWORDS)
+        self._near = tuple((anchor.encode(), lines, tuple({f for kw in kws for f in (kw.encode(), json.dumps(kw)[1:-1].encode())}))
+                           for anchor, lines, kws in near)
+        self.patterns, self.regex, self._line_re, self._db = _compiled_scan(tuple(keywords), tuple(a for a, _n, _k in self._near))
+        self.backend = "re" if self._db is None else "hyperscan"
+        self._scratch = None
+        if self._db is not None:  # the database is shared; a scan's scratch space is not (the GIL is
+            import hyperscan  # type: ignore[import-not-found]  # released while it scans)
 
-            keywords = prefilter_keywords()
-        self.patterns = prefilter_patterns(keywords)
-        self.regex = re.compile(b"|".join(self.patterns))
-        any_kw = b"(?:" + b"|".join(self.patterns) + b")"
-        self._line_re = re.compile(any_kw + rb"[^\n]*")  # finditer: one match per line, to its end
-        self.backend = "re"
-        self._db = None
-        try:
-            import hyperscan  # type: ignore[import-not-found]
-
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            cri_p = CRI_PARTIAL_RE.pattern + rb"[^\n]*$"  # (^: a line start, multi-line)
-            db.compile(expressions=[any_kw + rb"[^\n]*$", cri_p], ids=[0, 1], elements=2,
-                       flags=[hyperscan.HS_FLAG_MULTILINE] * 2)
-            self._db = db
-            self.backend = "hyperscan"
-        except Exception:  # noqa: BLE001 - any failure (missing, no CPU support) falls back to re
-            self._db = None
+            self._scratch = hyperscan.Scratch(self._db)
 
     def line_ends(self, block: bytes) -> tuple[list[int], set[int]]:
         """Sorted offsets where the lines of ``block`` that hold a keyword end (the offset of
@@ -249,19 +264,51 @@ class KeywordScanner:
         line (a piece of a record continued on the next line)."""
         cri_p: set[int] = set()
         if self._db is None:
-            ends = [m.end() for m in self._line_re.finditer(block)]
+            hits = [m.end() for m in self._line_re.finditer(block)]
             for m in _CRI_P_MARK_RE.finditer(block):  # then the whole line, as CRI_PARTIAL_RE does
                 ls = block.rfind(b"\n", 0, m.start()) + 1
                 le = block.find(b"\n", m.end())
                 le = len(block) if le < 0 else le
                 if CRI_PARTIAL_RE.match(block[ls:le]):
                     cri_p.add(le)
-            return ends, cri_p
-        hits: list[int] = []
-        append, add = hits.append, cri_p.add
-        self._db.scan(block, match_event_handler=lambda i, _f, to, _fl, _c: add(to) if i else append(to))
-        hits.sort()
-        return hits, cri_p
+            anchored: list[tuple[int, int]] | None = None  # (the re backend: a search for each anchor)
+        else:
+            hits = []
+            anchored = []  # (index of the anchor, where it ends), from the same scan
+            append, add, seen = hits.append, cri_p.add, anchored.append
+
+            def hit(i: int, _f: int, to: int, _fl: int, _c: object) -> None:
+                if i == 0:
+                    append(to)
+                elif i == 1:
+                    add(to)
+                else:
+                    seen((i - 2, to))
+
+            self._db.scan(block, match_event_handler=hit, scratch=self._scratch)
+            hits.sort()
+        near = self._near_ends(block, anchored) if self._near and anchored != [] else None
+        return (sorted(near.union(hits)) if near else hits), cri_p
+
+    def _near_ends(self, block: bytes, anchored: list[tuple[int, int]] | None) -> set[int]:
+        """The ends of the lines that hold one of an anchor's literals within its number of lines
+        after it; ``anchored``: where the anchors end, as the scan reported them (None: search)."""
+        out: set[int] = set()
+        find = block.find
+        for k, (anchor, n, kws) in enumerate(self._near):
+            starts = (sorted(to - len(anchor) for j, to in anchored if j == k) if anchored is not None else None)
+            i = (starts.pop(0) if starts else -1) if starts is not None else find(anchor)
+            while i >= 0:
+                le = find(b"\n", i)
+                for _ in range(n):
+                    if le < 0:
+                        break
+                    ls, le = le + 1, find(b"\n", le + 1)
+                    e = len(block) if le < 0 else le
+                    if any(find(kw, ls, e) >= 0 for kw in kws):
+                        out.add(e)
+                i = (starts.pop(0) if starts else -1) if starts is not None else find(anchor, i + len(anchor))
+        return out
 
 
 # Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,

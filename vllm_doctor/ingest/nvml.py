@@ -48,7 +48,7 @@ class NvmlStats:
     last_error: str | None = None
 
 
-def _load_pynvml() -> Any:
+def load_pynvml() -> Any:
     import pynvml  # nvidia-ml-py
 
     return pynvml
@@ -98,7 +98,7 @@ class NvmlPoller:
         self._next_init = now + self.retry_seconds
         try:
             if self._nvml is None:
-                self._nvml = _load_pynvml()
+                self._nvml = load_pynvml()
             self._nvml.nvmlInit()
             self.stats.device_count = int(self._nvml.nvmlDeviceGetCount())
             try:

@@ -21,10 +21,11 @@ import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from vllm_doctor import events as ev
-from vllm_doctor.ingest.envelope import CLIENT_KEYWORDS, Record
+from vllm_doctor.ingest.envelope import CLIENT_KEYWORDS, KeywordScanner, Record
 from vllm_doctor.textscan import top_level
 from vllm_doctor.versions import known_flag
 
@@ -884,15 +885,30 @@ MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress
 
 
 def prefilter_keywords() -> tuple[str, ...]:
-    """Every literal the keyword prefilter scans for: derived from the matcher table (each
-    matcher's keywords), the traceback joiner and the unknown-flag scan. A line that holds none of
-    them cannot give an event."""
+    """Every literal the keyword prefilter scans for in every line: derived from the matcher
+    table (each matcher's keywords), the traceback joiner and the unknown-flag scan. A line that
+    holds none of them, and none of :data:`NEAR_KEYWORDS` near their anchor, cannot give an event."""
     kws = {k for m in MATCHERS for k in m.keywords}
     kws.update(TRACEBACK_KEYWORDS)
     kws.update(FLAG_KEYWORDS)
-    kws.update(NS_CONT_KEYWORDS)  # the continuation lines of a hard-wrapped args echo
     kws.update(CLIENT_KEYWORDS)  # the heads of client-text lines that still tell something
     return tuple(sorted(kws))
+
+
+def keyword_scanner() -> KeywordScanner:
+    """The keyword scan of the matcher table (:func:`prefilter_keywords`, :data:`NEAR_KEYWORDS`);
+    its Hyperscan database is compiled once per process."""
+    return KeywordScanner(prefilter_keywords(), NEAR_KEYWORDS)
+
+
+#: Literals that tell something only in the lines right after an anchor: (anchor, lines after it,
+#: literals). The pieces of a hard-wrapped args echo (at most MAX_NS_PIECES, each at most 2 lines
+#: after the one before: RecordParser._namespace_continued) are found by Namespace's way of
+#: printing values (``=None, ``), which every V0 request line's SamplingParams echo holds too:
+#: scanned for in every line, they sent each ``Received request`` line of a V0 log to Python.
+NEAR_KEYWORDS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("args: Namespace(", 2 * MAX_NS_PIECES, NS_CONT_KEYWORDS),
+)
 
 
 def _dispatch_table() -> tuple[re.Pattern, dict[str, tuple[Matcher, ...]]]:
@@ -917,6 +933,22 @@ def _dispatch_table() -> tuple[re.Pattern, dict[str, tuple[Matcher, ...]]]:
 _ORDER: dict = {}
 
 
+@lru_cache(maxsize=4)
+def _keywords_db(keywords: tuple[str, ...]):
+    """A Hyperscan database finding each of ``keywords`` once (None: Hyperscan is missing or the
+    CPU lacks what it needs), compiled once per process and shared by every parser."""
+    try:
+        import hyperscan  # type: ignore[import-not-found]
+
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        n = len(keywords)
+        db.compile(expressions=[re.escape(k).encode() for k in keywords], ids=list(range(n)), elements=n,
+                   flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+        return db
+    except Exception:  # noqa: BLE001 - missing or no CPU support: re
+        return None
+
+
 class _KeywordHits:
     """The keywords of the matcher table found in a message: Hyperscan (about 1 us a message)
     where it imports, else one ``re`` with a lookahead (overlapping hits, slower)."""
@@ -924,18 +956,12 @@ class _KeywordHits:
     def __init__(self, rx: re.Pattern, keywords: list[str]) -> None:
         self.rx = rx
         self.keywords = keywords
-        self._db = self._scratch = None
-        try:
+        self._db = _keywords_db(tuple(keywords))  # compiled once per process
+        self._scratch = None
+        if self._db is not None:
             import hyperscan  # type: ignore[import-not-found]
 
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            n = len(keywords)
-            db.compile(expressions=[re.escape(k).encode() for k in keywords], ids=list(range(n)), elements=n,
-                       flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
-            self._scratch = hyperscan.Scratch(db)
-            self._db = db
-        except Exception:  # noqa: BLE001 - missing or no CPU support: re
-            self._db = None
+            self._scratch = hyperscan.Scratch(self._db)  # per parser: a Hyperscan scratch is not shared
 
     def __call__(self, msg: str) -> list[str]:
         if self._db is None:
@@ -1028,7 +1054,7 @@ class RecordParser:
             RecordParser._DISPATCH = _dispatch_table()
             _ORDER.update({id(m): i for i, m in enumerate(MATCHERS)})
         rx, self._by_kw = RecordParser._DISPATCH
-        self._hits = _KeywordHits(rx, list(self._by_kw))  # per parser: a Hyperscan scratch is not shared
+        self._hits = _KeywordHits(rx, list(self._by_kw))
 
     def parse(self, rec: Record) -> list:
         msg = rec.msg if len(rec.msg) <= self.MAX_MESSAGE else rec.msg[: self.MAX_MESSAGE]

@@ -99,7 +99,7 @@ class ModelShape:
         return sum(1 for k in self.layer_kinds if k == kind)
 
 
-def _text_config(cfg: dict) -> dict:
+def text_config(cfg: dict) -> dict:
     """Multimodal configs keep the language model under ``text_config`` / ``llm_config``."""
     for key in ("text_config", "llm_config", "language_config"):
         sub = cfg.get(key)
@@ -340,7 +340,7 @@ def state_blocks_per_request(mamba_cache_mode: str, max_model_len: int, mamba_bl
 
 def model_shape(config: dict) -> ModelShape:
     """A ``ModelShape`` from a Hugging Face ``config.json`` dict. ValueError if it has no layers."""
-    c = _text_config(config)
+    c = text_config(config)
     n = c.get("num_hidden_layers") or c.get("n_layer") or c.get("num_layers")
     hidden = c.get("hidden_size") or c.get("d_model") or c.get("n_embd")
     if not n or not hidden:

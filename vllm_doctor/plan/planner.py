@@ -194,9 +194,9 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
             if isinstance(cfg.get(sub), dict):
                 validate_config(cfg[sub], f"{where} {sub}", depth + 1)
     if depth == 0:
-        from vllm_doctor.plan.capacity import _text_config
+        from vllm_doctor.plan.capacity import text_config
 
-        c = _text_config(cfg)
+        c = text_config(cfg)
         if not any(c.get(k) for k in ("num_hidden_layers", "n_layer", "num_layers")):
             raise InputError(f"{where}: no num_hidden_layers (nor n_layer / num_layers): not a transformer model's config.json")
         if not any(c.get(k) for k in ("hidden_size", "d_model", "n_embd")):
@@ -213,10 +213,10 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
 
 def nvml_total_memory(index: int = 0) -> int:
     """Total memory of GPU ``index`` through NVML (the project's NVML source's loader)."""
-    from vllm_doctor.ingest.nvml import _load_pynvml
+    from vllm_doctor.ingest.nvml import load_pynvml
 
     try:
-        nv = _load_pynvml()
+        nv = load_pynvml()
         nv.nvmlInit()
         try:
             return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).total)

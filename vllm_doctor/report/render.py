@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from vllm_doctor.diagnosis.advice import fix_label
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
-from vllm_doctor.diagnosis.expr import human_bytes
+from vllm_doctor.units import human_bytes
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",

@@ -264,6 +264,14 @@ def test_removed_and_v0_only_flags():
     assert [f.rule_id for f in r.findings] == ["VC005"]
     r = check_text("vllm serve m --preemption-mode swap\n", "x.sh", vllm_version="0.11.0")
     assert [f.rule_id for f in r.findings] == ["VC004"] and "0.5.4–0.10.2" in r.findings[0].message
+    for version in ("0.11.0", "0.17.0"):      # no V0 left to fall back to (vllm#37133's --swap_space 16)
+        r = check_text("vllm serve m --swap_space 16\n", "x.sh", vllm_version=version)
+        (f,) = r.findings
+        assert f.rule_id == "VC005" and "fall back" not in f.message and "falls back" not in f.message
+        assert f"vLLM {version} has no V0 engine" in f.message and "V1 accepts the flag and ignores it" in f.message
+        assert f.fix == {"setting": "--swap-space", "value": None, "action": "delete"}
+    r = check_text("vllm serve m --swap-space 16\n", "x.sh", vllm_version="0.10.2")
+    assert "makes vLLM fall back to the V0 engine" in r.findings[0].message
     r = check_text("vllm serve m --gpu-memory-utilization 90\n", "x.sh", vllm_version="0.11.0")
     assert r.findings[0].rule_id == "VC006" and r.findings[0].fix["value"] == 0.9
 

@@ -662,6 +662,8 @@ SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q
 #: vllm#17172), ``vllm serve`` on 0.17.1 (vllm#37133: "usage: vllm ... vllm: error: unrecognized arguments").
 #: Between the two the releases examined show no launch: both are named.
 IMAGE_ENTRYPOINT_API_SERVER_UNTIL = Version("0.11.99")
+#: The first release without the V0 engine (0.10.2 was V0's last)
+V0_REMOVED = Version("0.11.0")
 IMAGE_ENTRYPOINT_VLLM_SERVE_FROM = Version("0.17.0")
 
 
@@ -786,7 +788,12 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
                 out.append(CheckFinding("VC001", msg + (f". {why}" if why else ""), f, line,
                                         fix={"setting": real, "value": val if has_value else None} if real else None,
                                         snippet=tok))
-        if name in V0_ONLY and name in allset and pv >= Version("0.8.0"):
+        if name in V0_ONLY and name in allset and pv >= V0_REMOVED:
+            out.append(CheckFinding("VC005", f"{raw} is a V0-engine flag ({V0_ONLY[name]}); vLLM {version} has no "
+                                    f"V0 engine (its last release was 0.10.2) to switch to: V1 accepts "
+                                    "the flag and ignores it; delete it", f, line, snippet=tok,
+                                    fix={"setting": name, "value": None, "action": "delete"}))
+        elif name in V0_ONLY and name in allset and pv >= Version("0.8.0"):
             out.append(CheckFinding("VC005", f"{raw} is a V0-engine flag ({V0_ONLY[name]}); on {version} "
                                     "a non-default value makes vLLM fall back to the V0 engine, or fail with VLLM_USE_V1=1",
                                     f, line, snippet=tok))

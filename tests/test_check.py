@@ -322,6 +322,13 @@ def test_rate_on_gauge_and_histogram_quantile():
          "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[5m])))\n")
     r = check_text(q, "q.promql", vllm_version="0.32.0")
     assert [(f.rule_id, f.line) for f in r.findings] == [("VM002", 1), ("VM003", 3), ("VM003", 5)]
+    bare = ("histogram_quantile(0.99, vllm:e2e_request_latency_seconds_bucket)\n\n"
+            "histogram_quantile(0.9, sum by (le) (vllm:time_to_first_token_seconds_bucket{model_name=\"m\"}))\n\n"
+            "histogram_quantile(0.9, sum by (le) (increase(vllm:time_to_first_token_seconds_bucket[1h])))\n\n"
+            "histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m:1m])))\n")
+    r = check_text(bare, "q.promql", vllm_version="0.32.0")
+    assert [(f.rule_id, f.line, f.fix["setting"]) for f in r.findings] == [("VM003", 1, "rate"), ("VM003", 3, "rate")]
+    assert "without rate()/increase()" in r.findings[0].message
 
 
 def test_sarif_and_github_output():

@@ -22,7 +22,7 @@ RULES: dict[str, tuple[str, str, str]] = {
     "VC014": ("two-words-in-one-argument", "error", "One argument (a list item, a quoted word) holding a flag and its value: argparse reads it as a positional and exits with \"unrecognized arguments\"."),
     "VM001": ("series-never-exported", "error", "A series vLLM never exports in the target version: the query never matches."),
     "VM002": ("rate-on-gauge", "error", "rate()/increase() on a gauge."),
-    "VM003": ("histogram-quantile-misuse", "error", "histogram_quantile on a non-_bucket series, or without `le` kept."),
+    "VM003": ("histogram-quantile-misuse", "error", "histogram_quantile on a non-_bucket series, on buckets without rate()/increase(), or without `le` kept."),
     "VM004": ("rate-threshold-per-window", "warning", "A rate() threshold written as if rate() were per window, not per second."),
     "VM005": ("promql-invalid", "error", "Not valid PromQL (e.g. a function PromQL does not have)."),
     "VM006": ("not-a-vllm-series", "note", "A series vLLM does not export; another exporter must provide it."),

@@ -559,3 +559,42 @@ def test_help_names_values_not_python_types(cmd):
                        timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0
     assert not re.search(r"<(str|int|float)[^>]*>|\bTEXT\b|\bINTEGER\b|\bFLOAT\b", r.stdout.split("Options")[-1]), r.stdout
+
+
+# ---------------------------------------------------------------- the engine is an input
+
+def test_engine_is_an_input_with_its_reason_printed():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    base = dict(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.9.2", max_model_len=8192)
+    v1 = make_plan(PlanInputs(**base))
+    assert v1.engine == "v1" and v1.engine_reason.startswith("V1 is the default engine from 0.8.0")
+    assert "plan with --engine v0" in v1.engine_reason and f"engine: V1 ({v1.engine_reason})" in to_text(v1)
+    v0 = make_plan(PlanInputs(**base, engine="v0"))
+    assert v0.engine == "v0" and v0.engine_reason == "--engine v0" and "engine: V0 (--engine v0)" in to_text(v0)
+    assert v0.pool["vllm_prints"].startswith("# GPU blocks:") and v1.pool["vllm_prints"] != v0.pool["vllm_prints"]
+    env = make_plan(PlanInputs(**base, vllm_use_v1="0"))
+    assert env.engine == "v0" and env.engine_reason == "VLLM_USE_V1=0"
+    assert env.pool == v0.pool
+    both = make_plan(PlanInputs(**base, engine="v1", vllm_use_v1="0"))
+    assert both.engine == "v1" and both.engine_reason == "--engine v1 (VLLM_USE_V1=0 says v0; --engine is taken)"
+    assert make_plan(PlanInputs(**{**base, "vllm_version": "0.6.3"})).engine_reason == "V0 is the default engine before 0.8.0"
+    assert make_plan(PlanInputs(**{**base, "vllm_version": "0.11.0"})).engine_reason.startswith("vLLM 0.11.0 removed the V0")
+
+
+@pytest.mark.parametrize("version,engine,said", [
+    ("0.11.0", "v0", "vLLM 0.11.0 has no V0 engine (0.10.2 was its last release)"),
+    ("0.6.3", "v1", "vLLM 0.6.3 has no V1 engine"),
+    ("0.9.2", "v2", "unknown engine 'v2': v0 or v1"),
+])
+def test_an_engine_the_version_lacks_is_one_line_exit_2(version, engine, said):
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llama-3.1-8b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", version, "--engine", engine], capture_output=True, text=True)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_engine_from_vllm_use_v1():
+    import os
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llama-3.1-8b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", "0.9.2", "--max-model-len", "8192"], capture_output=True, text=True,
+                       env={**os.environ, "VLLM_USE_V1": "0"})
+    assert r.returncode == 0 and "engine: V0 (VLLM_USE_V1=0)" in r.stdout

@@ -598,3 +598,38 @@ def test_cli_engine_from_vllm_use_v1():
                         "80GiB", "--vllm-version", "0.9.2", "--max-model-len", "8192"], capture_output=True, text=True,
                        env={**os.environ, "VLLM_USE_V1": "0"})
     assert r.returncode == 0 and "engine: V0 (VLLM_USE_V1=0)" in r.stdout
+
+
+# ---------------------------------------------------------------- config dialects, transformers' defaults, encoders
+
+def test_chatglm_glm4_dialect_is_read_as_vllm_reads_it():
+    """GLM-4-9B-chat: multi_query_group_num 2 KV heads (was sized as 32: 16x the KV bytes per token),
+    padded_vocab_size, ffn_hidden_size, kv_channels, seq_length."""
+    cfg, _ = load_config(str(MODELS / "glm-4-9b-chat"))
+    shape = cap.model_shape(cfg)
+    assert (shape.num_kv_heads, shape.head_dim, shape.vocab_size, shape.intermediate_size,
+            shape.max_position_embeddings, shape.attention_bias) == (2, 128, 151552, 13696, 131072, True)
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
+    assert p.kv_per_token["bytes_per_token"] == 40 * 2 * 2 * 128 * 2 == 40960
+    assert abs(p.weights["params_total"] / 9.4e9 - 1) < 0.01    # GLM-4-9B: 9.4 B parameters
+    assert make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0")).settings["max_model_len"] == 131072
+    gqa_off = {**cfg, "multi_query_attention": False}
+    assert cap.model_shape(gqa_off).num_kv_heads == 32       # ChatGLM without multi-query attention: every head
+
+
+def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_encoder_named():
+    """LLaVA-v1.6-Mistral's config.json names only what differs from MistralConfig in text_config: it was
+    refused (exit 2); transformers' MistralConfig defaults fill the rest, and the CLIP encoder is named."""
+    cfg, _ = load_config(str(MODELS / "llava-v1.6-mistral-7b"))
+    shape = cap.model_shape(cfg)
+    assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.vocab_size,
+            shape.sliding_window, shape.max_position_embeddings) == (32, 4096, 32, 8, 32064, None, 32768)
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
+    assert p.kv_per_token["bytes_per_token"] == 32 * 2 * 8 * 128 * 2
+    (enc,) = p.not_sized
+    assert enc.startswith("vision encoder and its projector (vision_config: model_type clip_vision_model, 24 layers, hidden 1024)")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llava-v1.6-mistral-7b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", "0.11.0", "--max-model-len", "8192"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "NOT SIZED: vision encoder and its projector" in r.stdout
+    assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name

@@ -138,6 +138,8 @@ _COUNTS: dict[str, tuple[int, int]] = {
     "ssm_state_size": (1, 64 * _K), "conv_kernel": (1, 64 * _K), "n_groups": (1, 64 * _K), "state_size": (1, 64 * _K),
     "linear_num_key_heads": (1, 64 * _K), "linear_num_value_heads": (1, 64 * _K), "linear_key_head_dim": (1, 64 * _K),
     "linear_value_head_dim": (1, 64 * _K), "linear_conv_kernel_dim": (1, 64 * _K),
+    "multi_query_group_num": (1, 64 * _K), "padded_vocab_size": (1, 64 * _M), "ffn_hidden_size": (1, 16 * _M),
+    "seq_length": (1, 1 << 34), "kv_channels": (1, 64 * _K),
 }
 _NUMBERS = {"mamba_expand": (0.0, 64.0), "expand": (0.0, 64.0)}        # multipliers, may be fractional
 _STRINGS = ("model_type", "torch_dtype", "dtype", "hybrid_override_pattern", "mamba_ssm_dtype")

@@ -250,6 +250,18 @@ def test_docker_entrypoint_override(cmd, expected):
     assert [f.rule_id for f in check_text(cmd, "run.sh").findings] == expected
 
 
+def test_a_dockerfile_entrypoint_replaces_the_images_and_its_cmd_is_appended():
+    base = "FROM vllm/vllm-openai:v0.11.0\n"
+    own = base + 'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]\nCMD ["--model", "m", "--max-num-seqz", "8"]\n'
+    assert [f.rule_id for f in check_text(own, "Dockerfile").findings] == ["VC001"]
+    assert check_text(base + 'ENTRYPOINT ["vllm", "serve"]\nCMD ["m", "--max-num-seqs", "8"]\n', "Dockerfile").findings == []
+    alone = check_text(base + 'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]\n',
+                       "Dockerfile")
+    assert alone.findings == [] and alone.launches == 1
+    wrapped = check_text(base + 'CMD ["vllm", "serve", "m"]\n', "Dockerfile").findings
+    assert [(f.rule_id, f.line) for f in wrapped] == [("VC013", 2)]
+
+
 def test_kubernetes_command_overrides_the_entrypoint_and_list_items_hold_one_word():
     base = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: v}\nspec:\n  template:\n    spec:\n"
             "      hostIPC: true\n      containers:\n      - name: vllm\n        image: vllm/vllm-openai:v0.11.0\n")

@@ -549,6 +549,7 @@ def read_dotenv(text: str, file: str) -> list[Launch]:
 
 def read_dockerfile(text: str, file: str) -> list[Launch]:
     image, image_line, env, cmd, line = None, 0, {}, [], 1
+    parts: dict[str, list[str]] = {}           # the last CMD and the last ENTRYPOINT: the command is ENTRYPOINT + CMD
     for ln, src in _logical_lines(text):
         s = src.strip()
         m = re.match(r"^(\w+)\s+(.*)$", s)
@@ -569,11 +570,13 @@ def read_dockerfile(text: str, file: str) -> list[Launch]:
             import json
 
             try:
-                cmd = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+                parts[ins] = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
             except ValueError:
-                cmd = rest.split()
+                parts[ins] = rest.split()
             line = ln
-    ls = _from_command(cmd, {}, line, file, image, image_line, entrypoint_default=True) if cmd else []
+    cmd = parts.get("ENTRYPOINT", []) + parts.get("CMD", [])
+    ls = (_from_command(cmd, {}, line, file, image, image_line, entrypoint_default="ENTRYPOINT" not in parts)
+          if cmd else [])
     if not ls:
         ls = [Launch([], "", image_line or 1, file, {}, image, image_line)]
     for la in ls:

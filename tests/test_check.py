@@ -31,10 +31,10 @@ def ids(res) -> list[tuple[str, int, str | None]]:
 def test_note_docker_run_template():
     r = run(NOTE / "s8-docker-run.sh")
     assert r.kind == "shell" and r.launches == 1
-    assert ids(r) == [("VC007", 2, "VLLM_USE_PREFILL"), ("VC008", 3, "image"),
+    assert ids(r) == [("VC013", 1, "/bin/sh -c"), ("VC007", 2, "VLLM_USE_PREFILL"), ("VC008", 3, "image"),
                       ("VC001", 10, "--max-num-batched-tokens")]
-    assert r.findings[0].fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
-    assert r.findings[2].fix["value"] == "4096"
+    assert r.findings[1].fix == {"setting": "VLLM_USE_PREFILL", "value": None, "action": "delete"}
+    assert r.findings[3].fix["value"] == "4096"
 
 
 @pytest.mark.parametrize("version,said", [
@@ -73,12 +73,12 @@ def test_use_prefill_false_alone_names_a_flag_only_where_it_turns_chunked_prefil
 def test_note_compose_template():
     r = run(NOTE / "s8.1-docker-compose.yml")
     assert r.kind == "compose"
-    assert ids(r) == [("VC008", 3, "image"), ("VC001", 11, "--max-num-batched-tokens")]
+    assert ids(r) == [("VC008", 3, "image"), ("VC013", 4, "vllm serve"), ("VC001", 11, "--max-num-batched-tokens")]
 
 
 def test_note_start_sh_expands_its_variables():
     r = run(NOTE / "A5-start.sh")
-    assert {f.rule_id for f in r.findings} == {"VC001", "VC007", "VC008"}
+    assert {f.rule_id for f in r.findings} == {"VC001", "VC007", "VC008", "VC013"}
     assert all(f.line == 7 for f in r.findings)
 
 
@@ -88,14 +88,15 @@ def test_note_dockerfile_env_and_ci():
     e = run(NOTE / "A10.env")
     assert e.kind == "dotenv" and ids(e) == [("VC001", 5, "--max-num-batched-tokens")]
     ci = run(NOTE / "A17-gitlab-ci.yml")
-    assert ci.kind == "ci" and ids(ci) == [("VC008", 4, "image"), ("VC011", 9, "vllm bench serve")]
+    assert ci.kind == "ci" and ids(ci) == [("VC008", 4, "image"), ("VC013", 4, "/bin/sh -c"),
+                                           ("VC011", 9, "vllm bench serve")]
     b = run(NOTE / "s9-bench.sh")
     assert ids(b) == [("VC011", 2, "vllm bench serve")]
 
 
 def test_note_k8s_and_env_list():
     k = run(NOTE / "A20-deployment.yaml")
-    assert k.kind == "kubernetes" and k.launches == 1 and ids(k) == [("VC008", 12, "image")]
+    assert k.kind == "kubernetes" and k.launches == 1 and ids(k) == [("VC008", 12, "image"), ("VC013", 13, "serve")]
     a = run(NOTE / "A25-env.txt")
     assert ids(a) == [("VC007", 1, "VLLM_USE_PREFILL"), ("VC007", 5, "VLLM_LOGGING_LEVEL")]
 
@@ -204,11 +205,85 @@ def test_issue_commands_that_are_fine_stay_quiet():
     assert run(ISSUES / "vllm-4650-docker-engine-args.txt", "0.5.4").findings == []
 
 
+# ---------------------------------------------------------------- how containers are launched
+
+@pytest.mark.parametrize("path,version,expected", [
+    # the tuning note: every launch file that runs the vllm-openai image wraps the server in a command
+    (NOTE / "s8-docker-run.sh", None, [("VC013", 1, "/bin/sh -c")]),
+    (NOTE / "s8.2-docker-run-tp4.sh", None, [("VC013", 1, "/bin/sh -c")]),
+    (NOTE / "A5-start.sh", None, [("VC013", 7, "/bin/sh -c")]),
+    (NOTE / "A17-gitlab-ci.yml", None, [("VC013", 4, "/bin/sh -c")]),
+    (NOTE / "s8.1-docker-compose.yml", None, [("VC013", 4, "vllm serve")]),
+    (NOTE / "A20-deployment.yaml", None, [("VC013", 13, "serve")]),
+    # vllm#37133 on 0.17.1: "vllm: error: unrecognized arguments: serve /models/GLM-4.7-Flash-AWQ-4bit"
+    (ISSUES / "vllm-37133-image-then-vllm-serve.sh", "0.17.1", [("VC013", 2, "vllm serve")]),
+    # vllm#22072 (latest = 0.10.0 then): "unrecognized arguments" from api_server.py
+    (ISSUES / "vllm-22072-compose-serve.yml", "0.10.0", [("VC013", 21, "serve"), ("VC014", 24, "--dtype")]),
+    # launches that started: the arguments after the image are the server's flags
+    (ISSUES / "vllm-4650-docker-engine-args.txt", "0.5.4", []),
+])
+def test_arguments_after_the_image_reach_its_entrypoint(path, version, expected):
+    r = run(path, version)
+    assert [x for x in ids(r) if x[0] in ("VC013", "VC014")] == expected
+
+
+@pytest.mark.parametrize("version,entrypoint", [
+    ("0.10.0", "its ENTRYPOINT is `python3 -m vllm.entrypoints.openai.api_server` on vLLM 0.10.0"),
+    ("0.17.1", "its ENTRYPOINT is `vllm serve` on vLLM 0.17.1"),
+])
+def test_the_entrypoint_named_is_the_versions(version, entrypoint):
+    r = check_text(f"docker run --ipc=host vllm/vllm-openai:v{version} serve m --max-num-seqs 8\n", "run.sh")
+    (f,) = r.findings
+    assert f.rule_id == "VC013" and entrypoint in f.message and f.fix["action"] == "delete"
+
+
+@pytest.mark.parametrize("cmd,expected", [
+    # an entrypoint override runs the command: nothing is wrong with it
+    ("docker run --ipc=host --entrypoint /bin/bash vllm/vllm-openai:v0.11.0 -c 'vllm serve m --max-num-seqz 8'\n",
+     ["VC001"]),
+    ("docker run --ipc=host --entrypoint vllm vllm/vllm-openai:v0.11.0 serve m --max-num-seqs 8\n", []),
+    ("docker run --ipc=host vllm/vllm-openai:v0.11.0 python3 -m vllm.entrypoints.openai.api_server --model m\n",
+     ["VC013"]),
+    ("docker run --ipc=host vllm/vllm-openai:v0.11.0 --model m --max-num-seqs 8\n", []),
+])
+def test_docker_entrypoint_override(cmd, expected):
+    assert [f.rule_id for f in check_text(cmd, "run.sh").findings] == expected
+
+
+def test_a_dockerfile_entrypoint_replaces_the_images_and_its_cmd_is_appended():
+    base = "FROM vllm/vllm-openai:v0.11.0\n"
+    own = base + 'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]\nCMD ["--model", "m", "--max-num-seqz", "8"]\n'
+    assert [f.rule_id for f in check_text(own, "Dockerfile").findings] == ["VC001"]
+    assert check_text(base + 'ENTRYPOINT ["vllm", "serve"]\nCMD ["m", "--max-num-seqs", "8"]\n', "Dockerfile").findings == []
+    alone = check_text(base + 'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]\n',
+                       "Dockerfile")
+    assert alone.findings == [] and alone.launches == 1
+    wrapped = check_text(base + 'CMD ["vllm", "serve", "m"]\n', "Dockerfile").findings
+    assert [(f.rule_id, f.line) for f in wrapped] == [("VC013", 2)]
+
+
+def test_kubernetes_command_overrides_the_entrypoint_and_list_items_hold_one_word():
+    base = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: v}\nspec:\n  template:\n    spec:\n"
+            "      hostIPC: true\n      containers:\n      - name: vllm\n        image: vllm/vllm-openai:v0.11.0\n")
+    ok = check_text(base + '        command: ["vllm", "serve"]\n        args: ["m", "--max-num-seqs", "8"]\n', "d.yaml")
+    assert ok.findings == []
+    bad = check_text(base + '        args: ["m", "--max-num-seqs 8"]\n', "d.yaml")
+    assert [(f.rule_id, f.fix) for f in bad.findings] == [("VC014", {"setting": "--max-num-seqs", "value": "8"})]
+
+
 def test_removed_and_v0_only_flags():
     r = check_text("vllm serve m --preemption-mode swap --max-num-seqs 64\n", "x.sh", vllm_version="0.9.2")
     assert [f.rule_id for f in r.findings] == ["VC005"]
     r = check_text("vllm serve m --preemption-mode swap\n", "x.sh", vllm_version="0.11.0")
     assert [f.rule_id for f in r.findings] == ["VC004"] and "0.5.4–0.10.2" in r.findings[0].message
+    for version in ("0.11.0", "0.17.0"):      # no V0 left to fall back to (vllm#37133's --swap_space 16)
+        r = check_text("vllm serve m --swap_space 16\n", "x.sh", vllm_version=version)
+        (f,) = r.findings
+        assert f.rule_id == "VC005" and "fall back" not in f.message and "falls back" not in f.message
+        assert f"vLLM {version} has no V0 engine" in f.message and "V1 accepts the flag and ignores it" in f.message
+        assert f.fix == {"setting": "--swap-space", "value": None, "action": "delete"}
+    r = check_text("vllm serve m --swap-space 16\n", "x.sh", vllm_version="0.10.2")
+    assert "makes vLLM fall back to the V0 engine" in r.findings[0].message
     r = check_text("vllm serve m --gpu-memory-utilization 90\n", "x.sh", vllm_version="0.11.0")
     assert r.findings[0].rule_id == "VC006" and r.findings[0].fix["value"] == 0.9
 
@@ -231,7 +306,7 @@ def test_shared_memory_for_multi_gpu():
     assert check_text(base.format(shm="--shm-size 16g"), "run.sh").findings == []
     k8s = (NOTE / "A20-deployment.yaml").read_text().replace('"--enable-chunked-prefill"]', '"-tp", "2"]')
     k8s_findings = check_text(k8s, "d.yaml").findings
-    assert [f.rule_id for f in k8s_findings] == ["VC008", "VC009"]
+    assert [f.rule_id for f in k8s_findings] == ["VC008", "VC009", "VC013"]   # the note's `args: ["serve", ...]`
     # a Kubernetes pod has no --shm-size: its shared memory is a memory-backed emptyDir at /dev/shm
     assert r.findings[0].fix["setting"] == "--shm-size" and r.findings[0].fix["value"] == "16g"
     assert k8s_findings[1].fix["setting"].startswith("volumes: emptyDir {medium: Memory")
@@ -259,6 +334,13 @@ def test_rate_on_gauge_and_histogram_quantile():
          "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[5m])))\n")
     r = check_text(q, "q.promql", vllm_version="0.32.0")
     assert [(f.rule_id, f.line) for f in r.findings] == [("VM002", 1), ("VM003", 3), ("VM003", 5)]
+    bare = ("histogram_quantile(0.99, vllm:e2e_request_latency_seconds_bucket)\n\n"
+            "histogram_quantile(0.9, sum by (le) (vllm:time_to_first_token_seconds_bucket{model_name=\"m\"}))\n\n"
+            "histogram_quantile(0.9, sum by (le) (increase(vllm:time_to_first_token_seconds_bucket[1h])))\n\n"
+            "histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m:1m])))\n")
+    r = check_text(bare, "q.promql", vllm_version="0.32.0")
+    assert [(f.rule_id, f.line, f.fix["setting"]) for f in r.findings] == [("VM003", 1, "rate"), ("VM003", 3, "rate")]
+    assert "without rate()/increase()" in r.findings[0].message
 
 
 def test_sarif_and_github_output():

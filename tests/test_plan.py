@@ -581,3 +581,75 @@ def test_unknown_quantization_and_a_version_newer_than_any_known_are_said():
            "accounting and defaults" in json.loads(p.stdout)["notes"]
     p = subprocess.run(base + ["--vllm-version", "0.33.1"], capture_output=True, text=True, timeout=60)
     assert p.stderr == "" and "newer than any release" not in p.stdout   # a patch of the newest line is known
+# ---------------------------------------------------------------- the engine is an input
+
+def test_engine_is_an_input_with_its_reason_printed():
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    base = dict(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.9.2", max_model_len=8192)
+    v1 = make_plan(PlanInputs(**base))
+    assert v1.engine == "v1" and v1.engine_reason.startswith("V1 is the default engine from 0.8.0")
+    assert "plan with --engine v0" in v1.engine_reason and f"engine: V1 ({v1.engine_reason})" in to_text(v1)
+    v0 = make_plan(PlanInputs(**base, engine="v0"))
+    assert v0.engine == "v0" and v0.engine_reason == "--engine v0" and "engine: V0 (--engine v0)" in to_text(v0)
+    assert v0.pool["vllm_prints"].startswith("# GPU blocks:") and v1.pool["vllm_prints"] != v0.pool["vllm_prints"]
+    env = make_plan(PlanInputs(**base, vllm_use_v1="0"))
+    assert env.engine == "v0" and env.engine_reason == "VLLM_USE_V1=0"
+    assert env.pool == v0.pool
+    both = make_plan(PlanInputs(**base, engine="v1", vllm_use_v1="0"))
+    assert both.engine == "v1" and both.engine_reason == "--engine v1 (VLLM_USE_V1=0 says v0; --engine is taken)"
+    assert make_plan(PlanInputs(**{**base, "vllm_version": "0.6.3"})).engine_reason == "V0 is the default engine before 0.8.0"
+    assert make_plan(PlanInputs(**{**base, "vllm_version": "0.11.0"})).engine_reason.startswith("vLLM 0.11.0 removed the V0")
+
+
+@pytest.mark.parametrize("version,engine,said", [
+    ("0.11.0", "v0", "vLLM 0.11.0 has no V0 engine (0.10.2 was its last release)"),
+    ("0.6.3", "v1", "vLLM 0.6.3 has no V1 engine"),
+    ("0.9.2", "v2", "unknown engine 'v2': v0 or v1"),
+])
+def test_an_engine_the_version_lacks_is_one_line_exit_2(version, engine, said):
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llama-3.1-8b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", version, "--engine", engine], capture_output=True, text=True)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_engine_from_vllm_use_v1():
+    import os
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llama-3.1-8b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", "0.9.2", "--max-model-len", "8192"], capture_output=True, text=True,
+                       env={**os.environ, "VLLM_USE_V1": "0"})
+    assert r.returncode == 0 and "engine: V0 (VLLM_USE_V1=0)" in r.stdout
+
+
+# ---------------------------------------------------------------- config dialects, transformers' defaults, encoders
+
+def test_chatglm_glm4_dialect_is_read_as_vllm_reads_it():
+    """GLM-4-9B-chat: multi_query_group_num 2 KV heads (was sized as 32: 16x the KV bytes per token),
+    padded_vocab_size, ffn_hidden_size, kv_channels, seq_length."""
+    cfg, _ = load_config(str(MODELS / "glm-4-9b-chat"))
+    shape = cap.model_shape(cfg)
+    assert (shape.num_kv_heads, shape.head_dim, shape.vocab_size, shape.intermediate_size,
+            shape.max_position_embeddings, shape.attention_bias) == (2, 128, 151552, 13696, 131072, True)
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
+    assert p.kv_per_token["bytes_per_token"] == 40 * 2 * 2 * 128 * 2 == 40960
+    assert abs(p.weights["params_total"] / 9.4e9 - 1) < 0.01    # GLM-4-9B: 9.4 B parameters
+    assert make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0")).settings["max_model_len"] == 131072
+    gqa_off = {**cfg, "multi_query_attention": False}
+    assert cap.model_shape(gqa_off).num_kv_heads == 32       # ChatGLM without multi-query attention: every head
+
+
+def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_encoder_named():
+    """LLaVA-v1.6-Mistral's config.json names only what differs from MistralConfig in text_config: it was
+    refused (exit 2); transformers' MistralConfig defaults fill the rest, and the CLIP encoder is named."""
+    cfg, _ = load_config(str(MODELS / "llava-v1.6-mistral-7b"))
+    shape = cap.model_shape(cfg)
+    assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.vocab_size,
+            shape.sliding_window, shape.max_position_embeddings) == (32, 4096, 32, 8, 32064, None, 32768)
+    p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
+    assert p.kv_per_token["bytes_per_token"] == 32 * 2 * 8 * 128 * 2
+    (enc,) = p.not_sized
+    assert enc.startswith("vision encoder and its projector (vision_config: model_type clip_vision_model, 24 layers, hidden 1024)")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llava-v1.6-mistral-7b"), "--gpu-memory",
+                        "80GiB", "--vllm-version", "0.11.0", "--max-model-len", "8192"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "NOT SIZED: vision encoder and its projector" in r.stdout
+    assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name

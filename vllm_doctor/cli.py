@@ -7,6 +7,7 @@ Exit codes (vllm_doctor.errors): 0 nothing at or above ``--fail-on``; 1 findings
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -439,6 +440,7 @@ def plan(
     target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
     mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", metavar="N", min=1, help="GPUs there are: a recommended TP x PP stays within them (default: TP up to 16 is tried).")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="v0|v1", help="The engine the server runs (default: VLLM_USE_V1 if set, else the version's: V0 before 0.8.0, V1 from 0.8.0, the only one from 0.11.0).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
     """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
@@ -467,7 +469,8 @@ def plan(
             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
-            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus))
+            target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus,
+            engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

@@ -42,6 +42,8 @@ class Launch:
     shm_ok: bool | None = None            # None: not a container, cannot tell
     shm_hint: str = ""
     runtime: str = ""                     # "compose" | "kubernetes" | "" (docker run, shell): how /dev/shm is given
+    wrapped: list[str] = field(default_factory=list)   # words the image's own ENTRYPOINT receives before the
+    #                                       flags (`vllm serve`, `serve`, `/bin/sh -c`, `python3 -m ...`): rejected
 
 
 # ---------------------------------------------------------------- helpers
@@ -142,6 +144,9 @@ def _docker_run(argv: list[str]) -> dict | None:
         return None
     out["image"] = argv[j]
     out["cmd"] = argv[j + 1:]
+    if out["entrypoint"]:
+        # `--entrypoint bash IMAGE -c "vllm serve ..."`: the command is the entrypoint, then the arguments
+        out["cmd"] = _cmd_list(out["entrypoint"]) + out["cmd"]
     return out
 
 
@@ -155,10 +160,40 @@ def _shm_bytes(s: str) -> int:
 SHM_MIN = 1 << 30   # below 1 GiB NCCL's shared-memory transport fails with large TP buffers
 
 
+def _wrapper_words(argv: list[str]) -> list[str]:
+    """The leading words of a container's arguments that are a command, not the server's flags:
+    ``vllm serve``, ``serve``, ``sh -c``/``bash -c`` (and their script), ``python3 -m MODULE``."""
+    if not argv:
+        return []
+    base = argv[0].rsplit("/", 1)[-1]
+    if base == "vllm":
+        return argv[:2] if argv[1:2] == ["serve"] else argv[:1]
+    if base == "serve":
+        return argv[:1]
+    if base in ("sh", "bash") and argv[1:2] == ["-c"]:
+        return argv[:3]
+    if base.startswith("python") and argv[1:2] == ["-m"]:
+        return argv[:3]
+    return []
+
+
 def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, image: str | None = None,
                   image_line: int = 0, gpus: int | None = None, shm_ok: bool | None = None, shm_hint: str = "",
                   entrypoint_default: bool = False) -> list[Launch]:
-    """vLLM launches inside one command (recursing into ``sh -c``)."""
+    """vLLM launches inside one command (recursing into ``sh -c``). ``entrypoint_default``: ``argv``
+    is appended to the image's own ENTRYPOINT (no ``--entrypoint`` / compose ``entrypoint`` /
+    Kubernetes ``command``); on the vllm-openai image that ENTRYPOINT is the server itself, so a
+    command there (``vllm serve ...``, ``/bin/sh -c ...``) reaches vLLM's parser as arguments."""
+    if entrypoint_default and image and IMAGE_RE.search(image) and _wrapper_words(argv):
+        wrapped = _wrapper_words(argv)
+        ls = _from_command(argv, env, line, file, image, image_line, gpus, shm_ok, shm_hint)
+        if not ls:
+            # `serve MODEL --flags`: the server's flags after a word vLLM's parser rejects
+            ls = [Launch(argv[len(wrapped):], "", line, file, {k: (v, line) for k, v in env.items()}, image,
+                         image_line, gpus, shm_ok, shm_hint)]
+        for la in ls:
+            la.wrapped = wrapped
+        return ls
     inner = _shell_c(argv)
     if inner is not None:
         toks, _err = lex_partial(_expand(inner, env))
@@ -169,9 +204,8 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
         entry, rest = hit
         return [Launch(rest, entry, line, file, envs, image, image_line, gpus, shm_ok, shm_hint)]
     if entrypoint_default and image and IMAGE_RE.search(image):
-        # the vllm-openai image's ENTRYPOINT runs the server; args are its flags (a leading "serve" too)
-        rest = argv[1:] if argv[:1] == ["serve"] else argv
-        return [Launch(rest, "", line, file, envs, image, image_line, gpus, shm_ok, shm_hint)]
+        # the vllm-openai image's ENTRYPOINT runs the server; args are its flags
+        return [Launch(argv, "", line, file, envs, image, image_line, gpus, shm_ok, shm_hint)]
     return []
 
 
@@ -515,6 +549,7 @@ def read_dotenv(text: str, file: str) -> list[Launch]:
 
 def read_dockerfile(text: str, file: str) -> list[Launch]:
     image, image_line, env, cmd, line = None, 0, {}, [], 1
+    parts: dict[str, list[str]] = {}           # the last CMD and the last ENTRYPOINT: the command is ENTRYPOINT + CMD
     for ln, src in _logical_lines(text):
         s = src.strip()
         m = re.match(r"^(\w+)\s+(.*)$", s)
@@ -535,11 +570,13 @@ def read_dockerfile(text: str, file: str) -> list[Launch]:
             import json
 
             try:
-                cmd = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+                parts[ins] = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
             except ValueError:
-                cmd = rest.split()
+                parts[ins] = rest.split()
             line = ln
-    ls = _from_command(cmd, {}, line, file, image, image_line, entrypoint_default=True) if cmd else []
+    cmd = parts.get("ENTRYPOINT", []) + parts.get("CMD", [])
+    ls = (_from_command(cmd, {}, line, file, image, image_line, entrypoint_default="ENTRYPOINT" not in parts)
+          if cmd else [])
     if not ls:
         ls = [Launch([], "", image_line or 1, file, {}, image, image_line)]
     for la in ls:
@@ -622,10 +659,65 @@ SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q
          "-dp": "--data-parallel-size", "-O": "--compilation-config", "-cc": "--compilation-config"}
 
 
+#: The vllm/vllm-openai image's ENTRYPOINT (docker/Dockerfile, target vllm-openai), as real launches show it:
+#: ``python3 -m vllm.entrypoints.openai.api_server`` through 0.11 ("api_server.py: error: unrecognized
+#: arguments" on 0.10.0 in vllm#22072 and on the Oct-2025 image of vllm#27389; the Dockerfile quoted in
+#: vllm#17172), ``vllm serve`` on 0.17.1 (vllm#37133: "usage: vllm ... vllm: error: unrecognized arguments").
+#: Between the two the releases examined show no launch: both are named.
+IMAGE_ENTRYPOINT_API_SERVER_UNTIL = Version("0.11.99")
+#: The first release without the V0 engine (0.10.2 was V0's last)
+V0_REMOVED = Version("0.11.0")
+IMAGE_ENTRYPOINT_VLLM_SERVE_FROM = Version("0.17.0")
+
+
+def image_entrypoint(pv: Version) -> str:
+    """The vllm/vllm-openai image's ENTRYPOINT at that vLLM version, in words."""
+    if pv <= IMAGE_ENTRYPOINT_API_SERVER_UNTIL:
+        return "`python3 -m vllm.entrypoints.openai.api_server`"
+    if pv >= IMAGE_ENTRYPOINT_VLLM_SERVE_FROM:
+        return "`vllm serve`"
+    return "`vllm serve` (`python3 -m vllm.entrypoints.openai.api_server` through 0.11)"
+
+
+def lint_wrapped(la: Launch, pv: Version, version: str) -> list[CheckFinding]:
+    """A command given as the arguments of the vllm-openai image (VC013): the image's ENTRYPOINT already
+    runs the server, so ``vllm serve m``, ``serve m``, ``/bin/sh -c "..."`` or ``python3 -m ...`` after
+    the image reach vLLM's argparse as arguments, and it exits with "unrecognized arguments"."""
+    w = la.wrapped
+    shown = " ".join(w[:2]) if len(w) == 3 and w[1] == "-c" else " ".join(w)
+    where = {"compose": "`command:` of a service with no `entrypoint:`",
+             "kubernetes": "`args:` of a container with no `command:`"}.get(la.runtime, "the arguments after the image")
+    override = {"compose": "entrypoint:", "kubernetes": "command:"}.get(la.runtime, "--entrypoint")
+    script = " (and pass the model and flags of its script directly)" if len(w) == 3 and w[1] == "-c" else ""
+    msg = (f"`{shown}` in {where}: the image {la.image} already runs the server (its ENTRYPOINT is "
+           f"{image_entrypoint(pv)} on vLLM {version}), so these words reach vLLM's argument parser as arguments "
+           f"and it exits at start-up (\"error: unrecognized arguments\"); delete `{shown}`{script}, or set "
+           f"{override} to run a command of your own")
+    return [CheckFinding("VC013", msg, la.file, la.line, snippet=shown,
+                         fix={"setting": shown, "value": None, "action": "delete"})]
+
+
+def lint_two_words(tok: str, la: Launch, text: str) -> CheckFinding | None:
+    """``"--dtype auto"`` as ONE argument (a YAML list item, a quoted word): argparse takes an
+    argument that starts with ``-`` and holds a space as a positional, so ``--dtype`` is never set and
+    the server exits with "unrecognized arguments: --dtype auto" (VC014)."""
+    m = re.match(r"^(--?[\w.\-]+)(\s+)(.*)$", tok, re.S)
+    if not m or "=" in m.group(1):
+        return None
+    flag, val = m.group(1), m.group(3).strip()
+    return CheckFinding("VC014", f"`{tok}` is one argument holding two words: vLLM's argparse reads an argument "
+                        f"that starts with '-' and contains a space as a positional, not as {flag} {val}, and exits "
+                        f"with \"unrecognized arguments: {tok}\"; give {flag} and {val} as two list items "
+                        f"(or `{flag}={val}`)", la.file, line_of(la, text, tok.split()[0]), snippet=tok,
+                        fix={"setting": flag, "value": val})
+
+
 def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     out: list[CheckFinding] = []
     f = la.file
     pv = versions.parse_version(version) or Version("0.33.0")
+    if la.wrapped:
+        out += lint_wrapped(la, pv, version)
     allf = flags_in(version)
     allset = set(allf)
     if la.entry.startswith("module:"):
@@ -645,6 +737,11 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--") or not tok.strip("-"):
+            i += 1
+            continue
+        two = lint_two_words(tok, la, text)
+        if two:
+            out.append(two)
             i += 1
             continue
         name, eq, val = tok.partition("=")
@@ -694,7 +791,12 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
                 out.append(CheckFinding("VC001", msg + (f". {why}" if why else ""), f, line,
                                         fix={"setting": real, "value": val if has_value else None} if real else None,
                                         snippet=tok))
-        if name in V0_ONLY and name in allset and pv >= Version("0.8.0"):
+        if name in V0_ONLY and name in allset and pv >= V0_REMOVED:
+            out.append(CheckFinding("VC005", f"{raw} is a V0-engine flag ({V0_ONLY[name]}); vLLM {version} has no "
+                                    f"V0 engine (its last release was 0.10.2) to switch to: V1 accepts "
+                                    "the flag and ignores it; delete it", f, line, snippet=tok,
+                                    fix={"setting": name, "value": None, "action": "delete"}))
+        elif name in V0_ONLY and name in allset and pv >= Version("0.8.0"):
             out.append(CheckFinding("VC005", f"{raw} is a V0-engine flag ({V0_ONLY[name]}); on {version} "
                                     "a non-default value makes vLLM fall back to the V0 engine, or fail with VLLM_USE_V1=1",
                                     f, line, snippet=tok))

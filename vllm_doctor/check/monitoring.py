@@ -156,6 +156,7 @@ def lint_promql(expr: str, version: str, file: str, line: int, context: str = ""
                                             fix={"setting": bad[0] + "_bucket" if mn.kind(bad[0] + "_bucket") == "histogram" else None,
                                                  "value": None}, snippet=src))
                 _check_le(inner, file, line, src, out)
+                _check_bare_buckets(inner, recorded, file, line, src, out)
 
     _walk(tree, visit)
     _check_rate_threshold(tree, file, line, src, out)
@@ -174,6 +175,22 @@ def _check_le(e, file, line, src, out) -> None:
                 out.append(CheckFinding("VM003", "histogram_quantile over an aggregation that drops the le label: "
                                         "write sum by (le, ...) (rate(..._bucket[5m]))", file, line,
                                         fix={"setting": "sum by (le)", "value": None}, snippet=src))
+    _walk(e, visit)
+
+
+def _check_bare_buckets(e, recorded, file, line, src, out) -> None:
+    """``histogram_quantile(0.99, x_bucket)`` without rate()/increase(): the buckets are counters since
+    the process started, so the quantile is over the whole uptime (and jumps at every restart), never the
+    recent latency an alert or a panel means."""
+    def visit(x, parent) -> None:
+        if isinstance(x, pq.VectorSelector) and not isinstance(parent, pq.SubqueryExpr):
+            n = _selector_name(x)
+            if n and n.endswith("_bucket") and n not in recorded:
+                out.append(CheckFinding("VM003", f"histogram_quantile over {n} without rate()/increase(): the "
+                                        "buckets are counters since vLLM started, so this is the quantile over its "
+                                        "whole uptime (reset at each restart), not the recent one; write "
+                                        f"histogram_quantile(..., sum by (le) (rate({n}[5m])))", file, line,
+                                        fix={"setting": "rate", "value": None}, snippet=src))
     _walk(e, visit)
 
 

@@ -99,16 +99,79 @@ class ModelShape:
         return sum(1 for k in self.layer_kinds if k == kind)
 
 
+#: transformers' own defaults (``configuration_<model_type>.py``, transformers 4.46.3) for the sizing fields,
+#: which a multimodal config's ``text_config`` may leave out (LLaVA-v1.6-Mistral's names only what differs
+#: from MistralConfig). ``num_key_value_heads`` None: LlamaConfig sets it to ``num_attention_heads``.
+TRANSFORMERS_TEXT_DEFAULTS: dict[str, dict] = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "tie_word_embeddings": False},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
+                "sliding_window": 4096, "tie_word_embeddings": False},
+}
+#: A multimodal config whose text_config names no model_type: LlavaConfig / LlavaNextConfig build a LlamaConfig
+TEXT_MODEL_TYPE_DEFAULT = {"llava": "llama", "llava_next": "llama", "llava_next_video": "llama", "llava_onevision": "qwen2"}
+
+
 def text_config(cfg: dict) -> dict:
-    """Multimodal configs keep the language model under ``text_config`` / ``llm_config``."""
+    """Multimodal configs keep the language model under ``text_config`` / ``llm_config``; the fields a
+    ``text_config`` leaves out are transformers' defaults for its ``model_type`` (as transformers builds it)."""
     for key in ("text_config", "llm_config", "language_config"):
         sub = cfg.get(key)
-        if isinstance(sub, dict) and sub.get("num_hidden_layers"):
+        if not isinstance(sub, dict):
+            continue
+        mt = sub.get("model_type") or TEXT_MODEL_TYPE_DEFAULT.get(str(cfg.get("model_type")))
+        if not sub.get("num_hidden_layers") and mt in TRANSFORMERS_TEXT_DEFAULTS:
+            sub = {**TRANSFORMERS_TEXT_DEFAULTS[mt], "model_type": mt, **sub}
+        if sub.get("num_hidden_layers"):
             merged = dict(sub)
             for k in ("quantization_config", "torch_dtype", "dtype", "architectures"):
                 merged.setdefault(k, cfg.get(k))
-            return merged
-    return cfg
+            return _dialect(merged)
+    return _dialect(cfg)
+
+
+def _dialect(c: dict) -> dict:
+    """ChatGLM / GLM-4 (``model_type`` chatglm) names its sizes its own way; vLLM's ``ChatGLMForCausalLM``
+    (model_executor/models/chatglm.py, 0.4-0.33) and ``ModelConfig`` read: KV heads
+    ``multi_query_group_num`` when ``multi_query_attention`` (else every attention head), head size
+    ``kv_channels`` (= hidden_size / heads), vocabulary ``padded_vocab_size``, MLP ``ffn_hidden_size``
+    (gated: dense_h_to_4h is 2 x ffn_hidden_size), max length ``seq_length``, QKV bias ``add_qkv_bias``.
+    The standard names are filled from them where absent."""
+    if "multi_query_group_num" not in c and "padded_vocab_size" not in c and "ffn_hidden_size" not in c:
+        return c
+    out = dict(c)
+    if out.get("num_key_value_heads") is None and out.get("multi_query_group_num"):
+        out["num_key_value_heads"] = (out["multi_query_group_num"] if out.get("multi_query_attention")
+                                      else out.get("num_attention_heads"))
+    for std, own in (("vocab_size", "padded_vocab_size"), ("intermediate_size", "ffn_hidden_size"),
+                     ("max_position_embeddings", "seq_length"), ("head_dim", "kv_channels"),
+                     ("attention_bias", "add_qkv_bias")):
+        if out.get(own) is not None and (std == "vocab_size" or out.get(std) is None):
+            out[std] = out[own]          # padded_vocab_size is what the embedding and output layer hold
+    return out
+
+
+ENCODER_CONFIGS = ("vision_config", "audio_config", "visual", "vision_tower_config", "audio_encoder_config")
+
+
+def _encoders_not_sized(cfg: dict) -> list[str]:
+    """The vision / audio encoders and projectors of a multimodal config, named: their weights and the
+    encoder's profiling run are not counted."""
+    out = []
+    for key in ENCODER_CONFIGS:
+        sub = cfg.get(key)
+        if not isinstance(sub, dict):
+            continue
+        layers = sub.get("num_hidden_layers") or sub.get("depth") or sub.get("encoder_layers") or sub.get("num_layers")
+        hidden = sub.get("hidden_size") or sub.get("embed_dim") or sub.get("d_model")
+        shape = ", ".join(x for x in (f"model_type {sub['model_type']}" if sub.get("model_type") else "",
+                                      f"{layers} layers" if layers else "", f"hidden {hidden}" if hidden else "") if x)
+        what = "audio encoder" if "audio" in key else "vision encoder"
+        out.append(f"{what} and its projector ({key}" + (f": {shape}" if shape else "") + "): their weights and the "
+                   "encoder's profiling run are not counted, so the weights come out low and the KV cache high; "
+                   "pass --overhead with the figures of a real start-up to correct the pool")
+    return out
 
 
 def _layer_kinds(c: dict, n: int) -> tuple[list[str], list[str]]:
@@ -351,6 +414,7 @@ def model_shape(config: dict) -> ModelShape:
         kv = 1 if c.get("multi_query") else heads
     head_dim = c.get("head_dim") or (hidden // heads if heads else 0)
     kinds, unsized = _layer_kinds(c, int(n))
+    unsized = unsized + _encoders_not_sized(config)
     method, bits, group = _quant(c)
     experts = (c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
                or c.get("moe_num_experts") or 0)

@@ -50,6 +50,8 @@ class PlanInputs:
     target_concurrency: int | None = None
     mean_request_tokens: int | None = None
     gpu_count: int | None = None              # GPUs the operator has: caps a recommended TP x PP; None: unknown
+    engine: str | None = None                 # v0 | v1; None: from the version and VLLM_USE_V1
+    vllm_use_v1: str | None = None            # the VLLM_USE_V1 the server runs with ("0" / "1"), when given
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Plan:
     fixes: list[dict] = field(default_factory=list)
     not_sized: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine_reason: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,6 +138,8 @@ _COUNTS: dict[str, tuple[int, int]] = {
     "ssm_state_size": (1, 64 * _K), "conv_kernel": (1, 64 * _K), "n_groups": (1, 64 * _K), "state_size": (1, 64 * _K),
     "linear_num_key_heads": (1, 64 * _K), "linear_num_value_heads": (1, 64 * _K), "linear_key_head_dim": (1, 64 * _K),
     "linear_value_head_dim": (1, 64 * _K), "linear_conv_kernel_dim": (1, 64 * _K),
+    "multi_query_group_num": (1, 64 * _K), "padded_vocab_size": (1, 64 * _M), "ffn_hidden_size": (1, 16 * _M),
+    "seq_length": (1, 1 << 34), "kv_channels": (1, 64 * _K),
 }
 _NUMBERS = {"mamba_expand": (0.0, 64.0), "expand": (0.0, 64.0)}        # multipliers, may be fractional
 _STRINGS = ("model_type", "torch_dtype", "dtype", "hybrid_override_pattern", "mamba_ssm_dtype")
@@ -250,9 +255,42 @@ def parse_size(text: str) -> int:
 
 # ---------------------------------------------------------------- the plan
 
+#: V1 as an opt-in (VLLM_USE_V1=1) from 0.7.0, the default from 0.8.0; 0.10.2 is V0's last release
+V1_FROM, V1_DEFAULT_FROM, V0_REMOVED = Version("0.7.0"), Version("0.8.0"), Version("0.11.0")
+
+
+def choose_engine(version: str, engine: str | None = None, vllm_use_v1: str | None = None) -> tuple[str, str]:
+    """(engine, why): ``--engine`` first, then ``VLLM_USE_V1``, then the version's default. An engine the
+    version does not have is an InputError (one line)."""
+    pv = parse_version(version) or Version(_NEWEST)
+    if engine is not None and engine not in ("v0", "v1"):
+        raise InputError(f"unknown engine {engine!r}: v0 or v1")
+    if vllm_use_v1 is not None and vllm_use_v1 not in ("0", "1"):
+        raise InputError(f"VLLM_USE_V1={vllm_use_v1!r}: 0 or 1")
+    env = {"0": "v0", "1": "v1"}.get(vllm_use_v1 or "")
+    if engine is not None:
+        chosen, why = engine, "--engine " + engine
+        if env and env != engine:
+            why += f" (VLLM_USE_V1={vllm_use_v1} says {env}; --engine is taken)"
+    elif env is not None:
+        chosen, why = env, f"VLLM_USE_V1={vllm_use_v1}"
+    elif pv < V1_DEFAULT_FROM:
+        chosen, why = "v0", f"V0 is the default engine before 0.8.0"
+    elif pv < V0_REMOVED:
+        chosen, why = "v1", ("V1 is the default engine from 0.8.0; vLLM {v} still falls back to V0 on GPUs of compute "
+                             "capability below 8.0, with LoRA before 0.8.3 or VLLM_USE_V1=0: if its log shows the V0 "
+                             "engine, plan with --engine v0").format(v=version)
+    else:
+        chosen, why = "v1", "vLLM 0.11.0 removed the V0 engine: V1 is the only one"
+    if chosen == "v0" and pv >= V0_REMOVED:
+        raise InputError(f"vLLM {version} has no V0 engine (0.10.2 was its last release): --engine v1, or an older version")
+    if chosen == "v1" and pv < V1_FROM:
+        raise InputError(f"vLLM {version} has no V1 engine (opt-in from 0.7.0 with VLLM_USE_V1=1): --engine v0")
+    return chosen, why
+
+
 def _engine(version: str) -> str:
-    pv = parse_version(version)
-    return "v0" if pv is not None and pv < Version("0.8.0") else "v1"
+    return choose_engine(version)[0]
 
 
 def _state_in_pool(version: str, engine: str) -> bool:
@@ -325,7 +363,8 @@ def make_plan(inp: PlanInputs) -> Plan:
     except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
         # validate_config covers the fields the arithmetic reads; this is the last line for what it cannot
         raise InputError(f"config.json: cannot size the model: {type(e).__name__}: {str(e)[:80]}") from None
-    version, engine = inp.vllm_version, _engine(inp.vllm_version)
+    version = inp.vllm_version
+    engine, engine_reason = choose_engine(version, inp.engine, inp.vllm_use_v1)
     tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
     cpu = inp.device == "cpu"
     dflt = version_defaults(version, engine, inp.gpu_memory_bytes, device="CPU" if cpu else None, world_size=tp * pp)
@@ -517,7 +556,7 @@ def make_plan(inp: PlanInputs) -> Plan:
         notes.append(f"quantization {shape.quant_method}: bit width not in the config, weights sized unquantized")
     return Plan(model=inp.model, vllm_version=version, engine=engine, settings=settings, weights=weights,
                 kv_per_token=kv, pool=pool, concurrency=concurrency, startup=startup, fixes=fixes,
-                not_sized=list(shape.unsized), notes=notes)
+                not_sized=list(shape.unsized), notes=notes, engine_reason=engine_reason)
 
 
 def _util_of(inp, version, engine) -> float:
@@ -904,7 +943,8 @@ def _lines(p: Plan, md: bool) -> list[str]:
     out += ["", h("Settings"),
             f"{b}vLLM {p.vllm_version} ({p.engine.upper()} engine), {s['device']}, TP {s['tensor_parallel_size']} x PP {s['pipeline_parallel_size']}, "
             f"dtype {s['dtype']}, kv_cache_dtype {s['kv_cache_dtype']}, block_size {s['block_size']}, max_model_len {s['max_model_len']:,}, "
-            f"gpu_memory_utilization {s['gpu_memory_utilization']}, max_num_seqs {s['max_num_seqs']}", ""]
+            f"gpu_memory_utilization {s['gpu_memory_utilization']}, max_num_seqs {s['max_num_seqs']}",
+            *([f"{b}engine: {p.engine.upper()} ({p.engine_reason})"] if p.engine_reason else []), ""]
     out += [h("Weights (per GPU)"), f"{b}{p.weights['arithmetic']}"]
     if p.startup.get("stage") == "load" or p.weights.get("budget_arithmetic"):
         out.append(f"{b}{p.weights['budget_arithmetic']}")

@@ -77,7 +77,11 @@ def test_demo_leads_with_the_bound_below_what_ran_and_both_rules_agree():
     assert (rep.facts["peak_num_running"], rep.facts["preemptions_total"]) == (4, 105)
     fx = {x.flag: x for x in storm.fixes}
     assert fx["--max-num-seqs"].value == "2"
-    assert fx["--max-num-seqs"].arithmetic.startswith("never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2")
+    # requests really grew to 1,585 of max_model_len's 2,048 tokens (line 125): at that length the
+    # cache holds 2, which is the never-preempt bound as well
+    assert fx["--max-num-seqs"].arithmetic.startswith(
+        "77.4% x 4,096 KV cache tokens / 2 running = 1,585 tokens per sequence at most")
+    assert "never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2" in fx["--max-num-seqs"].arithmetic
     assert "; 4 were running when the KV cache was full (100.0%, engine 0, cpu-preemption-tiny-kv-cache.log:138)" \
         in fx["--max-num-seqs"].arithmetic
     assert fx["--max-num-seqs"].also_for == ["kv-capacity-bound"]
@@ -119,22 +123,32 @@ def test_054_the_260_that_ran_at_full_is_no_fix():
 
 
 def test_max_num_seqs_below_what_ran_only_reduces_preemption():
-    # V1 stats in 0.11.1+ wording: 40 ran when vLLM counted preemptions at 91 % (never full), the
-    # cache held about 30 at the length then observed; with no KV cache size there is no bound:
-    # 30 is proposed as what reduces preemption, never as what stops it
+    # 40 ran when vLLM counted preemptions at 91 % (never full); the longest a sequence was seen to
+    # hold fits 30; with no KV cache size there is no bound: 30 stops preemption at the lengths seen,
+    # not for longer requests
     from vllm_doctor.diagnosis.advice import Concurrency
 
     c = Concurrency(30, "tokens-per-sequence", 40, 0.91, 100.0, None, 3000, None, None,
-                    pressure_running=40, pressure_full=False)
-    assert (c.admit, c.admit_stops) == (30, False)
-    assert c.admit_why.startswith("Fewer preemptions, not none: 30 is below what vLLM ran (40 ran at most)")
-    # at or above what ran: nothing to propose; with a bound below it, the bound (it stops them)
-    assert Concurrency(40, "running-at-full", 40, 1.0, pressure_running=40).admit is None
+                    pressure_running=40, pressure_full=False, longest_per_sequence=100.0, longest_fit=30,
+                    longest_sample=type("S", (), {"kv_cache_usage_ratio": 0.91, "num_running": 40, "meta": None})())
+    assert (c.admit, c.admit_stops, c.admit_method) == (30, False, "longest-observed")
+    assert "at the longest length observed (100 tokens a sequence); longer ones can still be preempted" in c.admit_why
+    # at or above what ran: nothing to propose
+    assert Concurrency(40, "running-at-full", 40, 1.0, pressure_running=40, longest_fit=40).admit is None
+    # vLLM counted preemptions even with 9 running: a value at or above 9 stops nothing, so the
+    # never-preempt bound (8) is the value, though the observed length would fit 20
     b = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, kv_cache_tokens=65536, max_model_len=8192,
-                    block_size=16, pressure_running=40, pressure_full=True)
-    assert (b.admit, b.admit_stops) == (8, True)
+                    block_size=16, pressure_running=40, pressure_full=True, longest_fit=20, preempting_running=9)
+    assert (b.admit, b.admit_stops, b.admit_method) == (8, True, "below-preempting")
     assert b.admit_text.startswith("never-preempt bound: 65,536 KV cache tokens / max_model_len 8,192 = 8 "
-                                   "(4,096 blocks of 16 tokens / 512 blocks per sequence); 40 were running when the KV cache was full")
+                                   "(4,096 blocks of 16 tokens / 512 blocks per sequence); vLLM counted preemptions with 9 running")
+    # an interval where vLLM counted no preemption with 24 running: what the server ran cleanly
+    d = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, pressure_running=40, longest_fit=20,
+                    clean_running=24)
+    assert (d.admit, d.admit_method) == (24, "ran-without-preemption")
+    # nothing seen running: the never-preempt bound, and only as an assumption
+    e = Concurrency(8, "never-preempt-bound", never_preempt=8, kv_cache_tokens=65536, max_model_len=8192)
+    assert (e.admit, e.admit_method) == (8, "never-preempt-bound") and e.admit_why.startswith("Assumed")
 
 
 # ---- evidence and wording ------------------------------------------------------------------------
@@ -338,11 +352,15 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
 
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     text = to_text(rep, color=False)
-    assert "--max-num-seqs 2   (option 1 of 2: pick one)" in text
-    assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one)" in text
+    # each fix with its evidence grade, in every format: the cut is counted (vLLM's counter: 105)
+    assert "--max-num-seqs 2   (option 1 of 2: pick one; evidence: counted)" in text
+    assert "--kv-cache-memory-bytes 16777216   (option 2 of 2: pick one; evidence: counted)" in text
     html = FORMATS["html"](rep)
-    assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
-    assert "`--max-num-seqs 2` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
+    assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one; evidence: counted)</em>" in html
+    assert "`--max-num-seqs 2` (option 1 of 2: pick one; evidence: counted)" in FORMATS["markdown"](rep)
+    doc = json.loads(FORMATS["json"](rep))
+    assert [(x["flag"], x["grade"]) for x in doc["findings"][0]["fixes"]] == [
+        ("--max-num-seqs", "counted"), ("--kv-cache-memory-bytes", "counted")]
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
     assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from vllm_doctor.diagnosis.advice import fix_label
+from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
 from vllm_doctor.diagnosis.expr import human_bytes
@@ -94,7 +94,8 @@ def plural(n: int, word: str) -> str:
 
 def verdict(rep: Report) -> dict:
     """What the report opens with: ``status`` (nothing | ok | critical | warning | info),
-    ``headline`` (one line: what happened), ``first`` (the first fix of the most severe finding,
+    ``headline`` (one line: what happened, and "Not enough evidence: ..." naming the one thing to
+    collect where the top finding says so), ``first`` (the first fix of the most severe finding,
     as typed, or the step to take when it has none), ``why`` (its reason) and ``more`` (the names
     of the other findings)."""
     lines = sum(s["lines_total"] for s in rep.sources)
@@ -116,10 +117,21 @@ def verdict(rep: Report) -> dict:
     if more:
         head += f"; {plural(len(more), 'more finding')}: {', '.join(more)}"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
-    if top.fixes:
+    collect = getattr(top, "collect", None)  # not enough evidence: the one thing that would decide
+    if collect:
+        head += f". Not enough evidence: {collect}"
+    if checks and getattr(top, "checks_first", False):  # a step that comes before any fix
+        parts = [(checks[0], "")]
+        if top.fixes:
+            parts = first_step_parts(top.fixes)
+            parts[0] = (f"{checks[0].rstrip('.')}; only if that cannot be done, {parts[0][0]}", parts[0][1])
+        why = None
+    elif top.fixes:
         parts, why = first_step_parts(top.fixes), top.fixes[0].why
     elif checks:
         parts, why = [(checks[0], "")], None
+    elif collect:
+        parts, why = [("collect the evidence named above;", f"vllm-doctor explain {top.name}")], None
     else:
         parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
@@ -240,7 +252,7 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
-                label = fix_label(fx, f.fixes)
+                label = fix_tag(fx, f.fixes)
                 lines.append(f"    {fx.command()}" + (f"   ({label})" if label else ""))
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
@@ -308,7 +320,7 @@ def to_markdown(rep: Report) -> str:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
-                label = fix_label(fx, f.fixes)
+                label = fix_tag(fx, f.fixes)
                 out.append(f"- `{fx.command()}`{' (' + label + ')' if label else ''}: {_md(fx.why)}"
                            + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
             out.append("")
@@ -353,7 +365,7 @@ def jinja_env() -> Environment:
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
-        _env.globals["fix_label"] = fix_label
+        _env.globals["fix_label"] = fix_tag  # with the evidence grade
     return _env
 
 

@@ -305,6 +305,57 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
     return Concurrency(None, None, **common)
 
 
+@dataclass(frozen=True)
+class EngineBalance:
+    """How the data-parallel engines of one server compare over a window. hot: engines whose KV
+    cache was full with requests waiting in most of their samples; idle: engines with no request
+    waiting and the KV cache below the idle ratio in most of theirs; ``lines``: the newest sample
+    of each hot and idle engine (the evidence); ``peak``: engine -> (most running, most waiting,
+    highest KV cache usage) over the window."""
+
+    hot: list[int]
+    idle: list[int]
+    lines: list
+    peak: dict
+
+    @property
+    def imbalanced(self) -> bool:
+        return bool(self.hot) and bool(self.idle)
+
+    def describe(self, engines: list[int]) -> str:
+        """``engine 0 (200 running, 300 waiting, KV cache 100%)``, joined with "and"."""
+        out = []
+        for e in engines:
+            r, w, kv = self.peak[e]
+            out.append(f"engine {e} ({r:,} running, {w:,} waiting, KV cache {kv:.0%})")
+        return " and ".join(out)
+
+
+def engine_balance(stats: list, metrics: list, full_ratio: float, idle_ratio: float,
+                   waiting_min: int) -> EngineBalance:
+    """Compare the engines (``engine_index``: V1's "Engine 000" stats lines, /metrics' ``engine``
+    label) of one window: see :class:`EngineBalance`. Fewer than two engines: nothing is hot or idle."""
+    per: dict[int, list] = {}
+    for s in list(stats) + list(metrics):
+        if s.engine_index is not None and s.kv_cache_usage_ratio is not None and s.num_waiting is not None:
+            per.setdefault(int(s.engine_index), []).append(s)
+    if len(per) < 2:
+        return EngineBalance([], [], [], {})
+    hot, idle, lines, peak = [], [], [], {}
+    for e, ss in sorted(per.items()):
+        peak[e] = (int(max(x.num_running or 0 for x in ss)), int(max(x.num_waiting for x in ss)),
+                   max(x.kv_cache_usage_ratio for x in ss))
+        n_hot = sum(1 for x in ss if x.kv_cache_usage_ratio >= full_ratio and x.num_waiting >= waiting_min)
+        n_idle = sum(1 for x in ss if x.kv_cache_usage_ratio < idle_ratio and x.num_waiting == 0)
+        if 2 * n_hot >= len(ss) and n_hot:
+            hot.append(e)
+            lines.append(ss[-1])
+        elif 2 * n_idle >= len(ss) and n_idle:
+            idle.append(e)
+            lines.append(ss[-1])
+    return EngineBalance(hot, idle, lines, peak)
+
+
 def relate_fixes(fixes: list[FlagFix], options: list[str | None]) -> None:
     """Number the options of one finding's fixes in place: ``options[i]`` names the option of
     ``fixes[i]`` (None: an option of its own). Sets ``option`` (1-based) and ``relation``:

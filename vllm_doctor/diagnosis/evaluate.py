@@ -15,7 +15,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_doctor.diagnosis.advice import concurrency, relate_fixes
+from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
 from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.windows import WindowAggregate
@@ -324,6 +324,15 @@ class RuleEngine:
                 continue
             rule, ev, values = got
             if any(u in fired for u in rule.unless):
+                # another rule explains it: an occurrence opened within this rule's window is
+                # withdrawn (it was judged before the explaining lines arrived: the engines of one
+                # interval log one after another), an older one stays as history
+                prev = self.findings.get(rule.id)
+                span = self.ruleset.window_seconds(rule)
+                if (prev is not None and prev.active and span is not None and now is not None
+                        and prev.first_seen is not None and now - prev.first_seen <= span
+                        and self._run_of.get(rule.id) == state.run_index):
+                    del self.findings[rule.id]
                 continue
             f = self._finding(rule, ev, values, state)
             self._errored(rule, ev.errors)
@@ -489,6 +498,8 @@ class RuleEngine:
             stalls=lambda: [x for x in stalls(list(state.stats), Window(state, None).engine_metrics(), state.now,
                                               int(self._thresholds.engine_stalled_min_intervals))
                             if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
+            engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(), self._thresholds.kv_cache_full_ratio,
+                                                  self._thresholds.fleet_idle_kv_ratio, self._thresholds.waiting_min),
             concurrency=lambda: concurrency(win.stats(), win.engine_metrics(), facts.get("kv_cache_tokens"),
                                             facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
                                             facts.get("block_size")),

@@ -192,12 +192,14 @@ def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
     assert f.fixes == [] and f.checks and "at most 79% of it" in f.checks[0]
 
 
-def test_startup_oom_without_the_weights_size_names_fp8_but_no_parallel_size():
-    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3, not known):
-    # fp8 weights are named; no tensor-parallel value is safe without the parallel size or weights
+def test_startup_oom_without_the_weights_size_takes_the_parallel_size_from_the_workers():
+    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two VllmWorkerProcess beside the driver (TP
+    # >= 3, a power of two in practice: 4): the next size is 8, never 2; both it and fp8 weights rest
+    # on what the log does not show (the weights' size): graded assumed
     f = by_name(diagnose_file(log("006")))["startup-oom"]
-    got = {x.flag: (x.value, x.relation) for x in f.fixes}
-    assert got == {"--quantization": ("fp8", "only")}
+    got = {x.flag: (x.value, x.relation, x.grade) for x in f.fixes}
+    assert got == {"--tensor-parallel-size": ("8", "alternative", "assumed"),
+                   "--quantization": ("fp8", "alternative", "assumed")}
     # 004 (405B FP8 over 8 GPUs, the KV cache too small): no OOM, so no weight flags
     assert "--quantization" not in {x.flag for x in by_name(diagnose_file(log("004")))["startup-oom"].fixes}
 

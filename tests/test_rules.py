@@ -119,11 +119,13 @@ def test_startup_oom_smaller_fraction_only_where_it_holds_the_weights(tmp_path):
 
 
 def test_startup_oom_parallel_size_from_worker_processes():
-    # 006 shows no configuration but two VllmWorkerProcess pids: TP >= 3, so "--tensor-parallel-size 2"
-    # (double the default) would be wrong; the message says what is known instead.
+    # 006 shows no configuration but two VllmWorkerProcess pids beside the driver: TP >= 3, in
+    # practice 4, so "--tensor-parallel-size 2" (double the default) would be wrong: 8, as an assumption
     f = findings(diagnose_file(log("006")))["startup-oom"]
-    assert "--tensor-parallel-size" not in fixes(f)
-    assert "The worker processes in this log show the model already sharded over at least 3 GPUs" in f.message
+    assert fixes(f)["--tensor-parallel-size"] == "8"
+    assert {x.flag: x.grade for x in f.fixes}["--tensor-parallel-size"] == "assumed"
+    assert ("The worker processes in this log show the model already sharded over at least 3 GPUs (in practice 4: "
+            "tensor-parallel sizes are powers of two)") in f.message
     assert rep_facts_parallel(log("006")) == 3  # V0: the driver (rank 0) beside two VllmWorkerProcess
     assert f.values["oom_tried_mib"] == pytest.approx(20.0)
 

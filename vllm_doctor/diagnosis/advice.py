@@ -336,8 +336,9 @@ def engine_balance(stats: list, metrics: list, full_ratio: float, idle_ratio: fl
     """Compare the engines (``engine_index``: V1's "Engine 000" stats lines, /metrics' ``engine``
     label) of one window: see :class:`EngineBalance`. Fewer than two engines: nothing is hot or idle."""
     per: dict[int, list] = {}
-    for s in list(stats) + list(metrics):
-        if s.engine_index is not None and s.kv_cache_usage_ratio is not None and s.num_waiting is not None:
+    for s in list(stats) + list(metrics):  # a /metrics sample without an engine label has no engine_index
+        if (getattr(s, "engine_index", None) is not None and s.kv_cache_usage_ratio is not None
+                and s.num_waiting is not None):
             per.setdefault(int(s.engine_index), []).append(s)
     if len(per) < 2:
         return EngineBalance([], [], [], {})

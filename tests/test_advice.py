@@ -366,3 +366,16 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
     assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)
+
+
+def test_engine_dead_without_its_cause_says_not_enough_evidence_and_what_to_collect():
+    # 043 (vllm-project/vllm#42362): EngineDeadError in the API server, the EngineCore's exception
+    # is not in the paste: the verdict says so and names the one thing to collect
+    from vllm_doctor.report.render import verdict
+
+    rep = diagnose_file(log("043"))
+    f = by_name(rep)["engine-dead"]
+    assert f.collect.startswith("`kubectl logs POD --previous`")
+    assert "Not enough evidence: `kubectl logs POD --previous`" in verdict(rep)["headline"]
+    # a cause in the log needs nothing more: 044's NCCL watchdog, 069's OOM
+    assert all(x.collect is None for x in diagnose_file(log("044")).findings)

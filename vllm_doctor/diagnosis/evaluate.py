@@ -329,7 +329,9 @@ class RuleEngine:
                 # interval log one after another), an older one stays as history
                 prev = self.findings.get(rule.id)
                 span = self.ruleset.window_seconds(rule)
-                if (prev is not None and prev.active and span is not None and now is not None
+                if span is None:  # a whole-log rule: fresh within one incident's merge gap
+                    span = self._thresholds.incident_merge_gap_seconds
+                if (prev is not None and prev.active and now is not None
                         and prev.first_seen is not None and now - prev.first_seen <= span
                         and self._run_of.get(rule.id) == state.run_index):
                     del self.findings[rule.id]

@@ -379,3 +379,14 @@ def test_engine_dead_without_its_cause_says_not_enough_evidence_and_what_to_coll
     assert "Not enough evidence: `kubectl logs POD --previous`" in verdict(rep)["headline"]
     # a cause in the log needs nothing more: 044's NCCL watchdog, 069's OOM
     assert all(x.collect is None for x in diagnose_file(log("044")).findings)
+
+
+def test_an_explained_engine_death_is_withdrawn_when_the_oom_arrives_after_it(tmp_path):
+    # V1's "WorkerProc failed to start." comes before the worker's CUDA OOM line: engine-dead is
+    # judged first, then startup-oom explains it (engine-dead's `unless`): one finding, not two
+    import yaml
+
+    sc = yaml.safe_load((Path(__file__).parent / "scenarios" / "v1-worker-2-oom-of-4-workers.yaml").read_text())
+    p = tmp_path / "vllm.log"
+    p.write_text(sc["text"])
+    assert [f.name for f in diagnose_file(p).findings] == ["startup-oom"]

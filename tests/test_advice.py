@@ -77,7 +77,11 @@ def test_demo_leads_with_the_bound_below_what_ran_and_both_rules_agree():
     assert (rep.facts["peak_num_running"], rep.facts["preemptions_total"]) == (4, 105)
     fx = {x.flag: x for x in storm.fixes}
     assert fx["--max-num-seqs"].value == "2"
-    assert fx["--max-num-seqs"].arithmetic.startswith("never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2")
+    # requests really grew to 1,585 of max_model_len's 2,048 tokens (line 125): at that length the
+    # cache holds 2, which is the never-preempt bound as well
+    assert fx["--max-num-seqs"].arithmetic.startswith(
+        "77.4% x 4,096 KV cache tokens / 2 running = 1,585 tokens per sequence at most")
+    assert "never-preempt bound: 4,096 KV cache tokens / max_model_len 2,048 = 2" in fx["--max-num-seqs"].arithmetic
     assert "; 4 were running when the KV cache was full (100.0%, engine 0, cpu-preemption-tiny-kv-cache.log:138)" \
         in fx["--max-num-seqs"].arithmetic
     assert fx["--max-num-seqs"].also_for == ["kv-capacity-bound"]
@@ -119,22 +123,32 @@ def test_054_the_260_that_ran_at_full_is_no_fix():
 
 
 def test_max_num_seqs_below_what_ran_only_reduces_preemption():
-    # V1 stats in 0.11.1+ wording: 40 ran when vLLM counted preemptions at 91 % (never full), the
-    # cache held about 30 at the length then observed; with no KV cache size there is no bound:
-    # 30 is proposed as what reduces preemption, never as what stops it
+    # 40 ran when vLLM counted preemptions at 91 % (never full); the longest a sequence was seen to
+    # hold fits 30; with no KV cache size there is no bound: 30 stops preemption at the lengths seen,
+    # not for longer requests
     from vllm_doctor.diagnosis.advice import Concurrency
 
     c = Concurrency(30, "tokens-per-sequence", 40, 0.91, 100.0, None, 3000, None, None,
-                    pressure_running=40, pressure_full=False)
-    assert (c.admit, c.admit_stops) == (30, False)
-    assert c.admit_why.startswith("Fewer preemptions, not none: 30 is below what vLLM ran (40 ran at most)")
-    # at or above what ran: nothing to propose; with a bound below it, the bound (it stops them)
-    assert Concurrency(40, "running-at-full", 40, 1.0, pressure_running=40).admit is None
+                    pressure_running=40, pressure_full=False, longest_per_sequence=100.0, longest_fit=30,
+                    longest_sample=type("S", (), {"kv_cache_usage_ratio": 0.91, "num_running": 40, "meta": None})())
+    assert (c.admit, c.admit_stops, c.admit_method) == (30, False, "longest-observed")
+    assert "at the longest length observed (100 tokens a sequence); longer ones can still be preempted" in c.admit_why
+    # at or above what ran: nothing to propose
+    assert Concurrency(40, "running-at-full", 40, 1.0, pressure_running=40, longest_fit=40).admit is None
+    # vLLM counted preemptions even with 9 running: a value at or above 9 stops nothing, so the
+    # never-preempt bound (8) is the value, though the observed length would fit 20
     b = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, kv_cache_tokens=65536, max_model_len=8192,
-                    block_size=16, pressure_running=40, pressure_full=True)
-    assert (b.admit, b.admit_stops) == (8, True)
+                    block_size=16, pressure_running=40, pressure_full=True, longest_fit=20, preempting_running=9)
+    assert (b.admit, b.admit_stops, b.admit_method) == (8, True, "below-preempting")
     assert b.admit_text.startswith("never-preempt bound: 65,536 KV cache tokens / max_model_len 8,192 = 8 "
-                                   "(4,096 blocks of 16 tokens / 512 blocks per sequence); 40 were running when the KV cache was full")
+                                   "(4,096 blocks of 16 tokens / 512 blocks per sequence); vLLM counted preemptions with 9 running")
+    # an interval where vLLM counted no preemption with 24 running: what the server ran cleanly
+    d = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, pressure_running=40, longest_fit=20,
+                    clean_running=24)
+    assert (d.admit, d.admit_method) == (24, "ran-without-preemption")
+    # nothing seen running: the never-preempt bound, and only as an assumption
+    e = Concurrency(8, "never-preempt-bound", never_preempt=8, kv_cache_tokens=65536, max_model_len=8192)
+    assert (e.admit, e.admit_method) == (8, "never-preempt-bound") and e.admit_why.startswith("Assumed")
 
 
 # ---- evidence and wording ------------------------------------------------------------------------
@@ -178,12 +192,14 @@ def test_startup_oom_after_the_weights_names_the_batch_not_more_gpus():
     assert f.fixes == [] and f.checks and "at most 79% of it" in f.checks[0]
 
 
-def test_startup_oom_without_the_weights_size_names_fp8_but_no_parallel_size():
-    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two worker processes (TP >= 3, not known):
-    # fp8 weights are named; no tensor-parallel value is safe without the parallel size or weights
+def test_startup_oom_without_the_weights_size_takes_the_parallel_size_from_the_workers():
+    # #14095: 20 MiB more impossible on a 14.62 GiB GPU, two VllmWorkerProcess beside the driver (TP
+    # >= 3, a power of two in practice: 4): the next size is 8, never 2; both it and fp8 weights rest
+    # on what the log does not show (the weights' size): graded assumed
     f = by_name(diagnose_file(log("006")))["startup-oom"]
-    got = {x.flag: (x.value, x.relation) for x in f.fixes}
-    assert got == {"--quantization": ("fp8", "only")}
+    got = {x.flag: (x.value, x.relation, x.grade) for x in f.fixes}
+    assert got == {"--tensor-parallel-size": ("8", "alternative", "assumed"),
+                   "--quantization": ("fp8", "alternative", "assumed")}
     # 004 (405B FP8 over 8 GPUs, the KV cache too small): no OOM, so no weight flags
     assert "--quantization" not in {x.flag for x in by_name(diagnose_file(log("004")))["startup-oom"].fixes}
 
@@ -338,11 +354,15 @@ def test_reports_say_which_fixes_are_alternatives_and_show_checks():
 
     rep = diagnose_file(DEMO, metrics_files=[str(DEMO_METRICS)])
     text = to_text(rep, color=False)
-    assert "--max-num-seqs 2   (option 1 of 2: pick one)" in text
-    assert "--kv-cache-memory-bytes 16777216 (16 MiB)   (option 2 of 2: pick one)" in text
+    # each fix with its evidence grade, in every format: the cut is counted (vLLM's counter: 105)
+    assert "--max-num-seqs 2   (option 1 of 2: pick one; evidence: counted)" in text
+    assert "--kv-cache-memory-bytes 16777216 (16 MiB)   (option 2 of 2: pick one; evidence: counted)" in text
     html = FORMATS["html"](rep)
-    assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>" in html
-    assert "`--max-num-seqs 2` (option 1 of 2: pick one)" in FORMATS["markdown"](rep)
+    assert "<code class=\"fix\">--max-num-seqs 2</code> <em>(option 1 of 2: pick one; evidence: counted)</em>" in html
+    assert "`--max-num-seqs 2` (option 1 of 2: pick one; evidence: counted)" in FORMATS["markdown"](rep)
+    doc = json.loads(FORMATS["json"](rep))
+    assert [(x["flag"], x["grade"]) for x in doc["findings"][0]["fixes"]] == [
+        ("--max-num-seqs", "counted"), ("--kv-cache-memory-bytes", "counted")]
     rep = diagnose_file(log("048"))
     assert "  check: Run once with NCCL_DEBUG=INFO" in to_text(rep, color=False)
     assert "Check: Run once with NCCL_DEBUG=INFO" in FORMATS["html"](rep)
@@ -397,3 +417,25 @@ def test_one_sequence_is_singular():
     assert "; 3 were running when the KV cache was full" in one.admit_text
     two = Concurrency(2, "never-preempt-bound", never_preempt=2, kv_cache_tokens=4096, max_model_len=2048)
     assert two.summary == "which holds 2 sequences of max_model_len (the never-preempt bound)"
+def test_engine_dead_without_its_cause_says_not_enough_evidence_and_what_to_collect():
+    # 043 (vllm-project/vllm#42362): EngineDeadError in the API server, the EngineCore's exception
+    # is not in the paste: the verdict says so and names the one thing to collect
+    from vllm_doctor.report.render import verdict
+
+    rep = diagnose_file(log("043"))
+    f = by_name(rep)["engine-dead"]
+    assert f.collect.startswith("`kubectl logs POD --previous`")
+    assert "Not enough evidence: `kubectl logs POD --previous`" in verdict(rep)["headline"]
+    # a cause in the log needs nothing more: 044's NCCL watchdog, 069's OOM
+    assert all(x.collect is None for x in diagnose_file(log("044")).findings)
+
+
+def test_an_explained_engine_death_is_withdrawn_when_the_oom_arrives_after_it(tmp_path):
+    # V1's "WorkerProc failed to start." comes before the worker's CUDA OOM line: engine-dead is
+    # judged first, then startup-oom explains it (engine-dead's `unless`): one finding, not two
+    import yaml
+
+    sc = yaml.safe_load((Path(__file__).parent / "scenarios" / "v1-worker-2-oom-of-4-workers.yaml").read_text())
+    p = tmp_path / "vllm.log"
+    p.write_text(sc["text"])
+    assert [f.name for f in diagnose_file(p).findings] == ["startup-oom"]

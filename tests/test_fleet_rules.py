@@ -254,3 +254,30 @@ def test_thanos_mimir_headers_bearer_and_basic_auth_reach_the_query_api(monkeypa
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_kv_capacity_bound_never_says_preempted_where_the_counter_rose_by_0():
+    # issue 20: a replica at a full KV cache whose running dips (182 -> 178) while requests wait,
+    # and whose vllm:num_preemptions_total stays 0: requests finished, none was preempted; no
+    # --max-num-seqs cut, and the finding says the counter did not move
+    rows = [(182 - (k % 5), 30, 0.98, 0) for k in range(N)]
+    pipe = run_replica(replica("full", rows), RULESET, 1_800_000_000, STEP)
+    kv = [f for f in pipe.engine.all_occurrences() if f.name == "kv-capacity-bound"]
+    assert kv, [f.name for f in pipe.engine.all_occurrences()]
+    for f in kv:
+        assert "were preempted" not in f.message and "probably preempted" not in f.message
+        assert "vLLM counted no preemption" in f.message
+        assert "--max-num-seqs" not in {x.flag for x in f.fixes}
+
+
+def test_a_hot_replica_of_an_imbalance_gets_routing_not_more_kv_cache():
+    from vllm_doctor.fleet import _routing_not_capacity, _scoped
+
+    reps = [replica("hot", HOT), replica("idle-a", IDLE), replica("idle-b", IDLE)]
+    fleet = list(judge(reps).values())
+    assert "replica-imbalance" in {f.name for f in fleet}
+    per = [_scoped(f, r.name) for r in reps for f in run_replica(r, RULESET, 1_800_000_000, STEP).engine.findings.values()]
+    before = [f for f in per if f.name == "kv-capacity-bound"]
+    assert before and before[0].fixes  # the replica alone: more KV cache
+    after = [f for f in _routing_not_capacity(per, fleet) if f.name == "kv-capacity-bound"]
+    assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].notes[-1]

@@ -175,7 +175,7 @@ def test_page_escapes_log_text(tmp_path):
 
 def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
     """The Fix list of the page is diagnose -f html's (one template macro, the same FlagFix data): the
-    two alternatives of kv-capacity-bound say "option N of 2: pick one", and a command never wraps
+    fixes say how they relate and their evidence ("option N of 2: pick one; evidence: counted"), and a command never wraps
     mid-flag (the old table broke --kv-cache-/memory-bytes)."""
     import re
 
@@ -191,10 +191,11 @@ def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
         page = s.get("/").text
     fixes = re.findall(r'<ul class="fixes">.*?</ul>', page, re.S)
     assert len(fixes) == 1
-    assert '<li><code class="fix">--max-num-seqs 2</code> <em>(option 1 of 2: pick one)</em>' in fixes[0]
-    # the exact value to type, and its size in words next to it
-    assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> (16 MiB) <em>(option 2 of 2: pick one)</em>' in fixes[0]
-    assert "code.fix{white-space:nowrap;" in page
+    # the log alone counts no preemption (V1 prints none): no --max-num-seqs cut, one fix with its
+    # evidence grade (issue 20), as diagnose shows it
+    assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> (16 MiB) <em>(evidence: counted)</em>' in fixes[0]
+    assert "--max-num-seqs" not in fixes[0]
+    assert "code.fix{white-space:nowrap}" in page
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "vllm.log").write_bytes(V1_RUN)       # the same name in the arithmetic's line reference
     report = to_html(diagnose([str(tmp_path / "d" / "vllm.log")]))

@@ -484,6 +484,7 @@ def check(
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|sarif|github", help="Output format.")] = "text",
     fail_on: Annotated[str, typer.Option("--fail-on", metavar="error|warning|note|never", help="Exit 1 when a finding is at or above this level.")] = "error",
+    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request: the capacity check (VC010) sizes --max-num-seqs at it (without it, only the worst case of max_model_len is stated, as a note).")] = None,
 ) -> None:
     """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
     above --fail-on, 2 on unusable input."""
@@ -507,7 +508,8 @@ def check(
             except VllmDoctorError:
                 print("vllm-doctor: --model-config without --gpu-memory (and no GPU through NVML): the capacity "
                       "check (VC010) runs only on launches that set --kv-cache-memory-bytes", file=sys.stderr)
-        results = chk.check_files(paths, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem)
+        results = chk.check_files(paths, vllm_version=vllm_version, model_config=cfg, gpu_memory=mem,
+                                  mean_request_tokens=mean_request_tokens)
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(chk.FORMATS[format](results))

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+#: How the harm a fix removes is known, strongest first: ``counted`` (vLLM's own counter or error
+#: line shows it), ``inferred`` (read from a pattern of samples), ``assumed`` (rests on what the
+#: inputs do not show: a version default, a worst case).
+GRADES = ("counted", "inferred", "assumed")
 
 
 @dataclass
@@ -33,7 +37,8 @@ class FlagFix:
     ``option`` number go together; different options are alternatives. ``relation`` says it in a
     word: ``only`` | ``alternative`` (pick one option) | ``set`` (apply with the rest of its option).
     also_for: names of other findings that give the same fix (it is listed once, here).
-    kind ``upgrade``: install vLLM ``value`` (``>=0.11.0``) first; the fixes of its option need it."""
+    kind ``upgrade``: install vLLM ``value`` (``>=0.11.0``) first; the fixes of its option need it.
+    grade: the evidence behind it, one of :data:`GRADES`."""
 
     flag: str
     value: str
@@ -43,6 +48,7 @@ class FlagFix:
     option: int = 1
     relation: str = "only"
     also_for: list[str] = field(default_factory=list)
+    grade: str = "inferred"
 
     def command(self) -> str:
         """As typed: ``--max-num-seqs 31``, ``--enable-chunked-prefill``, ``NCCL_P2P_DISABLE=1``,
@@ -74,6 +80,9 @@ class Finding:
     run: int = 0  # engine run (0 = the first in the log; a version banner / engine start begins the next)
     notes: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)  # diagnostic steps to confirm the cause (not fixes)
+    checks_first: bool = False  # the first check comes before any fix (stop what holds the GPU)
+    # not enough evidence to act on: the one thing to collect that would decide (None: enough)
+    collect: str | None = None
 
     def to_dict(self) -> dict:
         """JSON form (see docs/json-schema.md)."""

@@ -208,7 +208,7 @@ def _flag_line(la: Launch, text: str, *flags: str) -> int:
 
 
 def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int | None,
-                 kv_cache_memory_bytes: int | None = None):
+                 kv_cache_memory_bytes: int | None = None, mean_request_tokens: int | None = None):
     """``plan`` on the launch's flags (``kv_cache_memory_bytes``: a KV cache size to assume when the launch
     gives none), or None when a flag has a value plan cannot use (0, -5, abc, 32k, $VAR: reported by the flag
     checks, never sized with a default in its place) or the plan fails."""
@@ -235,7 +235,8 @@ def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int 
             block_size=num("--block-size", int), max_model_len=num("--max-model-len", int),
             gpu_memory_utilization=num("--gpu-memory-utilization", float), max_num_seqs=num("--max-num-seqs", int),
             max_num_batched_tokens=num("--max-num-batched-tokens", int),
-            kv_cache_memory_bytes=parse_size(kvb) if kvb else kv_cache_memory_bytes))
+            kv_cache_memory_bytes=parse_size(kvb) if kvb else kv_cache_memory_bytes,
+            mean_request_tokens=mean_request_tokens))
     except Exception:  # noqa: BLE001 - a value plan cannot use is reported by the flag checks
         return None
 
@@ -265,12 +266,14 @@ def _kv_cache_tokens(found: list[CheckFinding], flags: dict, version: str, model
 
 
 def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, gpu_memory: int | None,
-              text: str = "") -> list[CheckFinding]:
-    """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits."""
+              text: str = "", mean_request_tokens: int | None = None) -> list[CheckFinding]:
+    """What plan predicts for this launch: start-up failure, or max_num_seqs above what fits: at the
+    mean request length where it is given (a warning with the value), else only as the worst case
+    (every request at max_model_len), said to be an assumption, with no value prescribed (a note)."""
     kvb = flags.get("--kv-cache-memory-bytes")
     if model_config is None or (gpu_memory is None and not kvb):
         return []
-    p = _launch_plan(flags, version, model_config, gpu_memory)
+    p = _launch_plan(flags, version, model_config, gpu_memory, mean_request_tokens=mean_request_tokens)
     if p is None:
         return []
     out = []
@@ -288,23 +291,28 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
         return out
     conc = p.concurrency["at_max_model_len"]
     seqs = p.settings["max_num_seqs"]
-    if seqs > conc and "--max-num-seqs" in flags:
+    at_mean = p.concurrency.get("at_mean_request_length")
+    line = _flag_line(la, text, "--max-num-seqs")
+    if mean_request_tokens and at_mean is not None:
+        if seqs > at_mean and "--max-num-seqs" in flags:
+            out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but at the mean request of {mean_request_tokens:,} tokens "
+                                    f"the KV cache holds {at_mean:,} requests at once ({p.concurrency['mean_arithmetic']}); "
+                                    f"once they fill it, vLLM preempts (RECOMPUTE) instead of admitting more", la.file,
+                                    line, level="warning", fix={"setting": "--max-num-seqs", "value": max(1, int(at_mean)),
+                                                                "alternatives": []}))
+    elif seqs > conc and "--max-num-seqs" in flags:
         mml = p.settings["max_model_len"]
-        fit = int(conc)
-        bs = p.settings["block_size"]
-        fit_len = p.pool["num_gpu_blocks"] // seqs * bs
         out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but the KV cache holds {p.pool['kv_cache_tokens']:,} "
                                 f"tokens = {conc:.2f} requests of {mml:,} tokens ({p.kv_per_token['bytes_per_token']:,} "
-                                f"B/token, {p.pool['num_gpu_blocks']:,} blocks); once long requests fill it, vLLM "
-                                f"preempts (RECOMPUTE) instead of admitting more", la.file,
-                                _flag_line(la, text, "--max-num-seqs"), level="warning",
-                                fix={"setting": "--max-num-seqs", "value": max(1, fit),
-                                     "alternatives": [f"--max-model-len {fit_len}"] if fit_len >= bs else []}))
+                                f"B/token, {p.pool['num_gpu_blocks']:,} blocks): assumed the worst case, every request "
+                                f"growing to max_model_len. vLLM preempts only when requests really fill the cache, so "
+                                f"how many fit at your mean request length decides; give it (--mean-request-tokens N) "
+                                f"for a value", la.file, line, level="note"))
     return out
 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,
-               gpu_memory: int | None = None, kind: str | None = None,
+               gpu_memory: int | None = None, kind: str | None = None, mean_request_tokens: int | None = None,
                recorded: frozenset[str] = frozenset(), detected: tuple[str, object] | None = None) -> CheckResult:
     """Findings for one file. ``recorded``: series that Prometheus rule files checked in the same run
     record (a dashboard that queries them queries no vLLM series)."""
@@ -318,7 +326,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     findings: list[CheckFinding] = []
     launches: list[Launch] = []
     if kind_ == "markdown":
-        return _check_markdown(text, name, vllm_version, model_config, gpu_memory, recorded)
+        return _check_markdown(text, name, vllm_version, model_config, gpu_memory, recorded, mean_request_tokens)
     if kind_ == "shell":
         launches = read_shell(text, name, findings)
         scan_modules(text, name, 1, findings)
@@ -353,7 +361,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         _kv_cache_tokens(found, flags, version, model_config, gpu_memory)
         findings += found
         findings += lint_shm(la, flags)
-        findings += _capacity(la, flags, version, model_config, gpu_memory, text)
+        findings += _capacity(la, flags, version, model_config, gpu_memory, text, mean_request_tokens)
     seen, uniq = set(), []
     for f in sorted(findings, key=lambda f: (f.line, f.rule_id)):
         key = (f.rule_id, f.line, f.message)
@@ -363,14 +371,16 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
     return CheckResult(name, kind_, version, source, uniq, len([la for la in launches if la.argv or la.env]))
 
 
-def _check_markdown(text: str, name: str, vllm_version, model_config, gpu_memory, recorded) -> CheckResult:
+def _check_markdown(text: str, name: str, vllm_version, model_config, gpu_memory, recorded,
+                    mean_request_tokens: int | None = None) -> CheckResult:
     """Each fenced code block checked as what it holds, its findings on the Markdown file's lines."""
     res = CheckResult(name, "markdown", vllm_version or NEWEST,
                       "--vllm-version" if vllm_version else "unknown: judged as the newest examined release")
     versions_seen = []
     for start, pseudo, body in markdown_blocks(text):
         det = detect(body, pseudo)
-        r = check_text(body, pseudo, vllm_version, model_config, gpu_memory, recorded=recorded, detected=det)
+        r = check_text(body, pseudo, vllm_version, model_config, gpu_memory, recorded=recorded, detected=det,
+                       mean_request_tokens=mean_request_tokens)
         if r.version_source == "image tag":
             versions_seen.append(r.vllm_version)
         res.launches += r.launches

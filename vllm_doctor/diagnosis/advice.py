@@ -15,10 +15,13 @@ Concurrency (``--max-num-seqs``) is sized from what the server was seen doing, i
 That number is what the KV cache *held*; it is not by itself a fix for preemption. vLLM preempts
 when the cache is full, so the sequences that ran then are what it preempted at: a
 ``--max-num-seqs`` at or above that count changes nothing. :attr:`Concurrency.admit` is the
-value a rule may recommend: the never-preempt bound when it is below what ran under pressure
-(that is the only value that *stops* preemption: every admitted sequence can grow to
-max_model_len), else the observed value when it is below (it only *reduces* preemption), else
-none.
+value a rule may recommend, below what ran under pressure: what the server ran in an interval
+where vLLM counted no preemption (V1's ``Preemptions: 0``), or what the KV cache holds at the
+longest length a running sequence was seen to hold (usage x KV cache tokens / running, at its
+largest), whichever is larger. That is the never-preempt bound (every sequence at max_model_len)
+only where requests really grow to max_model_len; the bound itself is used only when nothing
+was seen running, and then said to be assumed. Rules give it only where preemptions were
+counted (the harm it removes).
 
 Every rule that recommends ``--max-num-seqs`` calls :func:`concurrency` (exposed to rule
 expressions), so preemption-storm and kv-capacity-bound cannot disagree. The block arithmetic is
@@ -65,6 +68,19 @@ class Concurrency:
     pressure_running: int | None = None
     pressure_sample: Any = None
     pressure_full: bool = False
+    #: the most KV cache tokens a running sequence was seen to hold (usage x KV cache tokens /
+    #: running, over every sample), that sample, and how many such sequences the cache holds
+    longest_per_sequence: float | None = None
+    longest_sample: Any = None
+    longest_fit: int | None = None
+    #: the most sequences running in a stats interval for which vLLM counted no preemption
+    #: (V1's "Preemptions: 0"), and that line: what the server ran without preempting
+    clean_running: int | None = None
+    clean_sample: Any = None
+    #: the fewest sequences running in a stats interval for which vLLM counted preemptions, and
+    #: that line: a --max-num-seqs at or above it is known not to stop them
+    preempting_running: int | None = None
+    preempting_sample: Any = None
 
     def bytes_for(self, kv_cache_memory_bytes: int | None, sequences: int | None) -> int | None:
         """The ``--kv-cache-memory-bytes`` that holds ``sequences`` at the size observed per
@@ -113,21 +129,41 @@ class Concurrency:
     # ---- the --max-num-seqs fix --------------------------------------------------------------
     @property
     def admit(self) -> int | None:
-        """The ``--max-num-seqs`` that changes preemption: the never-preempt bound when it is below
-        what ran under pressure (or nothing was seen running), else the observed value when it is
-        below that, else None (a value at or above what vLLM already ran is no fix)."""
+        """The ``--max-num-seqs`` that removes preemption, below what ran under pressure (a value at
+        or above what vLLM already ran is no fix): what the server ran in an interval without
+        preemption where vLLM says so, or what the KV cache holds at the longest length a running
+        sequence was seen to hold (that is the never-preempt bound only where requests really grow
+        to max_model_len), the larger of the two; with nothing observed running, the never-preempt
+        bound (assumed)."""
+        return self._admit()[0]
+
+    def _admit(self) -> tuple[int | None, str | None]:
         p = self.pressure_running
-        if self.never_preempt is not None and (p is None or self.never_preempt < p):
-            return self.never_preempt
-        if self.value is not None and p is not None and self.value < p and self.method != "never-preempt-bound":
-            return self.value
-        return None
+        if p is None:
+            return self.never_preempt, None if self.never_preempt is None else "never-preempt-bound"
+        # below what ran under pressure, and below the fewest vLLM was seen preempting at
+        cap = p if self.preempting_running is None else min(p, self.preempting_running)
+        below = [(v, m) for v, m in ((self.clean_running, "ran-without-preemption"),
+                                     (self.longest_fit, "longest-observed")) if v is not None and v < cap]
+        if below:
+            return max(below, key=lambda x: x[0])
+        if self.never_preempt is not None and self.never_preempt < cap:
+            return self.never_preempt, "below-preempting"
+        return None, None
+
+    @property
+    def admit_method(self) -> str | None:
+        """How :attr:`admit` was obtained: ``ran-without-preemption`` | ``longest-observed`` |
+        ``below-preempting`` (the never-preempt bound, vLLM having preempted at every count the
+        observations give) | ``never-preempt-bound`` (assumed: nothing was seen running)."""
+        return self._admit()[1]
 
     @property
     def admit_stops(self) -> bool:
-        """True when :attr:`admit` is the never-preempt bound (it stops preemption), False when it
-        only reduces it."""
-        return self.admit is not None and self.admit == self.never_preempt
+        """True when :attr:`admit` is at or below the never-preempt bound (no admitted sequence can
+        be preempted, however long it grows), False when it only stops it at the lengths seen."""
+        a = self.admit
+        return a is not None and self.never_preempt is not None and a <= self.never_preempt
 
     @property
     def _pressure(self) -> str:
@@ -149,40 +185,67 @@ class Concurrency:
         return f"{self.pressure_running} ran {how}"
 
     @property
+    def _bound(self) -> str:
+        """The never-preempt bound as a clause, with its blocks."""
+        if self.never_preempt is None:
+            return "the never-preempt bound is unknown (the KV cache size or max_model_len is not in the inputs)"
+        blocks = ""
+        if self.block_size and self.block_size > 1 and self.kv_cache_tokens and self.max_model_len:
+            per = -(-int(self.max_model_len) // int(self.block_size))
+            blocks = (f" ({int(self.kv_cache_tokens) // int(self.block_size):,} blocks of {self.block_size} "
+                      f"tokens / {per:,} blocks per sequence)")
+        return (f"never-preempt bound: {self.kv_cache_tokens:,} KV cache tokens / max_model_len "
+                f"{self.max_model_len:,} = {self.never_preempt}{blocks}")
+
+    @property
     def admit_why(self) -> str:
-        """The reason for :attr:`admit`, in words (what it stops or only reduces, and its cost)."""
-        if self.admit is None:
+        """The reason for :attr:`admit`, in words (what it removes, and its cost)."""
+        m = self.admit_method
+        if m is None:
             return ""
-        if self.admit_stops:
-            ran = "" if self.pressure_running is None else f" ({self._ran})"
-            return (f"No running sequence can be preempted: the KV cache holds {_n(self.admit, 'sequence')} even if "
-                    f"every one grows to max_model_len{ran}; the rest wait in the queue, so concurrency is "
-                    f"lower than what ran.")
-        bound = ("the KV cache size or max_model_len is not in the inputs" if self.never_preempt is None else
-                 f"above the never-preempt bound of {self.never_preempt}")
-        return (f"Fewer preemptions, not none: {self.admit} is below what vLLM ran ({self._ran}), but "
-                f"sequences that grow can still be preempted ({bound}).")
+        if m == "never-preempt-bound":
+            return (f"Assumed: no running sequence can be preempted at {self.admit}, even if every one grows to "
+                    f"max_model_len; no sample shows how long requests really grow, so this is the worst case.")
+        if m == "ran-without-preemption":
+            return (f"vLLM ran {self.admit} at once without preempting ({self._ran} and preempted); the rest "
+                    f"wait in the queue instead of being preempted and recomputed.")
+        if m == "below-preempting":
+            return (f"No running sequence can be preempted: the KV cache holds {_n(self.admit, 'sequence')} even if every "
+                    f"one grows to max_model_len, and vLLM preempted even with {self.preempting_running} running; "
+                    f"the rest wait in the queue instead of being preempted and recomputed.")
+        long = f"{self.longest_per_sequence:,.0f}"
+        tail = (" even if every one grows to max_model_len" if self.admit_stops else
+                f" at the longest length observed ({long} tokens a sequence); longer ones can still be preempted")
+        return (f"The KV cache holds {_n(self.admit, 'sequence')}{tail} ({self._ran}); the rest wait in the "
+                f"queue instead of being preempted and recomputed.")
 
     @property
     def admit_text(self) -> str:
-        """The arithmetic of :attr:`admit`: the bound or the observation, against what ran under pressure."""
-        if self.admit is None:
+        """The arithmetic of :attr:`admit`: the observation (or the bound), against what ran under pressure."""
+        m = self.admit_method
+        if m is None:
             return "unknown"
-        if self.admit_stops:
-            blocks = ""
-            if self.block_size and self.block_size > 1 and self.kv_cache_tokens and self.max_model_len:
-                per = -(-int(self.max_model_len) // int(self.block_size))
-                blocks = (f" ({int(self.kv_cache_tokens) // int(self.block_size):,} blocks of {self.block_size} "
-                          f"tokens / {per:,} blocks per sequence)")
-            return (f"never-preempt bound: {self.kv_cache_tokens:,} KV cache tokens / max_model_len "
-                    f"{self.max_model_len:,} = {self.never_preempt}{blocks}; {self._pressure}")
-        where = _where(self.sample)
-        if self.method == "running-at-full":
-            seen = (f"{_n(self.running, 'sequence')} {'was' if self.running == 1 else 'were'} running when the KV cache "
-                    f"was full ({self.usage_ratio:.1%}{where})")
-        else:
-            seen = self.text.split("; the never-preempt bound")[0]
-        return f"{seen}; {self._pressure}"
+        if m == "never-preempt-bound":
+            return f"{self._bound} (a worst case: nothing was seen running); {self._pressure}"
+        if m == "below-preempting":
+            return (f"{self._bound}; vLLM counted preemptions with {self.preempting_running} running "
+                    f"({_where(self.preempting_sample).lstrip(', ')}); {self._pressure}")
+        if m == "ran-without-preemption":
+            s = self.clean_sample
+            return (f"{self.clean_running} running with no preemption counted in the interval "
+                    f"({_where(s).lstrip(', ')}); {self._pressure}")
+        s = self.longest_sample
+        bs = f", in whole blocks of {self.block_size} tokens" if self.block_size and self.block_size > 1 else ""
+        bound = "" if self.never_preempt is None else f"; {self._bound}"
+        return (f"{s.kv_cache_usage_ratio:.1%} x {self.kv_cache_tokens:,} KV cache tokens / {s.num_running} running = "
+                f"{self.longest_per_sequence:,.0f} tokens per sequence at most ({_where(s).lstrip(', ')}); "
+                f"{self.kv_cache_tokens:,} / {self.longest_per_sequence:,.0f} = {_n(self.admit, 'sequence')}{bs}"
+                f"{bound}; {self._pressure}")
+
+
+def _n(count: int | None, noun: str) -> str:
+    """``1 sequence``, ``2 sequences`` (English plural: the noun's last word takes an s)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _n(count: int | None, noun: str) -> str:
@@ -221,6 +284,21 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
     top = max(pressed or seen_running, key=lambda x: x.num_running, default=None)
     common.update(pressure_running=None if top is None else int(top.num_running), pressure_sample=top,
                   pressure_full=id(top) in full_ids)
+    if kv_cache_tokens and samples:
+        lng = max(samples, key=lambda x: (x.kv_cache_usage_ratio / x.num_running, x.num_running))
+        per = lng.kv_cache_usage_ratio * kv_cache_tokens / lng.num_running
+        if per > 0:
+            fit = max(1, concurrency_at_length(blocks, math.ceil(per), bs))
+            common.update(longest_per_sequence=per, longest_sample=lng,
+                          longest_fit=fit if never is None else max(fit, never))
+    clean = [s for s in stats if getattr(s, "preemptions", None) == 0 and s.num_running is not None
+             and s.num_running >= 1]
+    if clean:
+        cs = max(clean, key=lambda x: x.num_running)
+        common.update(clean_running=int(cs.num_running), clean_sample=cs)
+    if counted:
+        ps = min(counted, key=lambda x: x.num_running)
+        common.update(preempting_running=int(ps.num_running), preempting_sample=ps)
     if full:
         s = max(full, key=lambda x: (x.num_running, x.kv_cache_usage_ratio))
         return Concurrency(int(s.num_running), "running-at-full", int(s.num_running), s.kv_cache_usage_ratio,
@@ -235,6 +313,58 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
     if never is not None:
         return Concurrency(never, "never-preempt-bound", **common)
     return Concurrency(None, None, **common)
+
+
+@dataclass(frozen=True)
+class EngineBalance:
+    """How the data-parallel engines of one server compare over a window. hot: engines whose KV
+    cache was full with requests waiting in most of their samples; idle: engines with no request
+    waiting and the KV cache below the idle ratio in most of theirs; ``lines``: the newest sample
+    of each hot and idle engine (the evidence); ``peak``: engine -> (most running, most waiting,
+    highest KV cache usage) over the window."""
+
+    hot: list[int]
+    idle: list[int]
+    lines: list
+    peak: dict
+
+    @property
+    def imbalanced(self) -> bool:
+        return bool(self.hot) and bool(self.idle)
+
+    def describe(self, engines: list[int]) -> str:
+        """``engine 0 (200 running, 300 waiting, KV cache 100%)``, joined with "and"."""
+        out = []
+        for e in engines:
+            r, w, kv = self.peak[e]
+            out.append(f"engine {e} ({r:,} running, {w:,} waiting, KV cache {kv:.0%})")
+        return " and ".join(out)
+
+
+def engine_balance(stats: list, metrics: list, full_ratio: float, idle_ratio: float,
+                   waiting_min: int) -> EngineBalance:
+    """Compare the engines (``engine_index``: V1's "Engine 000" stats lines, /metrics' ``engine``
+    label) of one window: see :class:`EngineBalance`. Fewer than two engines: nothing is hot or idle."""
+    per: dict[int, list] = {}
+    for s in list(stats) + list(metrics):  # a /metrics sample without an engine label has no engine_index
+        if (getattr(s, "engine_index", None) is not None and s.kv_cache_usage_ratio is not None
+                and s.num_waiting is not None):
+            per.setdefault(int(s.engine_index), []).append(s)
+    if len(per) < 2:
+        return EngineBalance([], [], [], {})
+    hot, idle, lines, peak = [], [], [], {}
+    for e, ss in sorted(per.items()):
+        peak[e] = (int(max(x.num_running or 0 for x in ss)), int(max(x.num_waiting for x in ss)),
+                   max(x.kv_cache_usage_ratio for x in ss))
+        n_hot = sum(1 for x in ss if x.kv_cache_usage_ratio >= full_ratio and x.num_waiting >= waiting_min)
+        n_idle = sum(1 for x in ss if x.kv_cache_usage_ratio < idle_ratio and x.num_waiting == 0)
+        if 2 * n_hot >= len(ss) and n_hot:
+            hot.append(e)
+            lines.append(ss[-1])
+        elif 2 * n_idle >= len(ss) and n_idle:
+            idle.append(e)
+            lines.append(ss[-1])
+    return EngineBalance(hot, idle, lines, peak)
 
 
 def relate_fixes(fixes: list[FlagFix], options: list[str | None]) -> None:
@@ -264,6 +394,13 @@ def fix_label(fx: FlagFix, fixes: list[FlagFix]) -> str:
     if fx.relation == "set":
         return f"option {fx.option} of {total}, applied together" if total > 1 else "apply together"
     return ""
+
+
+def fix_tag(fx: FlagFix, fixes: list[FlagFix]) -> str:
+    """:func:`fix_label` with the fix's evidence grade, as every report format shows it:
+    "option 1 of 2: pick one; evidence: counted", "evidence: assumed"."""
+    grade = getattr(fx, "grade", None)
+    return "; ".join(x for x in (fix_label(fx, fixes), f"evidence: {grade}" if grade else "") if x)
 
 
 def share_fixes(findings: list[Finding]) -> list[Finding]:

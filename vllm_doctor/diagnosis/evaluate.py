@@ -15,8 +15,8 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_doctor.diagnosis.advice import concurrency, relate_fixes
-from vllm_doctor.findings import Evidence, Finding, FlagFix
+from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
+from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
@@ -56,6 +56,12 @@ def render(template: str, ev: Evaluator) -> str:
         return str(val)
 
     return TEMPLATE_RE.sub(sub, template)
+
+
+def _grade(v: Any) -> str:
+    """A fix's evidence grade: counted | inferred | assumed (anything else is the rule's fault:
+    read as the weakest, assumed)."""
+    return v if v in GRADES else "assumed"
 
 
 def _flag_value(v: Any) -> str | None:
@@ -119,9 +125,10 @@ def _rule_exprs(rule: Rule) -> tuple[str, ...]:
         out += [f.value] + ([f.if_] if f.if_ else [])
         texts += [f.why] + ([f.arithmetic] if f.arithmetic else [])
     out += [e.if_ for e in rule.escalate]
-    for c in rule.checks:
+    for c in list(rule.checks) + list(rule.collect):
         out += [c.if_] if c.if_ else []
         texts.append(c.text)
+    out += [rule.grade] + [f.grade for f in rule.fixes if f.grade]
     out += [split_placeholder(m.group(1))[0] for t in texts for m in TEMPLATE_RE.finditer(t)]
     return tuple(out)
 
@@ -336,6 +343,17 @@ class RuleEngine:
                 continue
             rule, ev, values = got
             if any(u in fired for u in rule.unless):
+                # another rule explains it: an occurrence opened within this rule's window is
+                # withdrawn (it was judged before the explaining lines arrived: the engines of one
+                # interval log one after another), an older one stays as history
+                prev = self.findings.get(rule.id)
+                span = self.ruleset.window_seconds(rule)
+                if span is None:  # a whole-log rule: fresh within one incident's merge gap
+                    span = self._thresholds.incident_merge_gap_seconds
+                if (prev is not None and prev.active and now is not None
+                        and prev.first_seen is not None and now - prev.first_seen <= span
+                        and self._run_of.get(rule.id) == state.run_index):
+                    del self.findings[rule.id]
                 continue
             f = self._finding(rule, ev, values, state)
             self._errored(rule, ev.errors)
@@ -501,6 +519,8 @@ class RuleEngine:
             stalls=lambda: [x for x in stalls(list(state.stats), Window(state, None).engine_metrics(), state.now,
                                               int(self._thresholds.engine_stalled_min_intervals))
                             if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
+            engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(), self._thresholds.kv_cache_full_ratio,
+                                                  self._thresholds.fleet_idle_kv_ratio, self._thresholds.waiting_min),
             concurrency=lambda: concurrency(win.stats(), win.engine_metrics(), facts.get("kv_cache_tokens"),
                                             facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
                                             facts.get("block_size")),
@@ -591,7 +611,7 @@ class RuleEngine:
             if value is None:
                 continue
             made = FlagFix(fx.flag, value, render(fx.why, ev), render(fx.arithmetic, ev) if fx.arithmetic else None,
-                           fx.kind)
+                           fx.kind, grade=_grade(ev(fx.grade or rule.grade)))
             flags_done.add(fx.flag)
             if (fx.kind == "flag" or fx.flag.startswith("VLLM_")) and not flag_exists(fx.flag, state.vllm_version):
                 first = flag_first_version(fx.flag)
@@ -605,16 +625,19 @@ class RuleEngine:
             names = " and ".join(f.command() for _, f in upgrade)
             fixes.append(FlagFix("vllm", f">={need}", f"vLLM {state.vllm_version} has no {names.split(' ')[0]}"
                                  f"{'' if len(upgrade) == 1 else ' (nor the others of this set)'}: upgrade to "
-                                 f">= {need} and set {names}.", None, "upgrade"))
+                                 f">= {need} and set {names}.", None, "upgrade", grade=upgrade[0][1].grade))
             options.append("upgrade")
             for _, f in upgrade:
                 fixes.append(f)
                 options.append("upgrade")
         relate_fixes(fixes, options)
+        checks = [c for c in rule.checks if c.if_ is None or ev(c.if_)]
         return Finding(
             rule_id=rule.id, name=rule.name, severity=next((e.severity for e in rule.escalate if ev(e.if_)), rule.severity),
             title=rule.title,
             message=self._message(rule, ev), evidence=evidence, fixes=fixes,
             values={k: _jsonable(v) for k, v in values.items()}, notes=notes,
-            checks=[render(c.text, ev).strip() for c in rule.checks if c.if_ is None or ev(c.if_)],
+            checks=[render(c.text, ev).strip() for c in checks],
+            checks_first=bool(checks) and checks[0].first,
+            collect=next((render(c.text, ev).strip() for c in rule.collect if c.if_ is None or ev(c.if_)), None),
         )

@@ -73,6 +73,10 @@ class Fix(Strict):
     why: str
     arithmetic: str | None = None
     option: str | None = None  # fixes naming the same option go together; options are alternatives
+    # how the harm this fix removes is known (an expression giving counted | inferred | assumed):
+    # counted: vLLM's own counter or error line shows it; inferred: read from a pattern of samples;
+    # assumed: rests on something the inputs do not show (a default, a worst case). None: the rule's
+    grade: str | None = None
 
 
 #: The series a window aggregate can read (``windows.NAME.of``) and the class of their lines.
@@ -108,6 +112,7 @@ class Docs(Strict):
 class MessageCase(Strict):
     if_: str | None = Field(default=None, alias="if")
     text: str
+    first: bool = False  # checks only: this step comes before any fix (the verdict leads with it)
 
 
 class Escalation(Strict):
@@ -135,6 +140,9 @@ class Rule(Strict):
     message: str | list[MessageCase]  # a template, or cases: the first whose `if` holds
     fixes: list[Fix] = Field(default_factory=list)
     checks: list[MessageCase] = Field(default_factory=list)  # diagnostic steps (not fixes), each with an optional `if`
+    grade: str = "'inferred'"  # the evidence grade of its fixes (an expression), unless a fix says otherwise
+    # "not enough evidence": the one thing to collect that would decide (the first whose `if` holds)
+    collect: list[MessageCase] = Field(default_factory=list)
     docs: Docs
     source: str = ""
 
@@ -578,6 +586,11 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         if case.if_:
             check(case.if_, f"checks[{i}].if")
         check_template(case.text, f"checks[{i}]")
+    check(rule.grade, "grade")
+    for i, case in enumerate(rule.collect):
+        if case.if_:
+            check(case.if_, f"collect[{i}].if")
+        check_template(case.text, f"collect[{i}]")
     for i, f in enumerate(rule.fixes):
         if f.kind == "env":
             if not re.fullmatch(r"[A-Z][A-Z0-9_]*", f.flag):
@@ -587,6 +600,8 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         elif not known_flag(f.flag):
             raise RuleLoadError(f"{at(f'fixes[{i}].flag')}: {f.flag!r} is not a flag of any vLLM version")
         check(f.value, f"fixes[{i}].value")
+        if f.grade:
+            check(f.grade, f"fixes[{i}].grade")
         if f.if_:
             check(f.if_, f"fixes[{i}].if")
         check_template(f.why, f"fixes[{i}].why")

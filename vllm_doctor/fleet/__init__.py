@@ -514,6 +514,23 @@ def _scoped(f: Finding, replica: str) -> Finding:
     return replace(f, title=f"{replica}: {f.title}", values={**f.values, "replica": replica})
 
 
+def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]) -> list[Finding]:
+    """A replica that a replica-imbalance finding names as saturated while others idled is short of
+    routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no capacity
+    fix (more KV cache, fp8, more GPUs), and says where the fix is."""
+    from dataclasses import replace
+
+    hot = {e.source.removeprefix("prometheus:") for f in fleet_findings if f.name == "replica-imbalance"
+           for e in f.evidence}  # its evidence: the saturated replicas
+    out = []
+    for f in findings:
+        if f.name == "kv-capacity-bound" and f.values.get("replica") in hot:
+            f = replace(f, fixes=[], notes=[*f.notes, "Other replicas idled meanwhile (replica-imbalance): the "
+                                            "router, not this replica's KV cache, is the fix; see that finding."])
+        out.append(f)
+    return out
+
+
 def _sidecar_finding(ruleset, rid: str, labels: dict, first: float, last: float) -> Finding:
     rule = ruleset.by_key(rid)
     title = rule.title if rule is not None else labels.get("name", rid)
@@ -582,6 +599,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     fleet = FleetRuleEngine(fleet_rules, fleet_namespace(replicas, engines, reps, t, t_since, t_until,
                                                                  fleet_lat, step_s))
     fleet_findings = fleet.run(t_until)
+    findings = _routing_not_capacity(findings, fleet_findings)
     sev = {"info": 0, "warning": 1, "critical": 2}
     all_findings = sorted(fleet_findings + findings, key=lambda f: (-sev[f.severity], f.rule_id, f.title))
     report = Report(

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from vllm_doctor.diagnosis.advice import fix_label
+from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
 from vllm_doctor.units import human_bytes
@@ -199,7 +199,8 @@ def plural(n: int, word: str) -> str:
 
 def verdict(rep: Report) -> dict:
     """What the report opens with: ``status`` (nothing | ok | critical | warning | info),
-    ``headline`` (one line: what happened), ``first`` (the first fix of the most severe finding,
+    ``headline`` (one line: what happened, and "Not enough evidence: ..." naming the one thing to
+    collect where the top finding says so), ``first`` (the first fix of the most severe finding,
     as typed, or the step to take when it has none), ``why`` (its reason) and ``more`` (the names
     of the other findings)."""
     lines = sum(s["lines_total"] for s in rep.sources)
@@ -236,12 +237,23 @@ def verdict(rep: Report) -> dict:
     if getattr(top, "run", 0) < (runs.get("index") or 0) and runs.get("started") is not None:
         head += f"; vLLM restarted at {fmt_time(runs['started'])} and has not served yet"
     checks = getattr(top, "checks", None) or []  # diagnostic steps (issue 11's advice half)
+    collect = getattr(top, "collect", None)  # not enough evidence: the one thing that would decide
+    if collect:
+        head += f". Not enough evidence: {collect}"
     # a fix two occurrences share is listed under the first: the verdict's step is the incident's
     fixes = top.fixes or next((f.fixes for f in rep.findings if f.name == top.name and f.fixes), [])
-    if fixes:
+    if checks and getattr(top, "checks_first", False):  # a step that comes before any fix
+        parts = [(checks[0], "")]
+        if fixes:
+            parts = first_step_parts(fixes)
+            parts[0] = (f"{checks[0].rstrip('.')}; only if that cannot be done, {parts[0][0]}", parts[0][1])
+        why = None
+    elif fixes:
         parts, why = first_step_parts(fixes), fixes[0].why
     elif checks:
         parts, why = [(checks[0], "")], None
+    elif collect:
+        parts, why = [("collect the evidence named above;", f"vllm-doctor explain {top.name}")], None
     else:
         parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
@@ -439,7 +451,7 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.fixes:
             lines.append(c("1", "  Fix:"))
             for fx in f.fixes:
-                label = fix_label(fx, f.fixes)
+                label = fix_tag(fx, f.fixes)
                 lines.append(f"    {fix_command(fx)}" + (f"   ({label})" if label else ""))
                 lines.append(f"        why: {fx.why}")
                 if fx.arithmetic:
@@ -518,7 +530,7 @@ def to_markdown(rep: Report) -> str:
             out.append("**Fix**")
             out.append("")
             for fx in f.fixes:
-                label = fix_label(fx, f.fixes)
+                label = fix_tag(fx, f.fixes)
                 size = f" ({fix_size(fx)})" if fix_size(fx) else ""
                 out.append(f"- `{fx.command()}`{size}{' (' + label + ')' if label else ''}: {_md(fx.why)}"
                            + (f" ({_md(fx.arithmetic)})" if fx.arithmetic else ""))
@@ -559,7 +571,7 @@ def jinja_env() -> Environment:
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
-        _env.globals["fix_label"] = fix_label
+        _env.globals["fix_label"] = fix_tag  # with the evidence grade
         _env.globals["fix_size"] = fix_size
         _env.globals["fact_words"] = fact_words
         _env.globals["fact_value"] = fact_value

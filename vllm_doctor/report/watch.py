@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from vllm_doctor.diagnosis.advice import fix_label
+from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.export.serve import ServeConfig, Sidecar, human_duration
 from vllm_doctor.report.render import fix_command, fmt_span, fmt_time, live_verdict
 
@@ -133,7 +133,7 @@ class WatchView:
             for f in active:
                 body = Text(f.message)
                 for x in f.fixes:  # as the page lists them: the command, its relation, why, the arithmetic
-                    label = fix_label(x, f.fixes)
+                    label = fix_tag(x, f.fixes)
                     body.append(f"\n  {fix_command(x)}", style="bold")
                     body.append((f"  ({label})" if label else "") + f"\n      why: {x.why}")
                     if x.arithmetic:

@@ -22,6 +22,8 @@ counters and what they are computed from) as JSON, for the sidecar's checkpoint.
 
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +47,7 @@ FACT_NAMES = (
     "preemptions_total", "peak_num_running", "peak_num_waiting", "peak_kv_cache_usage_ratio",
     "kv_cache_memory_bytes", "available_kv_cache_bytes", "device_total_memory_bytes", "kv_device",
     "model_weights_bytes", "cpu_offload_kv_tokens", "preemptions_inferred", "oom_events_total",
-    "quantization", "swap_space", "workers_seen",
+    "quantization", "swap_space", "workers_seen", "parallel_size_seen", "model",
 )
 #: Kinds that are series (kept in ``stats`` / ``metrics`` / ``gpus``) or sticky, not event rings.
 SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"})
@@ -569,7 +571,20 @@ class State:
         self.defaulted = defaulted
         f["preemptions_inferred"] = self.preemptions_inferred()
         f["workers_seen"] = len(self.worker_pids)
+        f["parallel_size_seen"] = self.parallel_size_seen()
         return f
+
+    def parallel_size_seen(self) -> int | None:
+        """The fewest GPU workers (tensor x pipeline parallel) the worker processes prove: V1's
+        ``VllmWorker rank=N`` / ``VllmWorker-N`` / ``Worker_TPN`` count from rank 0, so the highest rank + 1 and the
+        distinct processes both bound it; V0's ``VllmWorkerProcess`` are the ranks beside the
+        driver, which runs rank 0 in the engine's own process (one more). None: no worker seen."""
+        if not self.worker_pids:
+            return None
+        ranks = [int(m.group(1)) for name, _ in self.worker_pids
+                 if (m := re.search(r"(?:rank=|[-_]|TP)(\d+)$", name))]
+        v0 = any(name == "VllmWorkerProcess" for name, _ in self.worker_pids)
+        return max(len(self.worker_pids) + (1 if v0 else 0), max(ranks) + 1 if ranks else 0)
 
     def preemptions_inferred(self) -> bool:
         """True when no source reports preemptions but the stats show their signature: KV cache

@@ -394,11 +394,11 @@ def test_a_shared_fix_leaves_the_other_options_numbered_1_to_n_in_every_format()
                  findings=[first, second], sources=[{"name": "vllm.log", "lines_total": 9, "unparsed_lines": 0,
                                                      "vllm_lines": 9}])
     text = to_text(rep)
-    assert "--tensor-parallel-size 2   (option 2 of 2: pick one)" in text and "of 2: pick one)" in text
+    assert "--tensor-parallel-size 2   (option 2 of 2: pick one; evidence: inferred)" in text
     assert "option 4" not in text and "option 3" not in text
     assert [x["option"] for x in rep.to_dict()["findings"][1]["fixes"]] == [1, 2]
-    assert "`--tensor-parallel-size 2` (option 2 of 2: pick one)" in FORMATS["markdown"](rep)
-    assert "<code class=\"fix\">--tensor-parallel-size 2</code> <em>(option 2 of 2: pick one)</em>" in FORMATS["html"](rep)
+    assert "`--tensor-parallel-size 2` (option 2 of 2: pick one; evidence: inferred)" in FORMATS["markdown"](rep)
+    assert "<code class=\"fix\">--tensor-parallel-size 2</code> <em>(option 2 of 2: pick one; evidence: inferred)</em>" in FORMATS["html"](rep)
     # one option left: the only thing to do, no "option 1 of 1"
     lone = share_fixes([storm, finding("VD004", "kv-capacity-bound", [("--max-num-seqs", "8"), ("--block-size", "32")])])[1]
     assert [(x.flag, x.option, x.relation) for x in lone.fixes] == [("--block-size", 1, "only")]

@@ -195,7 +195,7 @@ def test_page_marks_fix_alternatives_as_diagnose_does(tmp_path):
     # evidence grade (issue 20), as diagnose shows it
     assert '<li><code class="fix">--kv-cache-memory-bytes 16777216</code> (16 MiB) <em>(evidence: counted)</em>' in fixes[0]
     assert "--max-num-seqs" not in fixes[0]
-    assert "code.fix{white-space:nowrap}" in page
+    assert "code.fix{white-space:nowrap;" in page
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "vllm.log").write_bytes(V1_RUN)       # the same name in the arithmetic's line reference
     report = to_html(diagnose([str(tmp_path / "d" / "vllm.log")]))

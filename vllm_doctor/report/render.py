@@ -257,8 +257,10 @@ def verdict(rep: Report) -> dict:
     else:
         parts = [(f"read the evidence of {top.name} below; then", f"vllm-doctor explain {top.name}")]
         why = top.notes[0] if top.notes else None
-    size = ", ".join(f"{fx.flag} {fix_size(fx)}" for fx in fixes if fix_size(fx)
-                     and fx.option == fixes[0].option) if fixes and hasattr(fixes[0], "option") else ""
+    sized = [fx for fx in fixes if fix_size(fx) and fx.option == fixes[0].option] if fixes and hasattr(
+        fixes[0], "option") else []
+    # one byte value in the step: its size alone (16 MiB); several: each named by its flag
+    size = fix_size(sized[0]) if len(sized) == 1 else ", ".join(f"{fx.flag} {fix_size(fx)}" for fx in sized)
     first = ", then ".join(f"{p} {c}".strip() for p, c in parts) + (f" ({size})" if size else "")
     # first: the whole step in words (text); first_parts: [words, what to type] for formats that
     # set the typed part as code (markdown, html); first_size: a byte value's size in words

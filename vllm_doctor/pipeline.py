@@ -452,6 +452,7 @@ class Pipeline:
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
             timeline=st.timeline.snapshot(),
+            startup=[x.to_dict() for x in st.startups.items],
             time_range=None if self.time_range == (None, None) else {
                 "since": self.time_range[0], "until": self.time_range[1],
                 "log_first_ts": self._first_ts, "log_last_ts": self._max_ts,
@@ -481,6 +482,8 @@ class Report:
     # diagnose --since / --until on logs: the span (epoch s, log clock), the log's first and last
     # times, and how many events fell in it and outside it; None without a span
     time_range: dict | None = None
+    # the engine starts seen, oldest first, each with its timed phases (state/startup.py Startup.to_dict)
+    startup: list[dict] = field(default_factory=list)
 
     @property
     def nothing_in_range(self) -> bool:
@@ -509,6 +512,7 @@ class Report:
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
             "timeline": self.timeline,
+            "startup": self.startup,
             **({"time_range": {**self.time_range, "nothing_in_range": self.nothing_in_range}}
                if self.time_range else {}),
             **({"replicas": self.replicas} if self.replicas else {}),

@@ -14,6 +14,7 @@ from vllm_doctor.diagnosis.advice import fix_label
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
 from vllm_doctor.diagnosis.expr import human_bytes
+from vllm_doctor.state.startup import PHASES as STARTUP_PHASES
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -211,6 +212,21 @@ def version_line(rep: Report) -> str:
     return f"vLLM {ver}, {eng}"
 
 
+def startup_lines(starts: list[dict]) -> list[str]:
+    """One line per engine start (the newest 8): where it began, each timed phase, how it ended."""
+    out = []
+    for s in starts[-8:]:
+        phases = ", ".join(f"{p['label']} {fmt_secs(p['seconds'])}" for p in s["phases"]) or "no timed phase logged"
+        end = (f"ready after {fmt_secs(s['wall_seconds'])}" if s["wall_seconds"] is not None
+               else "ready" if s["served"] else "failed before serving" if s["failed"] else "not ready in this log")
+        out.append(f"{s['source']}:{s['lineno']} ({fmt_time(s['started']) or 'untimed'}): {phases}; {end}")
+    return out
+
+
+def fmt_secs(v: float) -> str:
+    return f"{v:.1f} s" if v < 10 else f"{v:.0f} s"
+
+
 def to_text(rep: Report, color: bool = False) -> str:
     """Plain text; with ``color`` (a terminal) severities are coloured with ANSI codes. Opens
     with the verdict and what to do first, then the findings, then the facts."""
@@ -264,6 +280,10 @@ def to_text(rep: Report, color: bool = False) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(len(REPLICA_COLUMNS) - 1)]
         for r in rows:
             lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
+    if rep.startup:
+        lines.append("")
+        lines.append(c("1", f"Start-up ({plural(len(rep.startup), 'engine start')})"))
+        lines.extend(f"  {ln}" for ln in startup_lines(rep.startup))
     seen, dflt = split_facts(rep)
     if seen:
         lines.append("")
@@ -330,6 +350,8 @@ def to_markdown(rep: Report) -> str:
         out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
         out.append("")
     seen, dflt = split_facts(rep)
+    if rep.startup:
+        out += ["## Start-up", ""] + [f"- {_md(ln)}" for ln in startup_lines(rep.startup)] + [""]
     if seen:
         out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]
         out += [f"| `{k}` | {fmt_fact(k, val)} |" for k, val in seen]
@@ -363,6 +385,7 @@ def to_html(rep: Report) -> str:
     seen, dflt = split_facts(rep)
     return jinja_env().get_template("report.html.j2").render(
         rep=rep, verdict=verdict(rep), stop=nothing_judged(rep), plural=plural, facts_seen=seen, facts_default=dflt, span=fmt_span,
+        startup_phases=STARTUP_PHASES, secs=fmt_secs,
         version_line=version_line(rep), charts=charts(rep.timeline, finding_spans(rep.findings), rep.facts.get("preemptions_total")),
         replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas])
 

@@ -922,7 +922,8 @@ def _too_long(m, meta):
 _KV_XFER = [
     ("nixl", "transfer-failed", r"NIXL transfer failure: |NIXLConnectorWorker gets |NIXL_ERR_\w+"),
     ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)"),
-    ("nixl", "expired", r"Releasing expired KV blocks for request \S{1,200} which were retrieved by \d+"),
+    # the head alone: the request id and count that follow may be hard-wrapped onto the next line
+    ("nixl", "expired", r"Releasing expired KV blocks for request\b|Potentially invalid KV blocks for unrecognized request\b"),
     ("nixl", "unavailable", r"NIXL is not available"),
     ("kv-connector", "load-failed", r"Failing (?P<n>\d+) request\(s\) due to KV load failure|Recovered from KV load failure: (?P<r>\d+) request\(s\) rescheduled"),
     ("p2pnccl", "transfer-failed", r"P2pNcclEngine\w* .{0,80}(?:failed|timed out|[Ee]rror)"),
@@ -934,7 +935,7 @@ _KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate
 
 @matcher("kv-transfer-failure", _KV_XFER_RE.pattern, search=True,
          exc_types=frozenset(("RuntimeError", "TimeoutError", "nixlBackendError", "NixlError", "KeyError")) | ENGINE_DEAD_TYPES,
-         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ', 'Releasing expired KV blocks', 'NIXL is not available', 'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
+         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ', 'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available', 'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
          versions='0.9-0.33 (V1 KV connectors)', source='distributed/kv_transfer/kv_connector/v1/nixl_connector.py (0.9-0.1x), nixl/base_worker.py (0.2x+), v1/core/sched/scheduler.py (KV load failure policy), p2p_nccl_engine.py, lmcache_connector.py, mooncake',
          examples=(
              '(EngineCore_DP0 pid=123) ERROR 10-17 08:12:41 [nixl_connector.py:1412] NIXL transfer failure: NIXL_ERR_BACKEND | Context: {}',

@@ -140,11 +140,12 @@ class Startups:
     def mark(self, meta, mark: str) -> None:
         """A start's mark: "api" (API server version line), "banner" (the ASCII banner), "args"
         (the args echo), "init" (the engine-init echo). A mark the current start already has, or
-        any mark after it served or failed, begins a new start."""
+        any mark after it served or failed, begins a new start; engine-init echoes within
+        :data:`SAME_START_SECONDS` of a start under way are its engines (data parallel)."""
         cur = self.current
-        if cur is not None and mark == "init" and (cur.marks - {"init"}) and cur.ready is None and not cur.failed:
+        if cur is not None and mark == "init" and cur.ready is None and not cur.failed:
             if cur.started is None or meta.ts is None or meta.ts - cur.started <= SAME_START_SECONDS:
-                cur.marks.add(mark)  # an engine core's echo of the start under way
+                cur.marks.add(mark)  # an engine core's echo of the start under way (one per DP engine)
                 return
         if cur is None or mark in cur.marks or cur.ready is not None or cur.failed:
             cur = self._begin(meta)

@@ -25,7 +25,10 @@ sidecar's health: ``vllm_doctor_log_lines_total{source}``,
 ``vllm_doctor_scrape_errors_total``, ``vllm_doctor_rejected_values_total``,
 ``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_evaluations_total``,
 ``vllm_doctor_evaluation_seconds_total``, ``vllm_doctor_rule_errors_total{rule_id}``, ``vllm_doctor_last_evaluation_duration_seconds``,
-``vllm_doctor_build_info{version}``.
+``vllm_doctor_build_info{version}``. The start-up timeline and the host (issue 25):
+``vllm_doctor_startup_phase_seconds{phase}``, ``vllm_doctor_startup_seconds``,
+``vllm_doctor_startup_ready``, ``vllm_doctor_engine_starts_total``, ``host_memory_used_bytes``,
+``host_memory_limit_bytes``, ``vllm_process_resident_memory_bytes``.
 
 Labels are bounded: configured sources, GPU indexes, rule ids, NVML's compute processes. No
 prompt text, request id or other value from a log line becomes a label.

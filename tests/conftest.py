@@ -14,6 +14,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 LOGS = FIXTURES / "logs"
 METRICS = FIXTURES / "metrics"
 CORE_RULES = {"startup-oom", "preemption-storm", "prefill-blocking", "kv-capacity-bound",
+              "slow-startup", "restart-loop", "overload", "request-too-long", "kv-transfer-failure",
+              "gpu-unsupported", "prefix-cache-collapse", "host-memory-growth",
               "gpu-memory-leak", "nccl-failure", "runtime-oom", "engine-dead", "engine-stalled"}
 
 

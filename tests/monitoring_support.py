@@ -62,6 +62,10 @@ DOCTOR_METRICS = {
     "vllm_doctor_finding_active", "vllm_doctor_log_lines_total", "vllm_doctor_unparsed_lines_total",
     "vllm_doctor_log_rotations_total", "vllm_doctor_source_up", "vllm_doctor_scrape_errors_total",
     "vllm_doctor_build_info",
+    # issue 25: the start-up timeline and the host-memory source
+    "vllm_doctor_startup_phase_seconds", "vllm_doctor_startup_seconds", "vllm_doctor_startup_ready",
+    "vllm_doctor_engine_starts_total", "host_memory_used_bytes", "host_memory_limit_bytes",
+    "vllm_process_resident_memory_bytes",
 }
 PROMETHEUS_METRICS = {"up"}
 
@@ -74,6 +78,11 @@ VLLM_OLDER_METRICS = {
     "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
     "vllm:time_per_output_token_seconds_sum",
 }
+
+# vLLM names the 0.32 capture has no series of: the admission counter of 0.33 (v1/metrics/loggers.py,
+# with --max-num-queued-reqs) and the NIXL connector's counter (kv_connector/v1/nixl/stats.py,
+# exported only with the NixlConnector), read from the 0.33.0 wheel.
+VLLM_NEWER_METRICS = {"vllm:admission_rejections_total", "vllm:nixl_num_failed_transfers_total"}
 
 VLLM_CAPTURE = "vllm-0.32-cpu-preemption.txt"
 
@@ -88,7 +97,7 @@ def vllm_metrics_capture() -> Path:
 def vllm_exported_metrics() -> set[str]:
     """Metric families in a real vLLM 0.32 /metrics capture, as a query may name them
     (histograms also as _bucket/_sum/_count), plus the renamed ones of older versions."""
-    names = set(VLLM_OLDER_METRICS)
+    names = set(VLLM_OLDER_METRICS) | VLLM_NEWER_METRICS
     for line in vllm_metrics_capture().read_text().splitlines():
         if line.startswith("#") or not line.strip():
             continue

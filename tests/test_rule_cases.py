@@ -9,11 +9,15 @@ import pytest
 import yaml
 
 from vllm_doctor.diagnosis.loader import load_rules
+from vllm_doctor.events import HostMemorySample, Meta
+from vllm_doctor.ingest.scrape import parse_metrics
 from vllm_doctor.pipeline import Pipeline
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "rule_cases"
 RULESET = load_rules()
+T0 = 1_760_000_000.0  # the collectors' samples' clock in a case
+GIB = 1 << 30
 
 
 def _cases():
@@ -35,9 +39,19 @@ def test_every_rule_has_a_firing_and_a_silent_case():
 
 @pytest.mark.parametrize("rule_id,case", list(_cases()))
 def test_rule_case(rule_id, case):
-    data = (HERE / "fixtures" / case["file"]).read_bytes() if "file" in case else case["log"].encode()
+    data = (HERE / "fixtures" / case["file"]).read_bytes() if "file" in case else case.get("log", "").encode()
     p = Pipeline(RULESET, follow=False, base_year=2025)
-    p.run_files([("case.log", [data])])
+    if data:
+        p.run_files([("case.log", [data])])
+    # samples of the sidecar's collectors: /metrics texts and host-memory readings at offsets (s)
+    # from T0, as `serve` observes them
+    for off, text in case.get("metrics") or []:
+        p.observe(parse_metrics(text, now=T0 + off).sample)
+    for off, used_gib, limit_gib in case.get("host_memory") or []:
+        p.observe(HostMemorySample(Meta("host", ts=T0 + off), int(used_gib * GIB),
+                                   None if limit_gib is None else int(limit_gib * GIB)))
+    if case.get("metrics") or case.get("host_memory"):
+        p.evaluate()
     rep = p.report()
     assert rep.rule_errors == {}
     got = {f.rule_id: f for f in rep.findings}

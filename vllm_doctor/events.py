@@ -357,6 +357,13 @@ class VllmMetricsSample:
     cache_config: tuple[tuple[str, str], ...] = ()
     rejected_values: int = 0
     engines: tuple["EngineMetrics", ...] = ()  # per ``engine`` label (data parallel), when vLLM labels them
+    # issue 25: overload, prefix cache and KV-connector series (None when the scrape lacks them)
+    num_waiting_capacity: float | None = None  # vllm:num_requests_waiting_by_reason{reason="capacity"} (0.3x)
+    num_waiting_deferred: float | None = None  # ... {reason="deferred"}: LoRA budget, KV transfer, blocked
+    admission_rejections_total: float | None = None  # vllm:admission_rejections_total (0.3x, --max-num-queued-*)
+    kv_transfer_failures_total: float | None = None  # vllm:nixl_num_failed_transfers_total, mooncake's
+    prefix_cache_queries_total: float | None = None  # vllm:prefix_cache_queries_total (0.9.2+)
+    prefix_cache_hits_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +397,90 @@ class GpuSample:
     processes: tuple[tuple[int, str, int], ...] = field(default=())  # (pid, name, used_bytes)
 
 
+
+# ---- issue 25 item 4: the incident classes of 2025-2026 (start-up, overload, length, KV
+# transfer, GPU support, host memory)
+@dataclass(frozen=True, slots=True)
+class StartupPhase:
+    """One timed phase of an engine's start-up, as vLLM logs it.
+
+    phase: "download" (weight_utils.py ``Time spent downloading weights for M: X seconds``, 0.7+),
+    "weights" (model_loader ``Loading weights took X seconds``, 0.7+), "model_load"
+    (``Model loading took X GiB [memory] and Y seconds``, 0.7+: weights and model init),
+    "dynamo" (``Dynamo bytecode transform time: X s``), "compile" (``torch.compile takes|took X s
+    in total``, 0.6.5+), "profile" (``Memory profiling takes X seconds`` V0 0.6.x, ``Initial
+    profiling/warmup run took X s`` 0.2x+), "graph_capture" (``Graph capturing finished in X secs``,
+    0.3+), "init_engine" (``init engine (profile, create kv cache, warmup model) took X s``,
+    0.6.4+: profiling, KV cache allocation, compilation and graph capture together).
+    seconds: the duration vLLM measured.
+    """
+
+    meta: Meta
+    phase: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTooLong:
+    """A request rejected because its prompt (plus requested output) exceeds max_model_len.
+
+    Three wordings across versions: V0 scheduler ``Input prompt (N tokens) is too long and exceeds
+    limit of L`` (WARNING, 0.2-0.10), the OpenAI server's ``This model's maximum context length is
+    L tokens. However, you requested N tokens`` / ``your request has N input tokens`` / ``your
+    prompt contains N input tokens`` (0.2+), and V1's ``The decoder prompt (length N) is longer
+    than the maximum model length of L`` (0.7+; ``The prompt (total length N) is too long to fit
+    into the model (context length L)``, V0 multimodal 0.6). prompt_tokens: N; limit_tokens: L."""
+
+    meta: Meta
+    prompt_tokens: int | None
+    limit_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransferFailure:
+    """A disaggregated prefill/decode or KV-connector transfer failed or timed out.
+
+    connector: "nixl", "lmcache", "p2pnccl", "mooncake", "offload" or "kv-connector" (the
+    scheduler's connector-agnostic KV load failure). kind: "transfer-failed", "handshake-failed",
+    "expired" (prefill blocks released because no decode worker fetched them in time),
+    "load-failed" (the scheduler failed or rescheduled requests whose KV could not be loaded),
+    "unavailable" (the connector's library is missing)."""
+
+    meta: Meta
+    connector: str
+    kind: str
+    requests: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUnsupported:
+    """The GPU, its compute capability or a kernel is not supported by this build.
+
+    kind: "no-kernel-image" (CUDA ``no kernel image is available for execution on the device``),
+    "arch-not-compiled" (torch ``... with CUDA capability sm_NN is not compatible with the current
+    PyTorch installation``), "ptx-toolchain" (``the provided PTX was compiled with an unsupported
+    toolchain``), "jit-failed" (FlashInfer / Triton JIT: ``Ninja build failed``, ``FlashInfer JIT``
+    compile errors), "capability" (vLLM's own capability checks: bfloat16 or FlashAttention need a
+    newer GPU). arch: ``sm_120`` etc. when the line names it."""
+
+    meta: Meta
+    kind: str
+    arch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemorySample:
+    """One sample of the host (container) memory the vLLM deployment uses: cgroup v2
+    ``memory.current`` / ``memory.max`` (limit_bytes None when "max"), else /proc/meminfo's
+    MemTotal - MemAvailable and MemTotal, with the vLLM processes' RSS where known."""
+
+    meta: Meta
+    used_bytes: int
+    limit_bytes: int | None = None
+    rss_bytes: int | None = None
+    source: str = "cgroup"
+
+
 Event = (
     VersionSeen
     | EngineConfigObserved
@@ -411,6 +502,11 @@ Event = (
     | UnknownFlag
     | VllmMetricsSample
     | GpuSample
+    | StartupPhase
+    | RequestTooLong
+    | KvTransferFailure
+    | GpuUnsupported
+    | HostMemorySample
 )
 
 def _fast_init(cls: type) -> type:
@@ -446,7 +542,8 @@ EVENT_KINDS: dict[str, type] = {
         VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
         Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
         OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady, ServerShutdown,
-        UnknownFlag, VllmMetricsSample, GpuSample,
+        UnknownFlag, VllmMetricsSample, GpuSample, StartupPhase, RequestTooLong, KvTransferFailure,
+        GpuUnsupported, HostMemorySample,
     )
 }
 

@@ -512,6 +512,7 @@ class Pipeline:
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),
             timeline=timeline,
+            startup=[x.to_dict() for x in st.startups.items],
             time_range=None if self.time_range == (None, None) else {
                 "since": self.time_range[0], "until": self.time_range[1],
                 "log_first_ts": self._first_ts, "log_last_ts": self._max_ts,
@@ -548,6 +549,8 @@ class Report:
     # (a stats line since then with a request running or tokens generated) and the newest log time ``log_last_ts``; None when the
     # report is not read from logs. The verdict speaks of the current run (report.render.verdict).
     runs: dict | None = None
+    # the engine starts seen, oldest first, each with its timed phases (state/startup.py Startup.to_dict)
+    startup: list[dict] = field(default_factory=list)
 
     @property
     def nothing_in_range(self) -> bool:
@@ -576,6 +579,7 @@ class Report:
             "rule_errors": self.rule_errors,
             "nothing_to_diagnose": self.nothing_to_diagnose,
             "timeline": self.timeline,
+            "startup": self.startup,
             **({"time_range": {**self.time_range, "nothing_in_range": self.nothing_in_range}}
                if self.time_range else {}),
             **({"replicas": self.replicas} if self.replicas else {}),

@@ -18,6 +18,7 @@ from typing import Any
 from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
 from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix
 from vllm_doctor.state.core import State, Window, stalls
+from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
 from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in, parse_expr
@@ -521,6 +522,11 @@ class RuleEngine:
                             if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
             engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(), self._thresholds.kv_cache_full_ratio,
                                                   self._thresholds.fleet_idle_kv_ratio, self._thresholds.waiting_min),
+            startups=lambda: list(state.startups.items), starts_total=lambda: state.startups.total,
+            host_memory=lambda: [x for x in state.host_memory if win.start is None or (x.meta.ts or 0) >= win.start],
+            queue_growth=lambda: queue_growth(win.stats(), win.metrics()),
+            prefix_collapse=lambda: prefix_collapse(win.stats(), win.metrics(), self._thresholds.prefix_cache_collapse_ratio),
+            host_trend=lambda: host_trend([x for x in state.host_memory if win.start is None or (x.meta.ts or 0) >= win.start]),
             concurrency=lambda: concurrency(win.stats(), win.engine_metrics(), facts.get("kv_cache_tokens"),
                                             facts.get("max_model_len"), self._thresholds.kv_cache_full_ratio,
                                             facts.get("block_size")),

@@ -121,7 +121,8 @@ FUNCTIONS: dict[str, Callable] = {
 # Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
 STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",
                    "preemptions", "preemptions_counted", "preemptions_total", "flag_exists", "fired", "version_at_least", "ttft_p99",
-                   "stats_max", "stats_min", "concurrency", "stalls", "engine_balance")
+                   "stats_max", "stats_min", "concurrency", "stalls", "engine_balance", "startups", "starts_total",
+                   "host_memory", "queue_growth", "prefix_collapse", "host_trend")
 
 
 @lru_cache(maxsize=8192)

@@ -25,7 +25,10 @@ sidecar's health: ``vllm_doctor_log_lines_total{source}``,
 ``vllm_doctor_scrape_errors_total``, ``vllm_doctor_rejected_values_total``,
 ``vllm_doctor_pipeline_errors_total``, ``vllm_doctor_evaluations_total``,
 ``vllm_doctor_evaluation_seconds_total``, ``vllm_doctor_rule_errors_total{rule_id}``, ``vllm_doctor_last_evaluation_duration_seconds``,
-``vllm_doctor_build_info{version}``.
+``vllm_doctor_build_info{version}``. The start-up timeline and the host (issue 25):
+``vllm_doctor_startup_phase_seconds{phase}``, ``vllm_doctor_startup_seconds``,
+``vllm_doctor_startup_ready``, ``vllm_doctor_engine_starts_total``, ``host_memory_used_bytes``,
+``host_memory_limit_bytes``, ``vllm_process_resident_memory_bytes``.
 
 Labels are bounded: configured sources, GPU indexes, rule ids, NVML's compute processes. No
 prompt text, request id or other value from a log line becomes a label.
@@ -101,7 +104,7 @@ class SidecarCollector(Collector):
 
     def collect(self) -> Iterator:
         """Yield every family that can be built now; never raises."""
-        parts: list[Callable[[], list]] = [self._vllm, self._gpus, self._findings, self._health]
+        parts: list[Callable[[], list]] = [self._vllm, self._gpus, self._startup, self._host, self._findings, self._health]
         out: list = []
         lock = getattr(self.sidecar, "lock", None)
         try:
@@ -120,6 +123,53 @@ class SidecarCollector(Collector):
         err.add_metric([], self.errors)
         out.append(err)
         yield from out
+
+    # -- start-up timeline and host memory (issue 25) ---------------------------------------------
+
+    def _startup(self) -> list:
+        """The newest engine start's phases (``vllm_doctor_startup_phase_seconds{phase}``, the
+        phases of state/startup.py), its duration to ready, and the starts seen."""
+        sus = self.sidecar.pipeline.state.startups
+        cur = sus.current
+        fams = []
+        starts = CounterMetricFamily("vllm_doctor_engine_starts", "Engine starts seen in the logs (a version "
+                                     "banner or args echo each; several within an hour: restart-loop).")
+        starts.add_metric([], sus.total)
+        fams.append(starts)
+        if cur is None:
+            return fams
+        g = GaugeMetricFamily("vllm_doctor_startup_phase_seconds", "Duration of each phase of the newest engine "
+                              "start, as vLLM logged it (download, weights, model_load, dynamo, compile, profile, "
+                              "graph_capture, init_engine).", labels=["phase"])
+        for phase, secs in cur.phases.items():
+            g.add_metric([phase], secs)
+        fams.append(g)
+        total = GaugeMetricFamily("vllm_doctor_startup_seconds", "The newest engine start's duration: first "
+                                  "start line to the server ready, else vLLM's phase timings.")
+        total.add_metric([], cur.seconds)
+        fams.append(total)
+        ready = GaugeMetricFamily("vllm_doctor_startup_ready", "1 once the newest engine start serves.")
+        ready.add_metric([], 1.0 if cur.ready is not None else 0.0)
+        fams.append(ready)
+        return fams
+
+    def _host(self) -> list:
+        """The host (container) memory the sidecar samples (cgroup v2, else /proc/meminfo)."""
+        hm = getattr(self.sidecar, "hostmem", None)
+        s = hm.last if hm is not None else None
+        if s is None:
+            return []
+        fams = []
+        for name, doc, v in (
+            ("host_memory_used_bytes", "Host memory in use: the cgroup's memory.current, else MemTotal - MemAvailable.", s.used_bytes),
+            ("host_memory_limit_bytes", "Host memory limit: the cgroup's memory.max (absent when unlimited), else MemTotal.", s.limit_bytes),
+            ("vllm_process_resident_memory_bytes", "Summed resident memory (VmRSS) of the vLLM processes.", s.rss_bytes),
+        ):
+            if v is not None:
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], float(v))
+                fams.append(g)
+        return fams
 
     # -- vLLM ---------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from vllm_doctor.ingest.follow import (
     load_state_extra,
     save_checkpoints,
 )
+from vllm_doctor.ingest.hostmem import HostMemoryPoller
 from vllm_doctor.ingest.nvml import NvmlPoller
 from vllm_doctor.ingest.scrape import MetricsScraper
 from vllm_doctor.units import human_duration
@@ -113,6 +114,9 @@ class ServeConfig(BaseModel):
     eval_interval: float = Field(default=5.0, gt=0)
     scrape_interval: float = Field(default=5.0, gt=0)
     nvml_interval: float = Field(default=5.0, gt=0)
+    host_memory: bool = True  # sample the container's cgroup memory (else /proc/meminfo): VD019
+    host_memory_interval: float = Field(default=15.0, gt=0)
+    host_memory_root: str = "/"  # where sys/fs/cgroup and proc are (tests: a stand-in tree)
     poll_interval: float = Field(default=1.0, gt=0)
     checkpoint_interval: float = Field(default=1.0, gt=0)
     start_wait: float = Field(default=2.0, ge=0)
@@ -285,6 +289,9 @@ class Sidecar:
                         if cfg.metrics_url else None)
         self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml, clock=self.now)
                      if cfg.nvml else None)
+        self.hostmem = (HostMemoryPoller(self._observe, interval=cfg.host_memory_interval,
+                                         root=cfg.host_memory_root, clock=self.now)
+                        if cfg.host_memory else None)
 
     # -- the log's clock ----------------------------------------------------------------------------
 
@@ -438,6 +445,8 @@ class Sidecar:
             self.scraper.start()
         if self.nvml is not None:
             self.nvml.start()
+        if self.hostmem is not None:
+            self.hostmem.start()
         self._eval_thread = threading.Thread(target=self._eval_loop, name="vllm-doctor-eval", daemon=True)
         self._eval_thread.start()
         log.info("vllm-doctor sidecar started: logs=%s metrics=%s nvml=%s", [s.name for s in self.logs],
@@ -458,6 +467,8 @@ class Sidecar:
             self.scraper.stop()
         if self.nvml is not None:
             self.nvml.stop()
+        if self.hostmem is not None:
+            self.hostmem.stop()
         if self._eval_thread is not None:
             self._eval_thread.join(10)
         with self.lock:
@@ -609,6 +620,9 @@ class Sidecar:
         if self.nvml is not None:
             st3 = self.nvml.stats
             entry("nvml", "nvml", st3.up, st3.last_ok_at, st3.last_error)
+        if self.hostmem is not None:
+            st4 = self.hostmem.stats
+            entry("host", "host", st4.up, st4.last_ok_at, st4.last_error)
         return out
 
     def ready(self) -> tuple[bool, list[dict[str, Any]]]:

@@ -70,13 +70,22 @@ SAMPLE_FIELDS: dict[str, tuple[str, int]] = {
     **_renamed("ttft_sum", V.time_to_first_token_seconds, "_sum"),
     **_renamed("prefix_cache_queries_total", V.prefix_cache_queries_total),
     **_renamed("prefix_cache_hits_total", V.prefix_cache_hits_total),
+    # issue 25 (v1/metrics/loggers.py 0.3x; kv_connector/v1/nixl/stats.py 0.1x+, mooncake/stats.py)
+    **_renamed("admission_rejections_total", V.admission_rejections_total),
+    **_renamed("kv_transfer_failures_total", V.nixl_num_failed_transfers_total),
+    **_renamed("kv_transfer_failures_total", V.mooncake_num_failed_transfers_total),
 }
+#: vllm:num_requests_waiting_by_reason{reason} (0.3x) -> field, by the reason label
+WAITING_BY_REASON = V.num_requests_waiting_by_reason
+WAITING_REASONS = {"capacity": "num_waiting_capacity", "deferred": "num_waiting_deferred"}
 RATIO_FIELDS = {"kv_cache_usage_ratio"}
 TTFT_BUCKET = V.time_to_first_token_seconds + "_bucket"
 CACHE_CONFIG = V.cache_config_info
 _SAMPLE_KW = {"num_running", "num_waiting", "num_swapped", "kv_cache_usage_ratio",
               "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-              "ttft_count", "ttft_sum"}
+              "ttft_count", "ttft_sum", "num_waiting_capacity", "num_waiting_deferred",
+              "admission_rejections_total", "kv_transfer_failures_total", "prefix_cache_queries_total",
+              "prefix_cache_hits_total"}
 
 
 @dataclass
@@ -151,6 +160,8 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
                     cache_config.setdefault(k, v)
             continue
         spec = SAMPLE_FIELDS.get(name)
+        if name == WAITING_BY_REASON and s.labels.get("reason") in WAITING_REASONS:
+            spec = (WAITING_REASONS[s.labels["reason"]], 0)
         if spec is None:
             continue
         fld, prio = spec

@@ -373,7 +373,88 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             ),
         ),
     ]
-    return {"vllm-doctor.vllm": vllm, **fleet_alerts(t), "vllm-doctor.sidecar": sidecar}
+    return {"vllm-doctor.vllm": vllm, "vllm-doctor.incidents": incident_alerts(t), **fleet_alerts(t),
+            "vllm-doctor.sidecar": sidecar}
+
+
+def _finding_alert(name: str, rule: str, severity: str, summary: str, what: str) -> Alert:
+    """An alert on one rule's finding (``vllm_doctor_finding_active{name=rule}``): for the
+    incidents only the sidecar's reading of the log shows (no vLLM series carries them)."""
+    return Alert(
+        name=name, runbook="vllm-" + rule, rule=rule, severity=severity,
+        expr=f'vllm_doctor_finding_active{{name="{rule}"}} == 1',
+        summary=summary,
+        description=(f"vllm-doctor reports {rule} on {WHERE} (vllm_doctor_finding_active = {{{{ $value }}}}): "
+                     f"{what} The sidecar's /api/findings has the evidence lines and the fix."),
+    )
+
+
+COUNT = "{{ $value | printf \"%.0f\" }}"
+
+
+def _increase_alert(name: str, rule: str, runbook: str, severity: str, counter: str, window: str,
+                    summary: str, description: str) -> Alert:
+    """An alert on a vLLM counter that moved within ``window`` (per pod, over engines and labels)."""
+    return Alert(name=name, runbook=runbook, rule=rule, severity=severity,
+                 expr=f"sum by (job, instance, namespace, pod) (increase({counter}[{window}])) > 0",
+                 summary=summary, description=description)
+
+
+def incident_alerts(t: dict[str, float]) -> list[Alert]:
+    """The incident classes of 2025-2026 (issue 25): start-up, restarts, overload, length, KV
+    transfer, GPU support, prefix cache, host memory."""
+    slow = _num(t["startup_slow_seconds"])
+    starts_w = duration(t["restart_loop_window_seconds"])
+    restarts = _num(t["restart_loop_min_starts"] - 1)
+    over_w = duration(t["overload_window_seconds"])
+    host_full = _num(t["host_memory_full_ratio"])
+    return [
+        Alert(
+            name="VllmSlowStartup", runbook="vllm-slow-startup", rule="slow-startup", severity="warning",
+            expr=f"vllm_doctor_startup_seconds >= {slow}",
+            summary=f"vLLM on {WHERE} took {{{{ $value | printf \"%.0f\" }}}} s to start",
+            description=(f"The newest vLLM start on {WHERE} took {{{{ $value | printf \"%.0f\" }}}} s "
+                         f"(slow from {slow} s): a startup or liveness probe shorter than that kills the pod "
+                         "while it loads. vllm_doctor_startup_phase_seconds{phase} names the slow step."),
+        ),
+        Alert(
+            name="VllmRestartLoop", runbook="vllm-restart-loop", rule="restart-loop", severity="critical",
+            expr=f"increase(vllm_doctor_engine_starts_total[{starts_w}]) >= {restarts}",
+            summary=f"vLLM on {WHERE} restarted {{{{ $value | printf \"%.0f\" }}}} times in {starts_w}",
+            description=(f"vLLM on {WHERE} started again {{{{ $value | printf \"%.0f\" }}}} times in the last "
+                         f"{starts_w}: a probe kills it while it loads, or it crashes the same way at each start."),
+        ),
+        _increase_alert("VllmAdmissionRejections", "overload", "vllm-overload", "warning",
+                        "vllm:admission_rejections_total", over_w,
+                        f"vLLM on {WHERE} refused {COUNT} requests in {over_w}",
+                        f"vLLM on {WHERE} refused {COUNT} requests at admission in {over_w} (its "
+                        "--max-num-queued-reqs / --max-num-queued-tokens limit, HTTP 503): more requests arrive "
+                        "than it serves."),
+        _finding_alert("VllmRequestsTooLong", "request-too-long", "warning",
+                       f"vLLM on {WHERE} rejects requests longer than max_model_len",
+                       "requests whose prompt plus max_tokens exceed max_model_len get HTTP 400."),
+        _increase_alert("VllmKvTransferFailures", "kv-transfer-failure", "vllm-kv-transfer-failure", "critical",
+                        "vllm:nixl_num_failed_transfers_total", over_w,
+                        f"vLLM on {WHERE} failed {COUNT} KV transfers in {over_w}",
+                        f"{COUNT} NIXL KV cache transfers failed on {WHERE} in {over_w} (handshake, transfer or "
+                        "notification): disaggregated requests are prefilled again or fail."),
+        _finding_alert("VllmGpuUnsupported", "gpu-unsupported", "critical",
+                       f"vLLM on {WHERE} does not support its GPU",
+                       "the build has no kernels for this GPU's architecture (no kernel image, sm_120 with an "
+                       "older torch, a FlashInfer JIT failure) and cannot start."),
+        _finding_alert("VllmPrefixCacheCollapse", "prefix-cache-collapse", "warning",
+                       f"vLLM on {WHERE}: the prefix cache hit rate collapsed",
+                       "prompts that reused cached blocks are prefilled again."),
+        Alert(
+            name="VllmHostMemoryNearLimit", runbook="vllm-host-memory-growth", rule="host-memory-growth",
+            severity="warning",
+            expr=f"host_memory_used_bytes / host_memory_limit_bytes >= {host_full}",
+            for_="5m",
+            summary=f"Host memory of vLLM on {WHERE} is {{{{ $value | humanizePercentage }}}} of its limit",
+            description=(f"The container of vLLM on {WHERE} uses {{{{ $value | humanizePercentage }}}} of its memory "
+                         f"limit (near-full at {host_full}): at the limit it is OOM-killed and every request is lost."),
+        ),
+    ]
 
 
 

@@ -859,6 +859,120 @@ def _real_flag(flag: str) -> str | None:
     return None
 
 
+# ---- issue 25 item 4: start-up phases, requests rejected for length, KV transfer, GPU support.
+# Wordings read from the released wheels (0.6.6, 0.8.0, 0.10.2, 0.33.0); see docs/rules.md.
+_PHASE_UNITS = r"(?P<s>\d{1,7}(?:\.\d{1,6})?) ?(?:s|secs?|seconds)\b"
+
+
+def _phase(name: str) -> Builder:
+    def build(m: re.Match, meta: ev.Meta):
+        return ev.StartupPhase(meta, name, float(m["s"]))
+    return build
+
+
+for _name, _phase_name, _pattern, _kw, _ver, _src, _ex in (
+    ("startup-download", "download", r"Time spent downloading weights for \S{1,300}: " + _PHASE_UNITS,
+     ('Time spent downloading weights for ',), '0.7-0.33', 'model_executor/model_loader/weight_utils.py',
+     ('INFO 03-12 14:21:37 [weight_utils.py:273] Time spent downloading weights for meta-llama/Llama-3.1-8B-Instruct: 118.207446 seconds',)),
+    ("startup-weights", "weights", r"Loading weights took " + _PHASE_UNITS,
+     ('Loading weights took ',), '0.7-0.33', 'model_executor/model_loader/default_loader.py, sharded_state_loader.py, tpu.py',
+     ('(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:25 [default_loader.py:262] Loading weights took 0.43 seconds',)),
+    ("startup-model-load", "model_load", r"Model loading took [\d.]+ ?(?:GiB|GB)(?: memory)? and " + _PHASE_UNITS,
+     ('Model loading took ',), '0.7-0.33', 'worker/model_runner.py (V0), v1/worker/gpu_model_runner.py',
+     ('(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:26 [gpu_model_runner.py:1892] Model loading took 1.1201 GiB and 0.494173 seconds',)),
+    ("startup-dynamo", "dynamo", r"Dynamo bytecode transform time: " + _PHASE_UNITS,
+     ('Dynamo bytecode transform time: ',), '0.6.6-0.33', 'compilation/backends.py',
+     ('(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:31 [backends.py:541] Dynamo bytecode transform time: 4.89 s',)),
+    ("startup-compile", "compile", r"(?:\[[\w.-]{1,40}\] )?torch\.compile (?:takes|took) " + _PHASE_UNITS + r" in total",
+     ('torch.compile takes ', 'torch.compile took '), '0.6.6-0.33', 'compilation/monitor.py',
+     ('(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:38 [monitor.py:34] torch.compile takes 9.86 s in total',)),
+    ("startup-profile", "profile", r"(?:Memory profiling takes|(?:\[[\w.-]{1,40}\] )?Initial profiling/warmup run took) " + _PHASE_UNITS,
+     ('Memory profiling takes ', 'Initial profiling/warmup run took '), '0.6.4-0.10 (V0 worker.py), 0.2x-0.33 (compilation/monitor.py)', 'worker/worker.py, compilation/monitor.py',
+     ('INFO 11-26 07:29:13 worker.py:232] Memory profiling takes 5.60 seconds',)),
+    ("startup-graph-capture", "graph_capture", r"Graph capturing finished in " + _PHASE_UNITS,
+     ('Graph capturing finished in ',), '0.3-0.33', 'worker/model_runner.py (V0), v1/worker/gpu_model_runner.py, v1/worker/gpu/model_runner.py',
+     ('(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:49 [gpu_model_runner.py:2567] Graph capturing finished in 9 secs, took 0.61 GiB',)),
+    ("startup-init-engine", "init_engine", r"init engine \(profile, create kv cache, warmup model\) took " + _PHASE_UNITS,
+     ('init engine (profile, create kv cache, warmup model) took ',), '0.6.4-0.33', 'engine/llm_engine.py (V0), v1/engine/core.py',
+     ('INFO 07-28 23:02:50 [core.py:193] init engine (profile, create kv cache, warmup model) took 23.58 seconds',)),
+):
+    matcher(_name, _pattern, keywords=_kw, versions=_ver, source=_src, examples=_ex)(_phase(_phase_name))
+
+# Exception types a rejected request is raised as: ValueError (0.2-0.10), VLLMValidationError
+# (0.2x+, a ValueError), and the wrappers that quote it.
+LENGTH_TYPES = frozenset(("ValueError", "VLLMValidationError", "BadRequestError")) | ENGINE_DEAD_TYPES
+
+
+@matcher("request-too-long", r"(?:Input prompt \((?P<a>\d+) tokens\)(?: \+ lookahead slots \(\d+\))? is too long and exceeds (?:the )?(?:capacity of block_manager|limit of (?P<b>\d+))"
+         r"|This model's maximum context length is (?P<c>\d+) tokens\. However, (?:you requested (?P<d>\d+) tokens|your request has (?P<e>\d+) input tokens|your prompt contains (?:at least )?(?P<f>\d+) input tokens|you requested \d+ output tokens and your prompt contains (?:at least )?(?P<g>\d+) input tokens)"
+         r"|The (?:decoder |encoder )?prompt \((?:total )?length (?P<h>\d+)\) (?:is longer than the maximum model length of (?P<i>\d+)|is too long to fit into the model \(context length (?P<j>\d+)\)))", search=True,
+         exc_types=LENGTH_TYPES,
+         keywords=('is too long and exceeds', "maximum context length is ", 'is longer than the maximum model length', 'is too long to fit into the model'),
+         versions='0.2-0.33', source='core/scheduler.py (V0), entrypoints/openai/serving_engine.py (0.2-0.11), renderers/params.py (0.3x), v1/engine/processor.py / input_processor.py (V1), inputs/preprocess.py (0.6)',
+         examples=(
+             'WARNING 05-06 10:02:11 scheduler.py:1089] Input prompt (9000 tokens) is too long and exceeds limit of 8192',
+             "ERROR 05-08 21:27:27 [engine.py:198] ValueError: This model's maximum context length is 8192 tokens. However, you requested 8203 tokens (7691 in the messages, 512 in the completion). Please reduce the length of the messages or completion.",
+             'ValueError: The decoder prompt (length 12324) is longer than the maximum model length of 8192. Make sure that `max_model_len` is no smaller than the number of text tokens.',
+         ))
+def _too_long(m, meta):
+    n = next((int(m[g]) for g in "adefgh" if m[g]), None)
+    lim = next((int(m[g]) for g in "bcij" if m[g]), None)
+    return ev.RequestTooLong(meta, n, lim)
+
+
+_KV_XFER = [
+    ("nixl", "transfer-failed", r"NIXL transfer failure: |NIXLConnectorWorker gets |NIXL_ERR_\w+"),
+    ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)"),
+    # the head alone: the request id and count that follow may be hard-wrapped onto the next line
+    ("nixl", "expired", r"Releasing expired KV blocks for request\b|Potentially invalid KV blocks for unrecognized request\b"),
+    ("nixl", "unavailable", r"NIXL is not available"),
+    ("kv-connector", "load-failed", r"Failing (?P<n>\d+) request\(s\) due to KV load failure|Recovered from KV load failure: (?P<r>\d+) request\(s\) rescheduled"),
+    ("p2pnccl", "transfer-failed", r"P2pNcclEngine\w* .{0,80}(?:failed|timed out|[Ee]rror)"),
+    ("lmcache", "transfer-failed", r"LMCache (?:ERROR|error)\b|LMCacheConnector.{0,60}(?:failed|[Ee]rror)"),
+    ("mooncake", "transfer-failed", r"Mooncake\w* .{0,80}(?:transfer failed|[Tt]ransfer (?:error|timed out))"),
+]
+_KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate(_KV_XFER)))
+
+
+@matcher("kv-transfer-failure", _KV_XFER_RE.pattern, search=True,
+         exc_types=frozenset(("RuntimeError", "TimeoutError", "nixlBackendError", "NixlError", "KeyError")) | ENGINE_DEAD_TYPES,
+         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ', 'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available', 'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
+         versions='0.9-0.33 (V1 KV connectors)', source='distributed/kv_transfer/kv_connector/v1/nixl_connector.py (0.9-0.1x), nixl/base_worker.py (0.2x+), v1/core/sched/scheduler.py (KV load failure policy), p2p_nccl_engine.py, lmcache_connector.py, mooncake',
+         examples=(
+             '(EngineCore_DP0 pid=123) ERROR 10-17 08:12:41 [nixl_connector.py:1412] NIXL transfer failure: NIXL_ERR_BACKEND | Context: {}',
+             '(EngineCore_DP0 pid=88) WARNING 09-29 13:05:10 [nixl_connector.py:1063] Releasing expired KV blocks for request cmpl-1 which were retrieved by 0 decode worker(s) within 120 seconds.',
+             '(EngineCore_DP0 pid=88) ERROR 09-29 13:05:12 [scheduler.py:1612] Failing 3 request(s) due to KV load failure (failure_policy=fail, 4096 tokens affected). Request IDs: {}',
+         ))
+def _kv_xfer(m, meta):
+    for i, (conn, kind, _) in enumerate(_KV_XFER):
+        if m.group(f"x{i}"):
+            n = m["n"] or m["r"]
+            return ev.KvTransferFailure(meta, conn, kind, int(n) if n else None)
+    return None
+
+
+@matcher("gpu-unsupported", r"(?P<nk>no kernel image is available for execution on the device)"
+         r"|with CUDA capability (?P<arch>sm_\d{2,3}a?) is not compatible with the current PyTorch installation"
+         r"|(?P<ptx>the provided PTX was compiled with an unsupported toolchain)"
+         r"|(?P<jit>Ninja build failed|FlashInfer JIT (?:compilation|build) failed|Command '\[?'ninja')"
+         r"|(?P<cap>Bfloat16 is only supported on GPUs with compute capability of at least 8\.0|FlashAttention only supports Ampere GPUs or newer|Cannot use FlashAttention-2 backend for Volta and Turing GPUs)", search=True,
+         exc_types=frozenset(("RuntimeError", "AcceleratorError", "CalledProcessError", "ValueError", "UserWarning", "RayTaskError")) | ENGINE_DEAD_TYPES,
+         keywords=('no kernel image is available', 'is not compatible with the current PyTorch installation', 'unsupported toolchain', 'Ninja build failed', 'FlashInfer JIT', "'ninja'", 'Bfloat16 is only supported', 'FlashAttention only supports', 'for Volta and Turing GPUs'),
+         versions='every (CUDA runtime, torch, FlashInfer JIT), platforms/cuda.py capability checks', source='torch/cuda/__init__.py (_check_capability), CUDA runtime, flashinfer/jit/cpp_ext.py, worker/worker.py _check_if_gpu_supports_dtype',
+         examples=(
+             'ERROR 07-28 15:07:22 [core.py:632] RuntimeError: CUDA error: no kernel image is available for execution on the device',
+             'NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.',
+         ))
+def _gpu_unsupported(m, meta):
+    kind = ("no-kernel-image" if m["nk"] else "ptx-toolchain" if m["ptx"] else "jit-failed" if m["jit"]
+            else "capability" if m["cap"] else "arch-not-compiled")
+    arch = m["arch"]
+    if arch is None:
+        am = re.search(r"\bsm_(\d{2,3})a?\b", meta.text)
+        arch = am.group(0) if am else None
+    return ev.GpuUnsupported(meta, kind, arch)
+
+
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
 FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+)')

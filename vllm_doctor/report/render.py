@@ -13,6 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
+from vllm_doctor.state.startup import PHASES as STARTUP_PHASES
 from vllm_doctor.units import human_bytes
 
 FACT_ORDER = (
@@ -407,6 +408,21 @@ def version_line(rep: Report) -> str:
     return f"vLLM {ver}, {eng}"
 
 
+def startup_lines(starts: list[dict]) -> list[str]:
+    """One line per engine start (the newest 8): where it began, each timed phase, how it ended."""
+    out = []
+    for s in starts[-8:]:
+        phases = ", ".join(f"{p['label']} {fmt_secs(p['seconds'])}" for p in s["phases"]) or "no timed phase logged"
+        end = (f"ready after {fmt_secs(s['wall_seconds'])}" if s["wall_seconds"] is not None
+               else "ready" if s["served"] else "failed before serving" if s["failed"] else "not ready in this log")
+        out.append(f"{s['source']}:{s['lineno']} ({fmt_time(s['started']) or 'untimed'}): {phases}; {end}")
+    return out
+
+
+def fmt_secs(v: float) -> str:
+    return f"{v:.1f} s" if v < 10 else f"{v:.0f} s"
+
+
 def to_text(rep: Report, color: bool = False) -> str:
     """Plain text; with ``color`` (a terminal) severities are coloured with ANSI codes. Opens
     with the verdict and what to do first, then the findings, then the facts."""
@@ -470,6 +486,10 @@ def to_text(rep: Report, color: bool = False) -> str:
                 lines.append(f"    {e.source}:{rng}: {text}")
         if f.rule_id != RULE_ERROR_ID:  # the finding about vllm-doctor itself has no rule to explain
             lines.append(f"  More: vllm-doctor explain {f.name}")
+    if rep.startup:
+        lines.append("")
+        lines.append(c("1", f"Start-up ({plural(len(rep.startup), 'engine start')})"))
+        lines.extend(f"  {ln}" for ln in startup_lines(rep.startup))
     seen, dflt = split_facts(rep)
     if seen:
         lines.append("")
@@ -550,6 +570,8 @@ def to_markdown(rep: Report) -> str:
             out.append("```")
             out.append("")
     seen, dflt = split_facts(rep)
+    if rep.startup:
+        out += ["## Start-up", ""] + [f"- {_md(ln)}" for ln in startup_lines(rep.startup)] + [""]
     if seen:
         out += ["## Facts (from the inputs)", "", "| fact | value |", "|---|---|"]
         out += [f"| {fact_words(k)} | {fact_value(k, val)} |" for k, val in seen]
@@ -591,7 +613,7 @@ def to_html(rep: Report) -> str:
                       # the fleet's series are keyed by replica name
                       names={k: k for k in (rep.timeline or {}).get("series", {})} if rep.replicas else None),
         replica_headers=[h for _, h in REPLICA_COLUMNS], replica_rows=[replica_cells(r) for r in rep.replicas],
-        cards=finding_cards(rep))
+        cards=finding_cards(rep), startup_phases=STARTUP_PHASES, secs=fmt_secs)
 
 
 FORMATS = {"text": to_text, "json": to_json, "markdown": to_markdown, "html": to_html}

@@ -135,7 +135,7 @@ class Timeline:
             if e.num_running is not None or e.kv_cache_usage_ratio is not None:
                 self._series(METRICS_SERIES).add([ts, e.kv_cache_usage_ratio, e.num_running, e.num_waiting,
                                                   ptps, gtps, pre])
-        if kind not in ("VllmMetricsSample", "GpuSample") and ts is not None and (
+        if kind not in ("VllmMetricsSample", "GpuSample", "HostMemorySample") and ts is not None and (
                 self.log_ts is None or ts > self.log_ts):
             self.log_ts = ts
 

@@ -31,6 +31,7 @@ from typing import Any
 from vllm_doctor import events as ev
 from vllm_doctor.state.windows import GpuMemory, WindowAggregate
 from vllm_doctor.report.timeline import Timeline
+from vllm_doctor.state.startup import Startups
 from vllm_doctor.versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
 CONFIG_FACTS = (
@@ -50,7 +51,11 @@ FACT_NAMES = (
     "quantization", "swap_space", "workers_seen", "parallel_size_seen", "model",
 )
 #: Kinds that are series (kept in ``stats`` / ``metrics`` / ``gpus``) or sticky, not event rings.
-SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen"})
+SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "EngineConfigObserved", "VersionSeen",
+                          "HostMemorySample"})
+#: Events that end a start-up that had not served yet (state/startup.py).
+FAILED_START_KINDS = frozenset({"EngineFailure", "OutOfMemory", "GpuUnsupported", "NcclError", "KvCacheTooSmall",
+                                "NoCacheMemory", "InsufficientFreeMemory", "ConfigRejected"})
 #: State attributes behind the exported counters (see :meth:`State.counters`).
 COUNTER_ATTRS = ("oom_events_total", "_log_preempt_base", "_log_preempt_cum", "_v1_interval_sum",
                  "_metrics_base", "_metrics_last", "preemptions_total", "preemptions_reported",
@@ -58,7 +63,7 @@ COUNTER_ATTRS = ("oom_events_total", "_log_preempt_base", "_log_preempt_cum", "_
 # Events a starting engine writes before it serves or fails: they do not make a run "active"
 # (a version banner or engine start after an active run is a restart).
 QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity", "MemoryProfile", "UnknownFlag",
-                         "GpuSample", "VllmMetricsSample"))
+                         "GpuSample", "VllmMetricsSample", "StartupPhase", "HostMemorySample"))
 # Higher wins when two sources give the same config value.
 #: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
 EVENTS_KEPT = 64
@@ -160,6 +165,8 @@ class State:
         self.preemptions_trimmed = False
         self.worker_pids: set[tuple[str, int | None]] = set()
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/report/timeline.py)
+        self.startups = Startups()  # engine starts and their timed phases (state/startup.py)
+        self.host_memory: deque[ev.HostMemorySample] = deque()  # the sidecar's host-memory samples (bounded by the window)
         # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
         # stats lines of the current second not yet folded into the aggregates (flush_windows)
@@ -219,6 +226,10 @@ class State:
             self.now = ts
         if kind not in QUIET_KINDS:
             self._run_active = True
+        if ts is not None:
+            self.startups.seen(ts)
+        if kind in FAILED_START_KINDS:
+            self.startups.failed()
         handler = self._handlers.get(kind, self)
         if handler is self:  # first event of this kind: look its handler up once
             handler = self._handlers[kind] = getattr(self, "_on_" + kind, None)
@@ -279,6 +290,8 @@ class State:
     def _on_VersionSeen(self, e: ev.VersionSeen) -> None:
         if e.version:
             self._new_run(e)
+            text = e.meta.text
+            self.startups.mark(e.meta, "banner" if "\u2588" in text else "init" if "LLM engine" in text else "api")
         if e.version:
             self.vllm_version = e.version
             self.version_source = "banner"
@@ -293,6 +306,7 @@ class State:
         prio = KIND_PRIORITY.get(e.kind, 1)
         if e.kind in ("namespace", "non-default-args"):
             self._new_run(e)
+            self.startups.mark(e.meta, "args")
             if self.served:
                 self._restart()
             self.shutting_down = False
@@ -487,7 +501,19 @@ class State:
 
     def _on_ServerReady(self, e: ev.ServerReady) -> None:
         self.served = True
+        self.startups.ready(e.meta)
         self.shutting_down = False
+
+    def _on_StartupPhase(self, e: ev.StartupPhase) -> None:
+        self.startups.phase(e)
+
+    def _on_HostMemorySample(self, e: ev.HostMemorySample) -> None:
+        self.host_memory.append(e)
+        cutoff = (e.meta.ts or 0.0) - self.max_window
+        while len(self.host_memory) > 2 and (self.host_memory[0].meta.ts or 0.0) < cutoff:
+            self.host_memory.popleft()
+        while len(self.host_memory) > self.max_items:
+            self.host_memory.popleft()
 
     def _on_ServerShutdown(self, e: ev.ServerShutdown) -> None:
         self.shutting_down = True

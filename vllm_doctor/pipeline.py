@@ -420,6 +420,10 @@ class Pipeline:
             for _, _, name, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
                 self.consume(name, rec)
         self._flush_parsers()
+        for name, ctx in list(self._sources.items()):  # the tracebacks the logs end inside
+            cut = ctx.parser.cut_tracebacks()
+            if cut:
+                self._fold(name, Record(cut[0].meta.lineno, ""), cut)
         if after is not None:
             after()
         self.active = self.engine.evaluate(self.state)

@@ -179,6 +179,7 @@ class RuleEngine:
         self.rule_errors: dict[str, list[str]] = {}  # rule id -> its last errors (while it fails)
         self.rule_errors_total: dict[str, int] = {}  # rule id -> evaluations that failed (a counter)
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
+        self._fallbacks = frozenset(r.name for r in ruleset.rules if r.fallback)
         self._gates: dict[str, list[str]] = {}
         self._windows: dict[str, dict[str, WindowAggregate]] = {}  # rule id -> its window aggregates
         self._uses: dict[str, set[str]] = {}  # rule id -> the names its expressions use
@@ -318,6 +319,8 @@ class RuleEngine:
             rule, ev, values = got
             if any(u in fired for u in rule.unless):
                 continue
+            if rule.fallback and any(n not in self._fallbacks for n in fired):
+                continue  # another rule explains what this one would report
             f = self._finding(rule, ev, values, state)
             self._errored(rule, ev.errors)
             prev = self.findings.get(rule.id)

@@ -309,6 +309,13 @@ VLLM_HEAD_RE = re.compile(
     r"(?:\((?P<proc>[A-Za-z][\w.-]*(?: [\w.=-]+)*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?)?"
     r"(?=(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )" + LOGGER_RE.pattern
 )
+# A host program's level in brackets, padded or not (``[ WARNING]: ``, ``[INFO] ``), and Python
+# logging's ``(%(filename)s:%(lineno)d)`` at the end of its format (see Envelope._one).
+# or Python's default ``%(asctime)s - %(name)s - %(levelname)s - %(message)s`` (the time taken off before).
+HOST_LEVEL_RE = re.compile(r"(?:\[\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?|- (?:[\w.]+ - )?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -)\s+", re.I)
+HOST_SRC_RE = re.compile(r"\s\(([\w.-]+\.py):(\d+)\)\s*$")
+# A wrapper's label before vLLM's logger prefix: one word (a container, a pod, ``[pod/x/c]``) and a space.
+LABEL_RE = re.compile(r"[A-Za-z\[][\w.\-/\[\]]{0,79} ")
 # uvicorn's own level prefix (``INFO:     Application startup complete.``).
 UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
@@ -445,6 +452,10 @@ class Envelope:
         # The vLLM prefixes ``(level, src, process, pid, (month, day, hms))`` of the client-echo
         # messages seen (see ECHO_HEADS): a line with one of them is a line of that message.
         self._echo: dict[tuple, None] = {}
+        # A label a wrapper writes before every line (``kubectl logs --prefix``, a container's name):
+        # learnt from a line where vLLM's logger prefix follows it, taken off the lines without one
+        # (a traceback vLLM's process wrote to stderr).
+        self._label: str | None = None
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
         """Records in one raw line (usually one; several when records were glued together).
@@ -456,6 +467,8 @@ class Envelope:
         client-text checks included; anything else goes the general way. (The text is tested
         as str: a one-character ``in`` is a memchr, where bytes pay a buffer look-up.)"""
         text = raw.decode("utf-8", "replace")
+        if self._label is not None and text.startswith(self._label):
+            text = text[len(self._label):]
         if self._partial or "\x1b" in text:
             return self._unwrap(lineno, text)
         line = text
@@ -781,6 +794,8 @@ class Envelope:
         lm = None if kind else _logger_prefix(text)
         if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0 and not client_head(text[: lm.start()]))):
             # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
+            if lm.start() > 0 and process is None and LABEL_RE.fullmatch(text, 0, lm.start()):
+                self._label = text[: lm.start()]
             level = lm.group("level") or None
             if level == "WARN":
                 level = "WARNING"
@@ -805,6 +820,21 @@ class Envelope:
             if um:
                 level = um.group(1)
                 text = text[um.end():]
+        elif not kind and text[:1] in "[-":
+            # a host program's logging format around vLLM's messages: its level in brackets (padded
+            # to a width: ``[ WARNING]: ``) after its own time (taken off as a wrapper before), and
+            # Python's ``(file.py:line)`` at the end (an evaluation harness re-logging vLLM's records)
+            hm = HOST_LEVEL_RE.match(text)
+            if hm:
+                level = (hm.group(1) or hm.group(2)).upper()
+                if level == "WARN":
+                    level = "WARNING"
+                text = text[hm.end():]
+                fm = HOST_SRC_RE.search(text)
+                if fm:
+                    src = f"{fm.group(1)}:{fm.group(2)}"
+                    text = text[: fm.start()]
+                kind = client_head(text)
         # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes without a
         # prefix) keep their text as it is.
         if ts is None:

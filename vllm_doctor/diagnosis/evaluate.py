@@ -300,7 +300,8 @@ class RuleEngine:
         now = state.now
         fired: dict[str, tuple[Rule, Evaluator, dict] | None] = {}
         for rule in self.ruleset.rules:
-            if due is not None and rule.id not in due:
+            # a fallback is judged against every other rule: only in a full evaluation
+            if due is not None and (rule.id not in due or rule.fallback):
                 prev = self.findings.get(rule.id)
                 if prev is not None and prev.active:
                     fired[rule.name] = None  # still active from its last evaluation

@@ -267,6 +267,8 @@ class KeywordScanner:
 # Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,
 # cursor moves), other two-byte escapes; an OSC cut off by the end of the line is dropped too.
 ANSI_RE = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\x1b")
+# The left and right borders of a terminal UI's box (k9s ``│ line … │``) with the padding before the right one.
+BOX_RE = re.compile(r"^[│┃] ?|\s*[│┃]\s*$")
 # Markdown blockquote of a paste (``> ``, possibly nested).
 QUOTE_RE = re.compile(r"^(?:> ?)+")
 # journald: ``journalctl`` short (``Nov 30 10:00:00 host unit[pid]: msg``), short-precise and
@@ -312,7 +314,9 @@ VLLM_HEAD_RE = re.compile(
 # A host program's level in brackets, padded or not (``[ WARNING]: ``, ``[INFO] ``), and Python
 # logging's ``(%(filename)s:%(lineno)d)`` at the end of its format (see Envelope._one).
 # or Python's default ``%(asctime)s - %(name)s - %(levelname)s - %(message)s`` (the time taken off before).
-HOST_LEVEL_RE = re.compile(r"(?:\[\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?|- (?:[\w.]+ - )?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -)\s+", re.I)
+# or a pipe-separated ``| LEVEL | stream |`` (FastChat's workers: ``2023-12-27 11:25:36 | ERROR | stderr | ``).
+HOST_LEVEL_RE = re.compile(r"(?:\[\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?|- (?:[\w.]+ - )?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -"
+                           r"|\| (DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \|(?: [\w.-]+ \|)?)\s", re.I)
 HOST_SRC_RE = re.compile(r"\s\(([\w.-]+\.py):(\d+)\)\s*$")
 # A wrapper's label before vLLM's logger prefix: one word (a container, a pod, ``[pod/x/c]``) and a space.
 LABEL_RE = re.compile(r"[A-Za-z\[][\w.\-/\[\]]{0,79} ")
@@ -600,6 +604,9 @@ class Envelope:
         outer_ts: float | None = None
         for _ in range(4):  # wrappers nest: a quoted paste of journald around CRI around JSON, ...
             first = text[:1]
+            if first in "│┃":  # a terminal UI's box around each line (k9s): its borders and right padding
+                text = BOX_RE.sub("", text)
+                continue
             if first == ">":  # a markdown blockquote (a paste)
                 text = QUOTE_RE.sub("", text, 1)
                 continue
@@ -820,13 +827,13 @@ class Envelope:
             if um:
                 level = um.group(1)
                 text = text[um.end():]
-        elif not kind and text[:1] in "[-":
+        elif not kind and text[:1] in "[-|":
             # a host program's logging format around vLLM's messages: its level in brackets (padded
             # to a width: ``[ WARNING]: ``) after its own time (taken off as a wrapper before), and
             # Python's ``(file.py:line)`` at the end (an evaluation harness re-logging vLLM's records)
             hm = HOST_LEVEL_RE.match(text)
             if hm:
-                level = (hm.group(1) or hm.group(2)).upper()
+                level = (hm.group(1) or hm.group(2) or hm.group(3)).upper()
                 if level == "WARN":
                     level = "WARNING"
                 text = text[hm.end():]

@@ -244,14 +244,24 @@ def _cache_info(m, meta):  # V1 v1/metrics/loggers.py 0.8.5-0.11
 
 
 # ---- memory budget
-@matcher("kv-memory", r"Available KV cache memory: (?P<v>[\d.]+) (?P<u>GiB|GB)",
+@matcher("kv-memory", r"Available KV cache memory: (?P<v>-?[\d.]+) (?P<u>GiB|GB)",
          keywords=('Available KV cache memory: ',),
          versions='0.9.1-0.33', source='v1/worker/gpu_worker.py',
          examples=(
              '(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:27 [gpu_worker.py:255] Available KV cache memory: 18.83 GiB',
+             '(VllmWorker rank=0 pid=5521) INFO 03-03 10:12:40 [gpu_worker.py:276] Available KV cache memory: -2.57 GiB',
          ))
 def _kv_mem(m, meta):  # V1 gpu_worker.py 0.9.1+
-    return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], m["u"]))
+    return _kv_budget(ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], m["u"])))
+
+
+def _kv_budget(e: ev.MemoryProfile):
+    """A memory profile whose KV cache budget is below zero (the weights, activations and other
+    processes already take more than gpu_memory_utilization of the device): vLLM then raises "No
+    available memory for the cache blocks"; the line alone says so when that error is cut off."""
+    if e.available_kv_cache_bytes is not None and e.available_kv_cache_bytes < 0:
+        return [e, ev.NoCacheMemory(e.meta)]
+    return e
 
 
 @matcher("profile-total", r"the current vLLM instance can use total_gpu_memory \((?P<t>[\d.]+)GiB\) x gpu_memory_utilization \((?P<u>[\d.]+)\)",
@@ -264,14 +274,14 @@ def _profile_total(m, meta):  # V0 worker.py 0.6.5-0.10
     return ev.MemoryProfile(meta, total_memory_bytes=to_bytes(m["t"], "GiB"), gpu_memory_utilization=float(m["u"]))
 
 
-@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>[\d.]+)GiB",
+@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>-?[\d.]+)GiB",
          keywords=('reserved for KV Cache is ',),
          versions='0.6.5-0.10', source='worker/worker.py',
          examples=(
              'INFO 02-11 10:17:54 [worker.py:294] model weights take 1.12GiB; non_torch_memory takes 0.16GiB; PyTorch activation peak memory takes 0.23GiB; the rest of the memory reserved for KV Cache is 61.84GiB.',
          ))
 def _profile_kv(m, meta):  # V0 worker.py 0.6.5-0.10
-    return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["k"], "GiB"), model_weights_bytes=to_bytes(m["w"], "GiB"))
+    return _kv_budget(ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["k"], "GiB"), model_weights_bytes=to_bytes(m["w"], "GiB")))
 
 
 @matcher("model-loading", r"(?:Model loading|Loading model weights) took (?P<v>[\d.]+) (?P<u>GiB|GB)(?: memory)?(?: and (?P<s>[\d.]+) seconds)?",
@@ -529,7 +539,8 @@ def _oom2(m, meta):
 # ---- engine death / hangs
 _ENGINE_FAILURES = [
     ("engine-dead", r"(?:MQ|Async)?EngineDeadError\b"),
-    ("background-task-failed", r"Engine background task failed"),
+    # V0 async_llm_engine.py; asyncio's report of the callback that re-raised the loop's end (0.2-0.10)
+    ("background-task-failed", r"Engine background task failed|Exception in callback functools\.partial\(<function _(?:log_task_completion|raise_exception_on_finish)\b|^handle: <Handle functools\.partial\(<function _(?:log_task_completion|raise_exception_on_finish)\b"),
     ("iteration-timeout", r"Engine iteration timed out"),
     ("core-failed", r"EngineCore(?:Proc)? failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start|WorkerProc failed to start|Frontend process failed during engine core initialization|Timed out waiting for (?:new )?engine core processes to start"),
     ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process|RayWorkerProc rank=\S+) \S* ?died unexpectedly|Worker \S+ pid \S+ died, exit code|Process \S+ \(PID: \S+\) died with exit code|engine core exited unexpectedly|RPCServer process died before responding"),
@@ -543,10 +554,11 @@ _EXIT_CODE_RE = re.compile(r"died unexpectedly \(exit code: (?P<c>-?\d+)\)|died 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True,
          exc_types=ENGINE_TYPES,
-         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
+         keywords=('EngineDeadError', 'Engine background task failed', '<function _log_task_completion', '<function _raise_exception_on_finish', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
          versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
          examples=(
              'ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed',
+             'Exception in callback functools.partial(<function _log_task_completion at 0x7fa306a24220>, error_callback=<bound method AsyncLLMEngine._error_callback of <vllm.engine.async_llm_engine.AsyncLLMEngine object at 0x7fa2f068a010>>)',
              'INFO 10-11 06:51:31 model_runner_base.py:120] Writing input of failed execution to /tmp/err_execute_model_input_20241011-065131.pkl...',
              '(APIServer pid=1) ERROR 05-12 01:48:42 [api_router.py:72] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.',
          ))
@@ -879,7 +891,9 @@ _PHASE_FRAMES = {
     "output-handler": ("output_handler", "_run_output_handler", "process_outputs"),
     # loops that run only once the engine serves: V0's background loop and step, V1's busy loop
     "serving-loop": ("run_engine_loop", "engine_step", "engine_step_async", "step_async", "run_busy_loop",
-                     "_process_engine_step", "step_with_batch_queue", "_run_engine", "_process_input_queue"),
+                     "_process_engine_step", "step_with_batch_queue", "_run_engine", "_process_input_queue",
+                     # V0 AsyncLLMEngine: the callbacks run when the background loop's task ends (it ends only by an exception)
+                     "_log_task_completion", "_raise_exception_on_finish"),
     "graph-capture": ("capture_model", "_capture_cudagraphs", "capture"),
     "kv-cache": ("initialize_cache", "initialize_kv_cache", "initialize_from_config", "_allocate_kv_cache",
                  "allocate_kv_cache", "_init_cache", "initialize_kv_cache_tensors", "raise_if_cache_size_invalid",
@@ -898,7 +912,8 @@ _PHASE_FRAMES = {
 }
 _PROCESS_FRAMES = {
     "engine-core": ("run_engine_core", "run_busy_loop", "run_mp_engine", "run_engine_loop", "engine_step", "step_async",
-                    "_process_engine_step", "step_with_batch_queue", "run_engine_busy_loop"),
+                    "_process_engine_step", "step_with_batch_queue", "run_engine_busy_loop", "_log_task_completion",
+                    "_raise_exception_on_finish"),
     "worker": ("worker_main", "worker_busy_loop", "_run_worker_process", "execute_method", "_worker_loop"),
     "ray-actor": ("ray",),  # "ray._raylet.execute_task" (a Ray actor's task)
     "api-server": ("create_chat_completion", "create_completion", "chat_completion_stream_generator",
@@ -1137,6 +1152,10 @@ class RecordParser:
         frames: list[str] = []
         if frame_line:
             tb = self._tb.get(key) or self._tb.get(self._orphan(key))
+            if tb is None and len(self._tb) < MAX_OPEN_TRACEBACKS:
+                # a frame with no "Traceback (most recent call last):" before it: the log (an
+                # excerpt, a rotated file) begins inside the traceback; its frames still tell
+                tb = self._tb[key] = (rec.lineno, [], set(), rec)
             if tb is not None:
                 f = FRAME_RE.match(msg).group("f")
                 tb[1].append(f)
@@ -1379,7 +1398,7 @@ MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every proce
 # logs "EngineCore encountered a fatal error." only once ``engine_core`` exists, "EngineCore failed to
 # start." before; v1/engine/async_llm.py creates the output handler only after the engine core's
 # start-up handshake; a failed step dump is written only for a step run for requests).
-RUNTIME_FAILURES = ("output-handler", "step-failed")
+RUNTIME_FAILURES = ("output-handler", "step-failed", "background-task-failed")  # V0's background loop runs once the engine is up
 RUNTIME_FAILURE_TEXT = re.compile(r"EngineCore encountered a fatal error")
 STARTUP_FAILURE_TEXT = re.compile(r"EngineCore(?:Proc)? failed to start|Engine core initialization failed|WorkerProc failed to start|"
                                   r"^\s+kv_caches = self\.initialize_kv_cache_tensors\(")

@@ -286,7 +286,7 @@ class ExceptionRaised:
 
     Where it was raised, known by the traceback's structure (its frames, its process prefix, the
     logger's file), not by its wording (:func:`vllm_doctor.parsers.records.classify_traceback`):
-    process: "engine-core" (V1 EngineCore, V0's engine process or background loop), "worker"
+    raised_in: the process, "engine-core" (V1 EngineCore, V0's engine process or background loop), "worker"
     (VllmWorker / WorkerProc / a multiprocessing worker), "api-server" (the HTTP handlers),
     "ray-actor" (a Ray worker actor) or None; phase: "loading" (weights), "profiling" (the memory
     profiling run), "kv-cache" (KV cache sizing and allocation), "graph-capture" (CUDA graphs),
@@ -300,7 +300,7 @@ class ExceptionRaised:
     exc_type: str
     message: str = ""
     frames: tuple[str, ...] = ()  # function names seen in the traceback ("load_model", ...)
-    process: str | None = None
+    raised_in: str | None = None
     phase: str | None = None
     ended: bool = False
 
@@ -345,6 +345,19 @@ class ServerShutdown:
     that follow it are part of the shutdown, not a death."""
 
     meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """A process of the deployment ended abnormally, as its supervisor or shell reports it:
+    systemd ``Main process exited, code=exited, status=1/FAILURE`` / ``code=killed, status=9/KILL``,
+    docker ``exited with code 137``, a shell's ``Killed``, ``Segmentation fault (core dumped)``,
+    ``Fatal Python error: ...``. exit_code: the exit status (None when only a signal is known);
+    signal: the signal that ended it (137 = 128 + 9: SIGKILL) or None."""
+
+    meta: Meta
+    exit_code: int | None = None
+    signal: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +486,7 @@ EVENT_KINDS: dict[str, type] = {
         VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
         Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
         OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady, ServerShutdown,
-        UnknownFlag, UnreadLine, VllmMetricsSample, GpuSample,
+        UnknownFlag, UnreadLine, ProcessExited, VllmMetricsSample, GpuSample,
     )
 }
 

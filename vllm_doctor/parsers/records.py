@@ -606,6 +606,32 @@ def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, 
     return ev.NcclError(meta, "error", meta.text[:300])
 
 
+# ---- a process that ended abnormally, as its supervisor or shell says (not vLLM's own wording)
+_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "ABRT": 6, "BUS": 7, "FPE": 8, "KILL": 9, "SEGV": 11, "TERM": 15}
+
+
+@matcher("process-exit", r"Main process exited, code=(?P<how>exited|killed|dumped), status=(?P<st>\d+)(?:/(?P<sig>[A-Z]+))?"
+         r"|\bexited with code (?P<dc>\d+)$|^(?P<killed>Killed)$|^(?P<segv>Segmentation fault)(?: \(core dumped\))?$"
+         r"|^Fatal Python error: (?P<fatal>Segmentation fault|Aborted|Bus error)", search=True,
+         keywords=('Main process exited', 'exited with code ', 'Killed', 'Segmentation fault', 'Fatal Python error: '),
+         versions='every (the supervisor or shell around vLLM)', source='systemd, docker / docker compose, bash, CPython faulthandler',
+         examples=('Jan 28 10:40:10 localhost systemd[1]: vllm.service: Main process exited, code=exited, status=1/FAILURE',
+                   'Jan 28 10:40:10 localhost systemd[1]: vllm.service: Main process exited, code=killed, status=9/KILL',
+                   'vllm-1 exited with code 137', 'Killed', 'Segmentation fault (core dumped)'))
+def _process_exit(m, meta):
+    if m["st"] is not None:
+        if m["how"] == "exited":
+            code = int(m["st"])
+            return ev.ProcessExited(meta, code, None) if code else None
+        return ev.ProcessExited(meta, None, _SIGNALS.get(m["sig"] or "", int(m["st"])))
+    if m["dc"] is not None:
+        code = int(m["dc"])
+        return ev.ProcessExited(meta, code, code - 128 if code > 128 else None) if code else None
+    if m["killed"]:
+        return ev.ProcessExited(meta, None, 9)
+    return ev.ProcessExited(meta, None, 11 if m["segv"] or m["fatal"] == "Segmentation fault" else 6 if m["fatal"] == "Aborted" else 7)
+
+
 @matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",
          keywords=('block found in ', 'block foundin '),
          versions='0.5-0.33', source='distributed/device_communicators/shm_broadcast.py',

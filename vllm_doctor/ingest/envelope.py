@@ -471,9 +471,7 @@ class Envelope:
         client-text checks included; anything else goes the general way. (The text is tested
         as str: a one-character ``in`` is a memchr, where bytes pay a buffer look-up.)"""
         text = raw.decode("utf-8", "replace")
-        if self._label is not None and text.startswith(self._label):
-            text = text[len(self._label):]
-        if self._partial or "\x1b" in text:
+        if self._partial or "\x1b" in text or self._label is not None and text.startswith(self._label):
             return self._unwrap(lineno, text)
         line = text
         if "\r" in line:
@@ -596,6 +594,8 @@ class Envelope:
         glued records."""
         if text.endswith("\r"):
             text = text[:-1]
+        if self._label is not None and text.startswith(self._label):
+            text = text[len(self._label):]  # the wrapper's label learnt from a line with vLLM's prefix
         if "\x1b" in text:
             text = ANSI_RE.sub("", text)
         out: list[Record] = []

@@ -26,10 +26,11 @@ KNOWN_MISSES: dict[str, str] = yaml.safe_load((CORPUS / "known_misses.yaml").rea
 RULE_NAMES = CORE_RULES | {"max-model-len-exceeds-model", "unknown-flag"}
 
 
-def check(name: str) -> list[str]:
-    """The differences between the diagnosis of one corpus log and its README row."""
-    e = EXP[name]
-    rep = diagnose_file(LOGS / name)
+def check(name: str, exp: dict | None = None, logs=LOGS) -> list[str]:
+    """The differences between the diagnosis of one corpus log and its README row (another set's
+    rows and folder: ``exp``, ``logs``)."""
+    e = (EXP if exp is None else exp)[name]
+    rep = diagnose_file(logs / name)
     found = {f.name for f in rep.findings}
     errs = [f"missing {'|'.join(sorted(g))}" for g in e["must"] if not found & g]
     allowed = e["may"].union(*e["must"])

@@ -104,6 +104,7 @@ def run(text: str, serve: bool = False, chunk: int = 0) -> tuple[Pipeline, list]
 
 
 def shape(e) -> tuple:
-    """An event without where it came from (wrappers change line numbers, times, processes)."""
+    """An event without where it came from (wrappers change line numbers, times, processes; a
+    traceback's ``raised_in`` follows the process prefix a wrapper adds)."""
     return (type(e).__name__,) + tuple(
-        (f.name, getattr(e, f.name)) for f in dataclasses.fields(e) if f.name not in ("meta", "message"))
+        (f.name, getattr(e, f.name)) for f in dataclasses.fields(e) if f.name not in ("meta", "message", "raised_in"))

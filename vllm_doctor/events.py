@@ -282,12 +282,39 @@ class NcclError:
 @dataclass(frozen=True, slots=True)
 class ExceptionRaised:
     """The last line of a Python traceback (``SomeError: message``); the traceback, whose lines
-    are joined into this one event, spans ``meta.lineno .. meta.end_lineno``."""
+    are joined into this one event, spans ``meta.lineno .. meta.end_lineno``.
+
+    Where it was raised, known by the traceback's structure (its frames, its process prefix, the
+    logger's file), not by its wording (:func:`vllm_doctor.parsers.records.classify_traceback`):
+    raised_in: the process, "engine-core" (V1 EngineCore, V0's engine process or background loop), "worker"
+    (VllmWorker / WorkerProc / a multiprocessing worker), "api-server" (the HTTP handlers),
+    "ray-actor" (a Ray worker actor) or None; phase: "loading" (weights), "profiling" (the memory
+    profiling run), "kv-cache" (KV cache sizing and allocation), "graph-capture" (CUDA graphs),
+    "startup" (another start-up step), "serving-step" (a model step for requests),
+    "output-handler" (V1's output handler) or None; ended: the traceback reached the top of its
+    process (the module, the process entry, the engine's main loop) or is a ``SystemExit``: the
+    process ended with it, it was not caught and logged by a handler that carried on.
+    """
 
     meta: Meta
     exc_type: str
     message: str = ""
     frames: tuple[str, ...] = ()  # function names seen in the traceback ("load_model", ...)
+    raised_in: str | None = None
+    phase: str | None = None
+    ended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadLine:
+    """A line that holds one of vLLM's wordings (a matcher's) after a prefix the envelope did not
+    take off (a time, a date or a level of a wrapper or logger format it does not know), so that
+    it was not read. matcher: the wording's matcher; prefix: the unknown text before it (the last
+    80 characters)."""
+
+    meta: Meta
+    matcher: str
+    prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +345,19 @@ class ServerShutdown:
     that follow it are part of the shutdown, not a death."""
 
     meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """A process of the deployment ended abnormally, as its supervisor or shell reports it:
+    systemd ``Main process exited, code=exited, status=1/FAILURE`` / ``code=killed, status=9/KILL``,
+    docker ``exited with code 137``, a shell's ``Killed``, ``Segmentation fault (core dumped)``,
+    ``Fatal Python error: ...``. exit_code: the exit status (None when only a signal is known);
+    signal: the signal that ended it (137 = 128 + 9: SIGKILL) or None."""
+
+    meta: Meta
+    exit_code: int | None = None
+    signal: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,8 +582,8 @@ EVENT_KINDS: dict[str, type] = {
         VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
         Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
         OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady, ServerShutdown,
-        UnknownFlag, VllmMetricsSample, GpuSample, StartupPhase, RequestTooLong, KvTransferFailure,
-        GpuUnsupported, HostMemorySample,
+        UnknownFlag, UnreadLine, ProcessExited, VllmMetricsSample, GpuSample, StartupPhase, RequestTooLong,
+        KvTransferFailure, GpuUnsupported, HostMemorySample,
     )
 }
 

@@ -437,6 +437,10 @@ class Pipeline:
                     ids[name]["last_ts"] = rec.ts
                 self.consume(name, rec)
         self._flush_parsers()
+        for name, ctx in list(self._sources.items()):  # the tracebacks the logs end inside
+            cut = ctx.parser.cut_tracebacks()
+            if cut:
+                self._fold(name, Record(cut[0].meta.lineno, ""), cut)
         if after is not None:
             after()
         self.active = self.engine.evaluate(self.state)

@@ -206,6 +206,7 @@ class RuleEngine:
         self.rule_errors: dict[str, list[str]] = {}  # rule id -> its last errors (while it fails)
         self.rule_errors_total: dict[str, int] = {}  # rule id -> evaluations that failed (a counter)
         self._thresholds = SimpleNamespace(**ruleset.thresholds)
+        self._fallbacks = frozenset(r.name for r in ruleset.rules if r.fallback)
         self._gates: dict[str, list[str]] = {}
         self._windows: dict[str, dict[str, WindowAggregate]] = {}  # rule id -> its window aggregates
         self._uses: dict[str, set[str]] = {}  # rule id -> the names its expressions use
@@ -326,7 +327,8 @@ class RuleEngine:
         now = state.now
         fired: dict[str, tuple[Rule, Evaluator, dict] | None] = {}
         for rule in self.ruleset.rules:
-            if due is not None and rule.id not in due:
+            # a fallback is judged against every other rule: only in a full evaluation
+            if due is not None and (rule.id not in due or rule.fallback):
                 prev = self.findings.get(rule.id)
                 if prev is not None and prev.active:
                     fired[rule.name] = None  # still active from its last evaluation
@@ -356,6 +358,8 @@ class RuleEngine:
                         and self._run_of.get(rule.id) == state.run_index):
                     del self.findings[rule.id]
                 continue
+            if rule.fallback and any(n not in self._fallbacks for n in fired):
+                continue  # another rule explains what this one would report
             f = self._finding(rule, ev, values, state)
             self._errored(rule, ev.errors)
             prev = self.findings.get(rule.id)

@@ -134,6 +134,8 @@ class Rule(Strict):
     window: float | str | None = None  # seconds, "5m", "t.NAME", or None for the whole history
     when: When
     unless: list[str] = Field(default_factory=list)
+    # reported only when no other rule (that is not a fallback itself) fires: "nothing else explains it"
+    fallback: bool = False
     windows: dict[str, WindowSpec] = Field(default_factory=dict)  # aggregates over the window, kept by the state
     values: dict[str, str] = Field(default_factory=dict)
     evidence: list[str] = Field(default_factory=list)

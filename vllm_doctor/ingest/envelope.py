@@ -314,6 +314,8 @@ class KeywordScanner:
 # Terminal escapes: OSC (``ESC ] ... BEL`` or ``ESC \\``: titles, hyperlinks), CSI (colours,
 # cursor moves), other two-byte escapes; an OSC cut off by the end of the line is dropped too.
 ANSI_RE = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\x1b")
+# The left and right borders of a terminal UI's box (k9s ``│ line … │``) with the padding before the right one.
+BOX_RE = re.compile(r"^[│┃] ?|\s*[│┃]\s*$")
 # Markdown blockquote of a paste (``> ``, possibly nested).
 QUOTE_RE = re.compile(r"^(?:> ?)+")
 # journald: ``journalctl`` short (``Nov 30 10:00:00 host unit[pid]: msg``), short-precise and
@@ -356,6 +358,15 @@ VLLM_HEAD_RE = re.compile(
     r"(?:\((?P<proc>[A-Za-z][\w.-]*(?: [\w.=-]+)*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?)?"
     r"(?=(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) )" + LOGGER_RE.pattern
 )
+# A host program's level in brackets, padded or not (``[ WARNING]: ``, ``[INFO] ``), and Python
+# logging's ``(%(filename)s:%(lineno)d)`` at the end of its format (see Envelope._one).
+# or Python's default ``%(asctime)s - %(name)s - %(levelname)s - %(message)s`` (the time taken off before).
+# or a pipe-separated ``| LEVEL | stream |`` (FastChat's workers: ``2023-12-27 11:25:36 | ERROR | stderr | ``).
+HOST_LEVEL_RE = re.compile(r"(?:\[\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?|- (?:[\w.]+ - )?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -"
+                           r"|\| (DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \|(?: [\w.-]+ \|)?)\s", re.I)
+HOST_SRC_RE = re.compile(r"\s\(([\w.-]+\.py):(\d+)\)\s*$")
+# A wrapper's label before vLLM's logger prefix: one word (a container, a pod, ``[pod/x/c]``) and a space.
+LABEL_RE = re.compile(r"[A-Za-z\[][\w.\-/\[\]]{0,79} ")
 # uvicorn's own level prefix (``INFO:     Application startup complete.``).
 UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
@@ -492,6 +503,10 @@ class Envelope:
         # The vLLM prefixes ``(level, src, process, pid, (month, day, hms))`` of the client-echo
         # messages seen (see ECHO_HEADS): a line with one of them is a line of that message.
         self._echo: dict[tuple, None] = {}
+        # A label a wrapper writes before every line (``kubectl logs --prefix``, a container's name):
+        # learnt from a line where vLLM's logger prefix follows it, taken off the lines without one
+        # (a traceback vLLM's process wrote to stderr).
+        self._label: str | None = None
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
         """Records in one raw line (usually one; several when records were glued together).
@@ -503,7 +518,7 @@ class Envelope:
         client-text checks included; anything else goes the general way. (The text is tested
         as str: a one-character ``in`` is a memchr, where bytes pay a buffer look-up.)"""
         text = raw.decode("utf-8", "replace")
-        if self._partial or "\x1b" in text:
+        if self._partial or "\x1b" in text or self._label is not None and text.startswith(self._label):
             return self._unwrap(lineno, text)
         line = text
         if "\r" in line:
@@ -626,6 +641,8 @@ class Envelope:
         glued records."""
         if text.endswith("\r"):
             text = text[:-1]
+        if self._label is not None and text.startswith(self._label):
+            text = text[len(self._label):]  # the wrapper's label learnt from a line with vLLM's prefix
         if "\x1b" in text:
             text = ANSI_RE.sub("", text)
         out: list[Record] = []
@@ -634,6 +651,9 @@ class Envelope:
         outer_ts: float | None = None
         for _ in range(4):  # wrappers nest: a quoted paste of journald around CRI around JSON, ...
             first = text[:1]
+            if first in "│┃":  # a terminal UI's box around each line (k9s): its borders and right padding
+                text = BOX_RE.sub("", text)
+                continue
             if first == ">":  # a markdown blockquote (a paste)
                 text = QUOTE_RE.sub("", text, 1)
                 continue
@@ -828,6 +848,8 @@ class Envelope:
         lm = None if kind else _logger_prefix(text)
         if lm and (lm.start() == 0 or (lm.group("level") and lm.start() > 0 and not client_head(text[: lm.start()]))):
             # Text glued before the prefix (tqdm progress) is never a vLLM message: dropped.
+            if lm.start() > 0 and process is None and LABEL_RE.fullmatch(text, 0, lm.start()):
+                self._label = text[: lm.start()]
             level = lm.group("level") or None
             if level == "WARN":
                 level = "WARNING"
@@ -852,6 +874,21 @@ class Envelope:
             if um:
                 level = um.group(1)
                 text = text[um.end():]
+        elif not kind and text[:1] in "[-|":
+            # a host program's logging format around vLLM's messages: its level in brackets (padded
+            # to a width: ``[ WARNING]: ``) after its own time (taken off as a wrapper before), and
+            # Python's ``(file.py:line)`` at the end (an evaluation harness re-logging vLLM's records)
+            hm = HOST_LEVEL_RE.match(text)
+            if hm:
+                level = (hm.group(1) or hm.group(2) or hm.group(3)).upper()
+                if level == "WARN":
+                    level = "WARNING"
+                text = text[hm.end():]
+                fm = HOST_SRC_RE.search(text)
+                if fm:
+                    src = f"{fm.group(1)}:{fm.group(2)}"
+                    text = text[: fm.start()]
+                kind = client_head(text)
         # Lines with no logger prefix (print(), tracebacks from multiprocessing, pastes without a
         # prefix) keep their text as it is.
         if ts is None:

@@ -245,14 +245,24 @@ def _cache_info(m, meta):  # V1 v1/metrics/loggers.py 0.8.5-0.11
 
 
 # ---- memory budget
-@matcher("kv-memory", r"Available KV cache memory: (?P<v>[\d.]+) (?P<u>GiB|GB)",
+@matcher("kv-memory", r"Available KV cache memory: (?P<v>-?[\d.]+) (?P<u>GiB|GB)",
          keywords=('Available KV cache memory: ',),
          versions='0.9.1-0.33', source='v1/worker/gpu_worker.py',
          examples=(
              '(VllmWorker rank=0 pid=2120280) INFO 07-28 23:02:27 [gpu_worker.py:255] Available KV cache memory: 18.83 GiB',
+             '(VllmWorker rank=0 pid=5521) INFO 03-03 10:12:40 [gpu_worker.py:276] Available KV cache memory: -2.57 GiB',
          ))
 def _kv_mem(m, meta):  # V1 gpu_worker.py 0.9.1+
-    return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], m["u"]))
+    return _kv_budget(ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["v"], m["u"])))
+
+
+def _kv_budget(e: ev.MemoryProfile):
+    """A memory profile whose KV cache budget is below zero (the weights, activations and other
+    processes already take more than gpu_memory_utilization of the device): vLLM then raises "No
+    available memory for the cache blocks"; the line alone says so when that error is cut off."""
+    if e.available_kv_cache_bytes is not None and e.available_kv_cache_bytes < 0:
+        return [e, ev.NoCacheMemory(e.meta)]
+    return e
 
 
 @matcher("profile-total", r"the current vLLM instance can use total_gpu_memory \((?P<t>[\d.]+)GiB\) x gpu_memory_utilization \((?P<u>[\d.]+)\)",
@@ -265,14 +275,14 @@ def _profile_total(m, meta):  # V0 worker.py 0.6.5-0.10
     return ev.MemoryProfile(meta, total_memory_bytes=to_bytes(m["t"], "GiB"), gpu_memory_utilization=float(m["u"]))
 
 
-@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>[\d.]+)GiB",
+@matcher("profile-kv", r"model weights take (?P<w>[\d.]+)GiB;.*the rest of the memory reserved for KV Cache is (?P<k>-?[\d.]+)GiB",
          keywords=('reserved for KV Cache is ',),
          versions='0.6.5-0.10', source='worker/worker.py',
          examples=(
              'INFO 02-11 10:17:54 [worker.py:294] model weights take 1.12GiB; non_torch_memory takes 0.16GiB; PyTorch activation peak memory takes 0.23GiB; the rest of the memory reserved for KV Cache is 61.84GiB.',
          ))
 def _profile_kv(m, meta):  # V0 worker.py 0.6.5-0.10
-    return ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["k"], "GiB"), model_weights_bytes=to_bytes(m["w"], "GiB"))
+    return _kv_budget(ev.MemoryProfile(meta, available_kv_cache_bytes=to_bytes(m["k"], "GiB"), model_weights_bytes=to_bytes(m["w"], "GiB")))
 
 
 @matcher("model-loading", r"(?:Model loading|Loading model weights) took (?P<v>[\d.]+) (?P<u>GiB|GB)(?: memory)?(?: and (?P<s>[\d.]+) seconds)?",
@@ -530,7 +540,8 @@ def _oom2(m, meta):
 # ---- engine death / hangs
 _ENGINE_FAILURES = [
     ("engine-dead", r"(?:MQ|Async)?EngineDeadError\b"),
-    ("background-task-failed", r"Engine background task failed"),
+    # V0 async_llm_engine.py; asyncio's report of the callback that re-raised the loop's end (0.2-0.10)
+    ("background-task-failed", r"Engine background task failed|Exception in callback functools\.partial\(<function _(?:log_task_completion|raise_exception_on_finish)\b|^handle: <Handle functools\.partial\(<function _(?:log_task_completion|raise_exception_on_finish)\b"),
     ("iteration-timeout", r"Engine iteration timed out"),
     ("core-failed", r"EngineCore(?:Proc)? failed to start|EngineCore encountered a fatal error|EngineCore hit an exception|Engine core initialization failed|Engine process failed to start|WorkerProc failed to start|Frontend process failed during engine core initialization|Timed out waiting for (?:new )?engine core processes to start"),
     ("proc-died", r"(?:Engine core proc|Worker proc|Engine core process|RayWorkerProc rank=\S+) \S* ?died unexpectedly|Worker \S+ pid \S+ died, exit code|Process \S+ \(PID: \S+\) died with exit code|engine core exited unexpectedly|RPCServer process died before responding"),
@@ -544,10 +555,11 @@ _EXIT_CODE_RE = re.compile(r"died unexpectedly \(exit code: (?P<c>-?\d+)\)|died 
 
 @matcher("engine-failure", _ENGINE_RE.pattern, search=True,
          exc_types=ENGINE_TYPES,
-         keywords=('EngineDeadError', 'Engine background task failed', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
+         keywords=('EngineDeadError', 'Engine background task failed', '<function _log_task_completion', '<function _raise_exception_on_finish', 'Engine iteration timed out', 'EngineCore failed to start', 'EngineCore encountered a fatal error', 'EngineCore hit an exception', 'Engine core initialization failed', 'Engine process failed to start', 'died unexpectedly', 'output_handler failed', 'output handler hit an error', 'Background loop ', 'ask finished unexpectedly', 'WorkerProc failed to start', 'EngineCoreProc failed to start', 'Frontend process failed', 'engine core processes to start', ' died, exit code', ') died with exit code', 'exited unexpectedly', 'RPCServer process died', 'failed execution to', 'Error in model execution'),
          versions='0.2-0.33', source='engine/async_llm_engine.py (V0), v1/engine/core.py, core_client.py, async_llm.py, v1/executor/multiproc_executor.py, logging_utils/dump_input.py',
          examples=(
              'ERROR 09-05 17:22:27 async_llm_engine.py:63] Engine background task failed',
+             'Exception in callback functools.partial(<function _log_task_completion at 0x7fa306a24220>, error_callback=<bound method AsyncLLMEngine._error_callback of <vllm.engine.async_llm_engine.AsyncLLMEngine object at 0x7fa2f068a010>>)',
              'INFO 10-11 06:51:31 model_runner_base.py:120] Writing input of failed execution to /tmp/err_execute_model_input_20241011-065131.pkl...',
              '(APIServer pid=1) ERROR 05-12 01:48:42 [api_router.py:72] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.',
          ))
@@ -593,6 +605,32 @@ def _nccl_error(m, meta):
          ))
 def _nccl_init_frame(m, meta):  # a traceback through NCCL communicator set-up, its error line cut off
     return ev.NcclError(meta, "error", meta.text[:300])
+
+
+# ---- a process that ended abnormally, as its supervisor or shell says (not vLLM's own wording)
+_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "ABRT": 6, "BUS": 7, "FPE": 8, "KILL": 9, "SEGV": 11, "TERM": 15}
+
+
+@matcher("process-exit", r"Main process exited, code=(?P<how>exited|killed|dumped), status=(?P<st>\d+)(?:/(?P<sig>[A-Z]+))?"
+         r"|\bexited with code (?P<dc>\d+)$|^(?P<killed>Killed)$|^(?P<segv>Segmentation fault)(?: \(core dumped\))?$"
+         r"|^Fatal Python error: (?P<fatal>Segmentation fault|Aborted|Bus error)", search=True,
+         keywords=('Main process exited', 'exited with code ', 'Killed', 'Segmentation fault', 'Fatal Python error: '),
+         versions='every (the supervisor or shell around vLLM)', source='systemd, docker / docker compose, bash, CPython faulthandler',
+         examples=('Jan 28 10:40:10 localhost systemd[1]: vllm.service: Main process exited, code=exited, status=1/FAILURE',
+                   'Jan 28 10:40:10 localhost systemd[1]: vllm.service: Main process exited, code=killed, status=9/KILL',
+                   'vllm-1 exited with code 137', 'Killed', 'Segmentation fault (core dumped)'))
+def _process_exit(m, meta):
+    if m["st"] is not None:
+        if m["how"] == "exited":
+            code = int(m["st"])
+            return ev.ProcessExited(meta, code, None) if code else None
+        return ev.ProcessExited(meta, None, _SIGNALS.get(m["sig"] or "", int(m["st"])))
+    if m["dc"] is not None:
+        code = int(m["dc"])
+        return ev.ProcessExited(meta, code, code - 128 if code > 128 else None) if code else None
+    if m["killed"]:
+        return ev.ProcessExited(meta, None, 9)
+    return ev.ProcessExited(meta, None, 11 if m["segv"] or m["fatal"] == "Segmentation fault" else 6 if m["fatal"] == "Aborted" else 7)
 
 
 @matcher("shm-stall", r"No available (?:shared memory broadcast )?block found ?in (?P<s>\d+) seconds?",
@@ -975,26 +1013,107 @@ def _gpu_unsupported(m, meta):
 
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
-FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+)')
+FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+|<module>)')
 # What the traceback joiner and the unknown-flag scan read, besides the matcher table.
 TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
 FLAG_KEYWORDS = tuple(FAKE_FLAGS)
-# Frames that run only at start-up (weights, profiling, KV cache allocation, graph capture) and
-# frames that run only while serving (a model step for admitted requests, the output handler):
-# an out-of-memory error raised through them happened in that phase, whatever came before.
-STARTUP_FRAMES = frozenset((
-    "load_model", "load_weights", "init_device", "profile_run", "_dummy_run", "_dummy_sampler_run",
-    "determine_num_available_blocks", "determine_available_memory", "_initialize_kv_caches",
-    "initialize_cache", "initialize_from_config", "_init_cache", "capture_model", "compile_or_warm_up_model",
-    "init_worker", "_init_executor", "initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache",
-    "_init_engine", "init_model", "_run_workers_init",
-))
-RUNTIME_FRAMES = frozenset((
-    "step", "step_async", "engine_step", "run_engine_loop", "engine_step_async", "_process_model_outputs",
-    "output_handler", "process_outputs", "step_with_batch_queue", "run_busy_loop", "_process_engine_step",
-    "execute_model_spmd", "_execute_model_spmd", "_run_engine", "generate",
-))
+
+# ---- where a traceback was raised, by its frames (issue 25): the function names of vLLM's own
+# code paths, read from the released sources of 0.2-0.33 (engine/llm_engine.py,
+# engine/async_llm_engine.py, engine/multiprocessing/engine.py, worker/worker.py, worker/model_runner.py,
+# executor/multiproc_worker_utils.py, v1/engine/core.py, v1/engine/async_llm.py,
+# v1/executor/multiproc_executor.py, v1/worker/gpu_worker.py, v1/worker/gpu_model_runner.py,
+# entrypoints/openai/serving_*.py). A frame may tell the phase (what the engine was doing), the
+# process (which process runs that code) and whether it is the top of its process (an uncaught
+# exception reached it, or the process's own last handler logged it and exited).
+PHASES = ("output-handler", "serving-loop", "graph-capture", "kv-cache", "profiling", "loading", "startup", "serving-step")
+_PHASE_FRAMES = {
+    # V1's output handler (AsyncLLM, in the API server process) and its output processing
+    "output-handler": ("output_handler", "_run_output_handler", "process_outputs"),
+    # loops that run only once the engine serves: V0's background loop and step, V1's busy loop
+    "serving-loop": ("run_engine_loop", "engine_step", "engine_step_async", "step_async", "run_busy_loop",
+                     "_process_engine_step", "step_with_batch_queue", "_run_engine", "_process_input_queue",
+                     # V0 AsyncLLMEngine: the callbacks run when the background loop's task ends (it ends only by an exception)
+                     "_log_task_completion", "_raise_exception_on_finish"),
+    "graph-capture": ("capture_model", "_capture_cudagraphs", "capture"),
+    "kv-cache": ("initialize_cache", "initialize_kv_cache", "initialize_from_config", "_allocate_kv_cache",
+                 "allocate_kv_cache", "_init_cache", "initialize_kv_cache_tensors", "raise_if_cache_size_invalid",
+                 "check_enough_kv_cache_memory", "get_kv_cache_config", "get_kv_cache_configs", "_init_cache_engine",
+                 "init_cache_engine", "_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors"),
+    "profiling": ("profile_run", "determine_num_available_blocks", "determine_available_memory", "_dummy_sampler_run",
+                  "_dummy_pooler_run"),
+    "loading": ("load_model", "load_weights", "get_model", "download_weights_from_hf", "_prepare_weights",
+                "load_weights_and_postprocess"),
+    "startup": ("init_device", "_dummy_run", "compile_or_warm_up_model", "init_worker", "_init_executor", "_init_engine",
+                "init_model", "_run_workers_init", "_initialize_kv_caches", "_init_workers_ray", "init_worker_distributed_environment",
+                "_init_workers", "init_distributed_environment", "ensure_model_parallel_initialized"),
+    # a model step for requests; these also run inside a start-up step (V0's profile_run calls execute_model)
+    "serving-step": ("step", "execute_model", "execute_model_spmd", "_execute_model_spmd", "generate", "_process_model_outputs",
+                     "execute_model_async", "sample_tokens"),
+}
+_PROCESS_FRAMES = {
+    "engine-core": ("run_engine_core", "run_busy_loop", "run_mp_engine", "run_engine_loop", "engine_step", "step_async",
+                    "_process_engine_step", "step_with_batch_queue", "run_engine_busy_loop", "_log_task_completion",
+                    "_raise_exception_on_finish"),
+    "worker": ("worker_main", "worker_busy_loop", "_run_worker_process", "execute_method", "_worker_loop"),
+    "ray-actor": ("ray",),  # "ray._raylet.execute_task" (a Ray actor's task)
+    "api-server": ("create_chat_completion", "create_completion", "chat_completion_stream_generator",
+                   "chat_completion_full_generator", "completion_stream_generator", "create_embedding",
+                   "create_responses", "run_asgi", "create_transcription", "create_score", "create_pooling"),
+}
+# The top of a process: an exception whose traceback reaches it was not caught by a handler that
+# carried on (the module, multiprocessing's process entry, vLLM's engine and worker entries, whose
+# handlers log the failure and exit: "EngineCore failed to start" / "encountered a fatal error",
+# V0's run_mp_engine, "WorkerProc failed to start").
+TOP_FRAMES = frozenset(("<module>", "_run_module_as_main", "_bootstrap", "spawn_main", "run_engine_core", "run_mp_engine",
+                        "worker_main", "run_engine_busy_loop"))
+FRAME_MARKS: dict[str, tuple[str, ...]] = {}
+for _tag, _names in [*_PHASE_FRAMES.items(), *(("p:" + k, v) for k, v in _PROCESS_FRAMES.items())]:
+    for _n in _names:
+        FRAME_MARKS[_n] = FRAME_MARKS.get(_n, ()) + (_tag,)
+for _n in TOP_FRAMES:
+    FRAME_MARKS[_n] = FRAME_MARKS.get(_n, ()) + ("top",)
+# the phases of start-up and of serving (an out-of-memory error's phase)
+STARTUP_PHASES = frozenset(("graph-capture", "kv-cache", "profiling", "loading", "startup"))
+RUNTIME_PHASES = frozenset(("output-handler", "serving-loop", "serving-step"))
+STARTUP_FRAMES = frozenset(n for p in STARTUP_PHASES for n in _PHASE_FRAMES[p])
+# (a lone frame line after an undecided OOM: not the model step, which V0's profiling run calls too)
+RUNTIME_FRAMES = frozenset(n for p in RUNTIME_PHASES for n in _PHASE_FRAMES[p]) - {"execute_model", "execute_model_async", "sample_tokens"}
+# A process prefix's name (``(EngineCore_DP0 pid=N)``) and the logger's file tell the process too.
+_PROCESS_PREFIX = (("EngineCore", "engine-core"), ("APIServer", "api-server"), ("ApiServer", "api-server"),
+                   ("RayWorker", "ray-actor"), ("Worker", "worker"))
+_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
+
+
+def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str) -> tuple[str | None, str | None, bool]:
+    """(process, phase, ended) of a traceback from the marks of its frames (:data:`FRAME_MARKS`),
+    the process prefix of its lines and the logger's file. The phase is the first of
+    :data:`PHASES` its frames hold: the loops that run only while serving decide over start-up
+    frames (V1's busy loop runs dummy batches through ``_dummy_run``), start-up steps over a bare
+    model step (V0's profiling run calls ``execute_model``). The process: from the frames of the
+    code that raised (an engine loop's step re-raised by an HTTP handler was raised by the
+    engine), else the prefix, else the file that logged it."""
+    phase = next((p for p in PHASES if p in marks), None)
+    if phase == "serving-loop":
+        phase = "serving-step"
+    proc = None
+    if "p:engine-core" in marks:
+        proc = "engine-core"
+    elif process:
+        proc = next((v for k, v in _PROCESS_PREFIX if k in process), None)
+    if proc is None:
+        proc = next((k for k in ("worker", "ray-actor", "api-server") if "p:" + k in marks), None)
+    if proc is None and src:
+        m = _PROCESS_SRC.match(src)
+        if m:
+            proc = "api-server" if m["api"] else "engine-core" if m["core"] else "worker"
+    ended = "top" in marks or exc_type.rpartition(".")[2] == "SystemExit"
+    return proc, phase, ended
+
+
 MAX_FRAMES = 12  # function names kept per traceback (the innermost)
+_NO_MARKS: frozenset = frozenset()
+CUT_TRACEBACK = "(traceback cut before its exception line)"  # the exc_type of a traceback the log ends inside
 MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress
 
 
@@ -1157,7 +1276,7 @@ class RecordParser:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self._tb: dict[object, tuple[int, list[str]]] = {}  # process key -> (start line, frames)
+        self._tb: dict[object, tuple] = {}  # process key -> (start line, frames, marks, its first record)
         self._served_seen = False  # a stats line was seen in this engine run
         self._dump_seen = False  # a fatal-step dump was seen in this engine run
         self._cfg: dict[str, int] = {}  # max_model_len, block_size echoed in this engine run
@@ -1190,28 +1309,40 @@ class RecordParser:
                 return cont
         out: list = []
         key = rec.pid or rec.process
-        tb_start, exc_line, frame_line, matchers, flag_text = self._shape(msg)
+        tb_start, exc_line, frame_line, matchers, flag_text, unread = self._shape(msg)
         if tb_start:
             if key not in self._tb and len(self._tb) >= MAX_OPEN_TRACEBACKS:
                 self._tb.pop(next(iter(self._tb)))
-            self._tb[key] = (rec.lineno, [])
+            self._tb[key] = (rec.lineno, [], set(), rec)
             return [None]  # consumed: part of a traceback event
         frames: list[str] = []
         if frame_line:
-            tb = self._tb.get(key)
+            tb = self._tb.get(key) or self._tb.get(self._orphan(key))
+            if tb is None and len(self._tb) < MAX_OPEN_TRACEBACKS:
+                # a frame with no "Traceback (most recent call last):" before it: the log (an
+                # excerpt, a rotated file) begins inside the traceback; its frames still tell
+                tb = self._tb[key] = (rec.lineno, [], set(), rec)
             if tb is not None:
-                tb[1].append(FRAME_RE.match(msg).group("f"))
+                f = FRAME_RE.match(msg).group("f")
+                tb[1].append(f)
+                marks = FRAME_MARKS.get(f)
+                if marks:  # what the frame tells, kept for the whole traceback (bounded: a few tags)
+                    tb[2].update(marks)
                 if len(tb[1]) > 2 * MAX_FRAMES:
                     del tb[1][: len(tb[1]) - MAX_FRAMES]
-        if exc_line is None and not matchers and not self._held and not flag_text:
+        if exc_line is None and not matchers and not self._held and not flag_text and unread is None:
             return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
+        tb_phase = None
         if exc_line is not None:  # the exception line: (type span, message span or None) in msg
             (t0, t1), m_span = exc_line
-            start, frames = self._tb.pop(key, (rec.lineno, []))
+            start, frames, marks, _ = self._tb.pop(key if key in self._tb else self._orphan(key), (rec.lineno, [], _NO_MARKS, None))
             tmeta = meta if start == rec.lineno else ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-            out.append(ev.ExceptionRaised(tmeta, msg[t0:t1], msg[m_span[0] : m_span[1]][:400] if m_span else "",
-                                          tuple(frames[-MAX_FRAMES:])))
+            exc_type = msg[t0:t1]
+            proc, phase, ended = classify_traceback(marks, rec.process, rec.src, exc_type)
+            out.append(ev.ExceptionRaised(tmeta, exc_type, msg[m_span[0] : m_span[1]][:400] if m_span else "",
+                                          tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
+            tb_phase = phase
         for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
@@ -1225,6 +1356,9 @@ class RecordParser:
                     out.extend(res)
                 else:
                     out.append(res)
+        if unread is not None and not out:
+            # vLLM's own wording behind text the envelope did not take off: a wrapper it does not know
+            out.append(ev.UnreadLine(meta, unread[0], msg[: unread[1]][-80:]))
         if not out and not flag_text:
             return self._release(msg, out) if self._held else out
         kinds = {type(e) for e in out}  # events are final classes: exact types
@@ -1233,7 +1367,7 @@ class RecordParser:
         oom = ev.OutOfMemory
         if oom in kinds:
             step_failed = ev.EngineFailure in kinds and any(type(x) is ev.EngineFailure and x.kind == "step-failed" for x in out)
-            out = [_with_phase(e, frames, rec.src, step_failed) if type(e) is oom else e for e in out]
+            out = [_with_phase(e, tb_phase, rec.src, step_failed) if type(e) is oom else e for e in out]
         released = self._release(msg, out) if self._held else []
         if not self._served_seen and oom in kinds:
             # An OOM whose own record and traceback do not tell the phase: vLLM often logs the error
@@ -1278,6 +1412,14 @@ class RecordParser:
                 out.append(ev.UnknownFlag(meta, m.group(1), FAKE_FLAGS[m.group(1)], m.group(2)))
         return out
 
+    def _orphan(self, key: object) -> object:
+        """The traceback a line without any process prefix continues when none is open under its
+        own key: the one opened last (a hard-wrapped or re-pasted line lost the prefix that the
+        traceback's first lines carry)."""
+        if key is not None or not self._tb:
+            return key
+        return next(reversed(self._tb))
+
     def _shape(self, msg: str) -> tuple:
         """(opens a traceback, the exception line's group spans or None, is a traceback frame, the
         matchers to run in table order, may name a flag) for a message: the same for every message
@@ -1300,8 +1442,21 @@ class RecordParser:
             if matchers:  # a failure's phrase counts on the types it is raised as (Matcher.exc_types)
                 last = em.group("t").rpartition(".")[2]
                 matchers = tuple(mt for mt in matchers if mt.exc_types is None or last in mt.exc_types)
+        unread = None
+        if cands and em is None:
+            # an anchored wording found later in the message: what precedes it is a prefix that no
+            # wrapper of the envelope took off (the line is vLLM's, and it is not read)
+            for mt in cands.values():
+                if not mt.search and id(mt) not in _NO_UNREAD:
+                    if mt.regex.match(msg):
+                        unread = None
+                        break
+                    um = mt.regex.search(msg)
+                    if um is not None and um.start() > 0 and UNREAD_PREFIX_RE.search(msg, 0, um.start()):
+                        unread = (mt.name, um.start())
+                        break
         got = (stripped.startswith("Traceback (most recent call last)"), exc,
-               FRAME_RE.match(msg) is not None, matchers, "--" in msg or "VLLM_" in msg)
+               FRAME_RE.match(msg) is not None, matchers, "--" in msg or "VLLM_" in msg, unread)
         if shape is not None and len(shape) <= MAX_SHAPE_BYTES:
             if len(_SHAPES) >= MAX_SHAPES:
                 _SHAPES.clear()
@@ -1360,6 +1515,21 @@ class RecordParser:
         held, self._held = self._held, []
         return held
 
+    def cut_tracebacks(self) -> list:
+        """The end of the input: each traceback still open (its exception line is not in the log:
+        the excerpt or the log ends inside it) whose frames tell where it was raised, as an
+        :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``."""
+        out = []
+        for start, frames, marks, first in self._tb.values():
+            if not marks:
+                continue
+            proc, phase, ended = classify_traceback(marks, first.process, first.src, "")
+            out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
+                                                  "Traceback (most recent call last):"),
+                                          CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
+        self._tb.clear()
+        return out
+
     def _blocks_too_small(self, e: ev.KvCacheCapacity, meta: ev.Meta):
         """V0's ``# GPU blocks: N, # CPU blocks: M`` with a max_model_len (``max_seq_len`` of the
         engine config echo) that N blocks cannot hold: vLLM's own check (worker.py
@@ -1379,6 +1549,11 @@ class RecordParser:
 # text may name one).
 _FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity))
 
+# What a wrapper's prefix before an unread vLLM message holds: a time, a date or a level (text
+# glued before vLLM's wording in a sentence, a quote or a exception head is not a wrapper).
+UNREAD_PREFIX_RE = re.compile(r"\d\d:\d\d:\d\d|\d{4}-\d\d-\d\d|\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b", re.I)
+# anchored matchers whose wording is also a traceback's source line (their text mid-line is not a cut prefix)
+_NO_UNREAD: frozenset = frozenset()
 # Matchers whose regexes tell digits apart: run on every message that holds their keywords.
 _SENSITIVE = frozenset(id(m) for m in MATCHERS if not _digit_blind(m.regex))
 assert _digit_blind(EXC_LINE_RE) and _digit_blind(FRAME_RE) and _digit_blind(STATS_FIELD)
@@ -1389,7 +1564,7 @@ MAX_HELD_OOM = 64  # OOM events held at once (the same OOM echoed by every proce
 # logs "EngineCore encountered a fatal error." only once ``engine_core`` exists, "EngineCore failed to
 # start." before; v1/engine/async_llm.py creates the output handler only after the engine core's
 # start-up handshake; a failed step dump is written only for a step run for requests).
-RUNTIME_FAILURES = ("output-handler", "step-failed")
+RUNTIME_FAILURES = ("output-handler", "step-failed", "background-task-failed")  # V0's background loop runs once the engine is up
 RUNTIME_FAILURE_TEXT = re.compile(r"EngineCore encountered a fatal error")
 STARTUP_FAILURE_TEXT = re.compile(r"EngineCore(?:Proc)? failed to start|Engine core initialization failed|WorkerProc failed to start|"
                                   r"^\s+kv_caches = self\.initialize_kv_cache_tensors\(")
@@ -1416,24 +1591,22 @@ def phase_cue(msg: str, out: list) -> str | None:
                 return "runtime"
             if STARTUP_FAILURE_TEXT.search(e.message):
                 return "startup"
-        elif t is ev.ExceptionRaised and e.frames:
-            if not STARTUP_FRAMES.isdisjoint(e.frames):
-                return "startup"
-            if not RUNTIME_FRAMES.isdisjoint(e.frames):
-                return "runtime"
+        elif t is ev.ExceptionRaised and e.phase is not None:
+            return "startup" if e.phase in STARTUP_PHASES else "runtime"
     return None
 
 
-def _with_phase(e, frames: list[str], src: str | None, step_failed: bool):
-    """An out-of-memory error's phase from its context: raised through start-up-only frames it
-    is "startup"; through serving-only frames, logged by a request handler
-    (``serving_chat.py`` ...), or together with a failed model step ("Error in model execution
-    (input dumped ...)") it is "runtime"; else the state decides from what came before (None)."""
+def _with_phase(e, phase: str | None, src: str | None, step_failed: bool):
+    """An out-of-memory error's phase from its context: raised in a start-up phase of its
+    traceback (:func:`classify_traceback`: loading, profiling, KV cache, graph capture) it is
+    "startup"; in a serving phase (V0's engine loop, V1's busy loop, a model step, the output
+    handler), logged by a request handler (``serving_chat.py`` ...), or together with a failed
+    model step ("Error in model execution (input dumped ...)") it is "runtime"; else the state
+    decides from what came before (None)."""
     if not isinstance(e, ev.OutOfMemory) or e.phase is not None:
         return e
-    if frames and not STARTUP_FRAMES.isdisjoint(frames):
+    if phase in STARTUP_PHASES:
         return replace(e, phase="startup")
-    if (frames and not RUNTIME_FRAMES.isdisjoint(frames) or src is not None and src.startswith("serving")
-            or step_failed):
+    if phase in RUNTIME_PHASES or phase == "serving-step" or src is not None and src.startswith("serving") or step_failed:
         return replace(e, phase="runtime")
     return e

@@ -367,6 +367,11 @@ class State:
             if v is not None:
                 self.memory[f] = v
 
+    def _on_InsufficientFreeMemory(self, e: ev.InsufficientFreeMemory) -> None:
+        # the error states the gpu_memory_utilization vLLM ran with: a fact of the log, not a default
+        if e.gpu_memory_utilization is not None:
+            self.memory["gpu_memory_utilization"] = e.gpu_memory_utilization
+
     def _on_SchedulerStats(self, e: ev.SchedulerStats) -> None:
         self.stats.append(e)
         if len(self.stats) > self.max_items:

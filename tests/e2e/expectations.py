@@ -61,8 +61,11 @@ def check_max_num_seqs_fix(findings: list[dict], truth: dict, where: str) -> int
         if not 1 <= v < truth["max_num_seqs"]:
             continue
         m = re.match(r"(\d+) sequences were running when the KV cache was full", how)
-        if (m and int(m[1]) == v) or "tokens per running sequence observed" in how or (
-                how.startswith("never-preempt bound") and v <= cap):
+        # issue 20: what ran without preemption, or the KV cache over the longest tokens per sequence seen
+        clean = re.match(r"(\d+) running with no preemption counted in the interval", how)
+        observed = re.match(r"[\d.]+% x [\d,]+ KV cache tokens / \d+ running = [\d,]+ tokens per sequence at most", how)
+        if (m and int(m[1]) == v) or (clean and int(clean[1]) == v) or observed or (
+                "tokens per running sequence observed" in how) or (how.startswith("never-preempt bound") and v <= cap):
             ok.append(v)
     assert ok, (f"{where}: --max-num-seqs {[(x['value'], x.get('arithmetic')) for x in fixes]} is not computed "
                 f"from what was observed ({truth['kv_cache_tokens']} tokens / {truth['max_model_len']} = {cap} is "
@@ -99,10 +102,10 @@ def check_diagnosis(scenario: str, d: Diagnosis, truth: dict, with_metrics: bool
         check_facts(d.facts, truth, ("kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_seqs"), where)
         storm = [f for f in d.findings if f.get("name") in MUST[scenario][0]]
         # Admitting fewer sequences only buys fewer preemptions, so a --max-num-seqs fix is due
-        # where the inputs show preemption: counted (vLLM's counter, --metrics) or inferred from the
-        # log (running dropping while the KV cache is full). A V1 log whose stats lines never caught
-        # that shows a capacity cap only, and cutting concurrency there is no fix.
-        seen = (d.facts.get("preemptions_total") or 0) > 0 or d.facts.get("preemptions_inferred") is True
+        # where vLLM counted preemptions (its counter, --metrics: issue 20, fixes from measured
+        # harm). Preemption inferred from a V1 log alone (running dropping while the KV cache is
+        # full) or a capacity cap is no reason to cut concurrency.
+        seen = (d.facts.get("preemptions_total") or 0) > 0
         if (require or storm) and seen:
             check_max_num_seqs_fix(storm, truth, where)
         elif storm:

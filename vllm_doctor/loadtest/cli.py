@@ -93,6 +93,29 @@ def ladder_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def objectives_table(result: dict) -> str:
+    """Each objective per level: p99 [95 % bootstrap interval] and PASS / FAIL / UNDECIDED."""
+    from vllm_doctor.loadtest.objectives import METRICS, Objectives
+
+    obj = Objectives(**(result.get("objectives") or {}))
+    names = [n for n, _ in obj.items()]
+    lines = [f"Objectives: {obj.describe()} (p99 [95 % bootstrap interval]; UNDECIDED: the interval "
+             f"straddles the objective)"]
+    lines.append(f"{'conc':>5} " + " ".join(f"{METRICS[n][2]:>28}" for n in names) + f" {'level':>10}")
+    for lv in result["levels"]:
+        cells = []
+        for n in names:
+            v = (lv.get("objectives") or {}).get(n) or {}
+            if v.get("value_ms") is None:
+                cells.append(f"{'–':>28}")
+                continue
+            ci = ("" if v.get("ci_low_ms") is None else
+                  f" [{v['ci_low_ms']:,.0f}-{v['ci_high_ms']:,.0f}]")
+            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(28))
+        lines.append(f"{lv['concurrency']:>5} " + " ".join(cells) + f" {lv.get('meets_objectives') or '–':>10}")
+    return "\n".join(lines)
+
+
 @bench_app.command()
 def ladder(
     url: Annotated[str, typer.Option("--url", metavar="URL", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
@@ -116,6 +139,10 @@ def ladder(
     chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown on stdout.")] = OutFormat.text,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the synthetic prompts and arrivals.")] = 0,
+    ttft_p99_ms: Annotated[float, typer.Option("--ttft-p99-ms", metavar="MS", help="Objective: p99 TTFT at or under this (0: none).")] = 500.0,
+    itl_p99_ms: Annotated[float, typer.Option("--itl-p99-ms", metavar="MS", help="Objective: p99 inter-token latency at or under this (0: none).")] = 100.0,
+    tpot_p99_ms: Annotated[float, typer.Option("--tpot-p99-ms", metavar="MS", help="Objective: p99 TPOT at or under this (0: none).")] = 0.0,
+    e2e_p99_ms: Annotated[float, typer.Option("--e2e-p99-ms", metavar="MS", help="Objective: p99 end-to-end latency at or under this (0: none).")] = 0.0,
 ) -> None:
     """Run a concurrency ladder against a live vLLM: TTFT/TPOT/ITL/E2E, goodput, errors and
     vLLM's own preemptions per level; find the knee and recommend --max-num-seqs."""
@@ -124,6 +151,7 @@ def ladder(
 
     from vllm_doctor.loadtest.chart import html_page, ladder_svg
     from vllm_doctor.loadtest.ladder import BenchError, LadderConfig, run_ladder
+    from vllm_doctor.loadtest.objectives import Objectives
 
     lv = _levels(levels)
     if requests is not None and requests < 1:
@@ -134,12 +162,16 @@ def ladder(
         _fail("--input-len and --output-len must be at least 1")
     if chart is not None and chart.suffix.lower() not in (".svg", ".html", ".htm"):
         _fail(f"--chart {chart}: give a .svg or .html file")
+    if min(ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms) < 0:
+        _fail("objectives (--ttft-p99-ms, --itl-p99-ms, --tpot-p99-ms, --e2e-p99-ms) are milliseconds >= 0")
+    objectives = Objectives(*(v or None for v in (ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms)))
     cfg = LadderConfig(url=url, levels=lv, model=model, requests_per_level=requests, duration_seconds=duration,
                        input_len=input_len, output_len=output_len, prompts=_prompts(prompts) if prompts else None,
                        request_rate=request_rate, chat=chat, ignore_eos=ignore_eos,
                        request_timeout_seconds=timeout, level_timeout_seconds=level_timeout,
                        metrics_url="" if (metrics_url or "").lower() == "none" else metrics_url,
-                       knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed)
+                       knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed,
+                       objectives=objectives)
     total = sum(cfg.requests_for(c) or 0 for c in lv)
     if total > MAX_TOTAL_REQUESTS:
         _fail(f"{total:,} requests in all is over the limit of {MAX_TOTAL_REQUESTS:,}")
@@ -194,6 +226,7 @@ def ladder(
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
         print(ladder_table(result))
+        print("\n" + objectives_table(result))
         for lv_ in result["levels"]:
             if lv_["errors"]:
                 print(f"  concurrency {lv_['concurrency']}: {lv_['errors']} of {lv_['requests']} failed: "
@@ -202,7 +235,7 @@ def ladder(
             print(f"Ladder {result['stopped']}")
         k = result["knee"]
         where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
-        print(f"\nKnee: {where}: {k['reason']}")
+        print(f"\nKnee: {where}: {k['reason']} (a separate fact: the recommendation follows the objectives)")
         rec = result["recommendation"]
         if rec["value"] is not None:
             print(f"Do this: {rec['flag']} {rec['value']}\n  why: {rec['why']}")

@@ -430,3 +430,65 @@ def test_ladder_prints_objectives_with_intervals(tmp_path):
     assert res["levels"][1]["meets_objectives"] == "PASS" and res["recommendation"]["value"] == 2
     h = doctor("bench", "ladder", "--help")
     assert "--ttft-p99-ms" in h.stdout and "500" in h.stdout and "--itl-p99-ms" in h.stdout
+
+
+# ---- compare: like with like ---------------------------------------------------------------------
+
+def test_compare_refuses_every_unlike_pair_and_warns_with_allow_unlike(tmp_path, ladder_result):
+    res = ladder_result[0]
+    assert res["vllm_version"] == "0.0.0+fake"          # GET /version of the server, recorded in the result
+
+    def write(name, doc):
+        p = tmp_path / name
+        p.write_text(json.dumps(doc))
+        return str(p)
+
+    base = write("base.json", res)
+    other_version = write("v.json", {**res, "vllm_version": "0.33.0"})
+    other_model = write("m.json", {**res, "model": "other-model"})
+    longer = json.loads(json.dumps(res))
+    for lv in longer["levels"]:
+        lv["prompt_tokens"] *= 4
+    longer = write("w.json", longer)
+    c4, c8 = FIX / "vllm-0.32-cpu-bench-serve-c4.json", FIX / "vllm-0.32-cpu-bench-serve-c8.json"
+    guide = FIX / "guidellm-0.8.1-vllm-0.32-cpu.json"
+    cases = [((str(c4), str(c8)), "concurrency 4 vs 8"),
+             ((str(c4), str(guide), "--level", "4"), "tool vllm-bench-serve vs guidellm"),
+             ((base, other_model, "--level", "4"), "model fake-model vs other-model"),
+             ((base, longer, "--level", "4"), "workload: 20 vs 80 prompt tokens per request"),
+             ((base, other_version, "--level", "4"), "vLLM 0.0.0+fake vs 0.33.0")]
+    for args, why in cases:
+        r = doctor("bench", "compare", *args, "--ttft-p99-ms", "100000")
+        assert r.returncode == 2 and why in r.stderr and "--allow-unlike" in r.stderr, (args, r.stderr)
+        assert r.stderr.count("\n") == 1
+        r = doctor("bench", "compare", *args, "--ttft-p99-ms", "100000", "--allow-unlike")
+        assert r.returncode in (0, 1, 3) and f"WARNING: unlike runs: {why}" in r.stdout, (args, r.stdout)
+    r = doctor("bench", "compare", base, base, "--level", "4", "--format", "json")
+    assert json.loads(r.stdout)["unlike"] == []
+
+
+def test_compare_reports_each_change_with_its_interval_in_aligned_columns(tmp_path, ladder_result):
+    p = tmp_path / "ladder.json"
+    p.write_text(json.dumps(ladder_result[0]))
+    r = doctor("bench", "compare", str(p), str(p), "--level", "4", "--ttft-p99-ms", "100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("indicator")))
+    rows = [x for x in lines[head + 1:] if x and not x.startswith(("  ", "Verdict"))]
+    assert [x.split()[0] for x in rows] == ["TTFT", "TPOT", "output", "preemptions"]
+    assert len({x.index("->") for x in rows}) == 1                   # the arrows, hence the columns, line up
+    for col in ("change", "target", "result"):
+        assert len({x.index(col) for x in [lines[head]]}) == 1
+    assert {len(x) - len(x.lstrip()) for x in rows} == {0}
+    ttft = rows[0]
+    assert "no measurable change" in ttft and "overlap" in ttft
+    # a real difference: the AFTER level's interval lies above BEFORE's
+    a = json.loads(json.dumps(ladder_result[0]))
+    for lv in a["levels"]:
+        for k in ("p99", "p99_ci_low", "p99_ci_high"):
+            lv["ttft_ms"][k] += 10_000
+    q = tmp_path / "slow.json"
+    q.write_text(json.dumps(a))
+    r = doctor("bench", "compare", str(p), str(q), "--level", "4", "--ttft-p99-ms", "100000", "--format", "json")
+    ch = json.loads(r.stdout)["checks"][0]["change"]
+    assert ch.startswith("+10,000.0") and "[+" in ch and "no measurable" not in ch

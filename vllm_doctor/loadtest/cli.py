@@ -4,7 +4,8 @@ Exit codes:
 - ladder: 0 every request completed; 1 some requests failed (the result is still written);
   2 unusable input or an unreachable server (one line on stderr).
 - compare: 0 every indicator PASSes; 1 at least one FAILs; 3 none fails but one is UNKNOWN (a
-  file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input.
+  file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input,
+  or unlike runs (level, tool, model, workload, vLLM version) without ``--allow-unlike``.
 """
 
 from __future__ import annotations
@@ -255,9 +256,10 @@ def compare(
     tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", metavar="MS", help="Target: mean TPOT below this (default: no more than 10 % above BEFORE).")] = None,
     max_throughput_drop: Annotated[float, typer.Option("--max-throughput-drop", metavar="RATIO", help="Target: output throughput at most this ratio below BEFORE.")] = 0.05,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown.")] = OutFormat.text,
+    allow_unlike: Annotated[bool, typer.Option("--allow-unlike", help="Compare runs that differ in level, tool, model, workload or vLLM version (warned about) instead of refusing.")] = False,
 ) -> None:
     """Put TTFT p99, TPOT, throughput and preemptions of two runs side by side, PASS/FAIL each."""
-    from vllm_doctor.loadtest.results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick
+    from vllm_doctor.loadtest.results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick, unlike
 
     try:
         b_runs, a_runs = load_runs(before), load_runs(after)
@@ -265,6 +267,9 @@ def compare(
         a = pick(a_runs, level, b_runs)
     except ResultError as e:
         _fail(str(e))
+    diff = unlike(b, a)
+    if diff and not allow_unlike:
+        _fail(f"unlike runs ({'; '.join(diff)}): compare like with like, or pass --allow-unlike")
     checks = run_compare(b, a, Targets(ttft_p99_ms=ttft_p99_ms, max_preemptions=max_preemptions,
                                        tpot_mean_ms=tpot_ms, max_throughput_drop_ratio=max_throughput_drop))
     doc = checks_dict(b, a, checks)
@@ -274,21 +279,32 @@ def compare(
         def conc(r):
             return "" if r.concurrency is None else f" at {r.concurrency:g} concurrent"
         md = format == OutFormat.markdown
-        lines = [f"BEFORE: {b.source} ({b.format}{conc(b)})", f"AFTER:  {a.source} ({a.format}{conc(a)})", ""]
+        lines = [f"BEFORE: {b.source} ({b.format}{conc(b)})", f"AFTER:  {a.source} ({a.format}{conc(a)})"]
         if md:
-            lines = [f"- BEFORE: `{b.source}` ({b.format}{conc(b)})", f"- AFTER: `{a.source}` ({a.format}{conc(a)})", "",
-                     "| indicator | before | after | target | result |", "|---|---|---|---|---|"]
+            lines = [f"- BEFORE: `{b.source}` ({b.format}{conc(b)})", f"- AFTER: `{a.source}` ({a.format}{conc(a)})"]
+        lines += [f"{'- ' if md else ''}WARNING: unlike runs: {d}" for d in diff]
+        rows = []
         for c in checks:
             unit = f" {c.unit}" if c.unit else ""
             spec = "{:,.0f}" if not c.unit else "{:,.1f}"  # counts are whole numbers
             bv = "unknown" if c.before is None else spec.format(c.before) + unit
             av = "unknown" if c.after is None else spec.format(c.after) + unit
-            if md:
-                lines.append(f"| {c.indicator} | {bv} | {av} | {c.target} | **{c.status}** |")
-            else:
-                lines.append(f"{c.indicator:<18} {bv:>16} -> {av:<16} {c.target:<36} {c.status}")
-            if c.note:
-                lines.append(f"{'  ' if not md else '  - '}{c.note}")
+            rows.append((c.indicator, bv, av, c.change, c.target, c.status, c.note))
+        head = ("indicator", "before", "after", "change", "target", "result")
+        if md:
+            lines += ["", "| " + " | ".join(head) + " |", "|---|---|---|---|---|---|"]
+            for r in rows:
+                lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | **{r[5]}** |")
+                if r[6]:
+                    lines.append(f"  - {r[6]}")
+        else:
+            w = [max(len(x[i]) for x in (head, *rows)) for i in range(6)]
+            lines += ["", f"{head[0]:<{w[0]}}  {head[1]:>{w[1]}}    {head[2]:<{w[2]}}  {head[3]:<{w[3]}}  "
+                      f"{head[4]:<{w[4]}}  {head[5]}"]
+            for r in rows:
+                lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}} -> {r[2]:<{w[2]}}  {r[3]:<{w[3]}}  {r[4]:<{w[4]}}  {r[5]}")
+                if r[6]:
+                    lines.append(f"  {r[6]}")
         lines.append("")
         lines.append(f"{'**Verdict: ' + doc['verdict'] + '**' if md else 'Verdict: ' + doc['verdict']}")
         print("\n".join(lines))

@@ -316,6 +316,17 @@ async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
         raise BenchError(f"{base}/v1/models: no model listed; give --model") from None
 
 
+async def _server_version(client: httpx.AsyncClient, base: str) -> str | None:
+    """vLLM's ``GET /version`` ({"version": "0.x.y"}); None when the server does not answer it."""
+    try:
+        async with asyncio.timeout(5):
+            r = await client.get(base + "/version", timeout=5)
+        v = r.json().get("version") if r.status_code == 200 else None
+    except (httpx.HTTPError, TimeoutError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) and len(v) <= 64 else None
+
+
 async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, level: int,
                     prompts: list[str], metrics: _MetricsReader,
                     on_request: Callable[[RequestResult], None] | None = None) -> LevelResult:
@@ -406,6 +417,7 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
     limits = httpx.Limits(max_connections=max(cfg.levels) + 4, max_keepalive_connections=max(cfg.levels) + 4)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
         model = cfg.model or await _resolve_model(client, base)
+        vllm_version = await _server_version(client, base)
         rng = random.Random(cfg.seed)
         n_prompts = max(cfg.requests_for(c) or 64 for c in cfg.levels)
         if cfg.prompts:
@@ -435,6 +447,7 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
     knee = find_knee(levels, cfg.knee_gain)
     rec = recommend(levels, knee, kv_tokens, cfg.objectives)
     out = result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+    out["vllm_version"] = vllm_version   # `bench compare` refuses runs of different versions
     out["stopped"] = stopped
     return out
 

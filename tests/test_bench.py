@@ -492,3 +492,27 @@ def test_compare_reports_each_change_with_its_interval_in_aligned_columns(tmp_pa
     r = doctor("bench", "compare", str(p), str(q), "--level", "4", "--ttft-p99-ms", "100000", "--format", "json")
     ch = json.loads(r.stdout)["checks"][0]["change"]
     assert ch.startswith("+10,000.0") and "[+" in ch and "no measurable" not in ch
+
+
+# ---- chart ---------------------------------------------------------------------------------------
+
+def test_bench_chart_rerenders_a_saved_ladder_with_legend_objective_and_preemption_marker(tmp_path):
+    """The real ladder (vLLM 0.32 on CPU): preemptions began at 8 concurrent requests."""
+    src = tmp_path / "ladder.json"
+    src.write_text((FIX / "ladder-vllm-0.32-cpu.json").read_text())
+    doc = json.loads(src.read_text())
+    assert [lv["preemptions"] for lv in doc["levels"]][:3] == [0, 0, 0] and doc["levels"][3]["preemptions"] > 0
+    r = doctor("bench", "chart", str(src))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "ladder.html").read_text()
+    assert r.stdout.strip() == str(tmp_path / "ladder.html")
+    assert page.count('class="legend"') == 1
+    assert 'class="objective"' in page and "TTFT p99 objective 500 ms" in page
+    assert 'class="preemption"' in page and "preemption begins: 8" in page
+    assert page.count('class="point-throughput"') == 4
+    r = doctor("bench", "chart", str(src), "-o", str(tmp_path / "c.svg"))
+    assert r.returncode == 0 and (tmp_path / "c.svg").read_text().startswith("<svg")
+    for bad, why in ((FIX / "vllm-0.32-cpu-bench-serve-c4.json", "not a vllm-doctor bench ladder result"),
+                     (tmp_path / "missing.json", "no such file")):
+        r = doctor("bench", "chart", str(bad), "-o", str(tmp_path / "x.html"))
+        assert r.returncode == 2 and why in r.stderr and r.stderr.count("\n") == 1

@@ -1,4 +1,5 @@
-"""``vllm-doctor bench``: ``ladder`` (find the throughput knee) and ``compare`` (judge a tuning step).
+"""``vllm-doctor bench``: ``ladder`` (the highest level within the objectives, and the knee),
+``compare`` (judge a tuning step) and ``chart`` (re-render a saved ladder).
 
 Exit codes:
 - ladder: 0 every request completed; 1 some requests failed (the result is still written);
@@ -6,6 +7,7 @@ Exit codes:
 - compare: 0 every indicator PASSes; 1 at least one FAILs; 3 none fails but one is UNKNOWN (a
   file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input,
   or unlike runs (level, tool, model, workload, vLLM version) without ``--allow-unlike``.
+- chart: 0 written; 2 unusable input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -244,6 +246,40 @@ def ladder(
                 print(f"  how: {line}")
     failed = sum(lv_["errors"] for lv_ in result["levels"])
     raise typer.Exit(EXIT_FINDINGS if failed else EXIT_OK)
+
+
+@bench_app.command()
+def chart(
+    result: Annotated[Path, typer.Argument(metavar="LADDER.json", help="A saved `bench ladder --output` result.")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Where to write: .html (chart and table) or .svg (default: LADDER.html beside the result).")] = None,
+) -> None:
+    """Re-render a saved ladder run as its chart: throughput and p99 TTFT per level, one legend, the
+    TTFT objective line, the knee, and where preemption begins (from the /metrics deltas per level)."""
+    from vllm_doctor.loadtest.chart import html_page, ladder_svg
+    from vllm_doctor.loadtest.ladder import RESULT_KIND
+
+    try:
+        doc = json.loads(result.read_text("utf-8"))
+    except FileNotFoundError:
+        _fail(f"{result}: no such file")
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"{result}: cannot read ({type(e).__name__})")
+    except (ValueError, RecursionError):
+        _fail(f"{result}: not JSON")
+    if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND or not isinstance(doc.get("levels"), list):
+        _fail(f"{result}: not a vllm-doctor bench ladder result (write one with `bench ladder --output`)")
+    out = output or result.with_suffix(".html")
+    if out.suffix.lower() not in (".svg", ".html", ".htm"):
+        _fail(f"--output {out}: give a .svg or .html file")
+    try:
+        body = ladder_svg(doc) if out.suffix.lower() == ".svg" else html_page(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        _fail(f"{result}: a ladder result with a malformed level ({type(e).__name__})")
+    try:
+        out.write_text(body)
+    except OSError as e:
+        _fail(f"{out}: cannot write: {e.strerror}")
+    print(out)
 
 
 @bench_app.command()

@@ -316,11 +316,13 @@ async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
         raise BenchError(f"{base}/v1/models: no model listed; give --model") from None
 
 
-async def _server_version(client: httpx.AsyncClient, base: str) -> str | None:
-    """vLLM's ``GET /version`` ({"version": "0.x.y"}); None when the server does not answer it."""
+async def _server_version(client: httpx.AsyncClient, base: str, timeout_seconds: float) -> str | None:
+    """vLLM's ``GET /version`` ({"version": "0.x.y"}); None when the server does not answer it
+    within ``timeout_seconds`` (at most 2 s: a version is not worth waiting for)."""
+    t = min(2.0, timeout_seconds)
     try:
-        async with asyncio.timeout(5):
-            r = await client.get(base + "/version", timeout=5)
+        async with asyncio.timeout(t):   # total: httpx's timeout is per read
+            r = await client.get(base + "/version", timeout=t)
         v = r.json().get("version") if r.status_code == 200 else None
     except (httpx.HTTPError, TimeoutError, ValueError, AttributeError):
         return None
@@ -417,7 +419,7 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
     limits = httpx.Limits(max_connections=max(cfg.levels) + 4, max_keepalive_connections=max(cfg.levels) + 4)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
         model = cfg.model or await _resolve_model(client, base)
-        vllm_version = await _server_version(client, base)
+        vllm_version = await _server_version(client, base, cfg.request_timeout_seconds)
         rng = random.Random(cfg.seed)
         n_prompts = max(cfg.requests_for(c) or 64 for c in cfg.levels)
         if cfg.prompts:

@@ -28,10 +28,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 class FakeVllm:
     def __init__(self, slots: int = 4, preempt_above: int | None = None, token_seconds: float = 0.01,
-                 fail_every: int = 0, overload_factor: float = 1.5, model: str = "fake-model", num_gpu_blocks: int = 32, block_size: int = 16):
+                 fail_every: int = 0, overload_factor: float = 1.5, model: str = "fake-model", num_gpu_blocks: int = 32, block_size: int = 16,
+                 version: str = "0.0.0+fake"):
         self.slots, self.preempt_above, self.token_seconds = slots, preempt_above, token_seconds
         self.fail_every, self.model, self.overload_factor = fail_every, model, overload_factor
-        self.num_gpu_blocks, self.block_size = num_gpu_blocks, block_size
+        self.num_gpu_blocks, self.block_size, self.version = num_gpu_blocks, block_size, version
         self.running = 0
         self.waiting = 0
         self.preemptions = 0
@@ -49,6 +50,10 @@ class FakeVllm:
         @app.get("/v1/models")
         async def models():
             return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+
+        @app.get("/version")   # vLLM's api_server: {"version": VLLM_VERSION}
+        async def version():
+            return {"version": self.version}
 
         @app.get("/metrics")
         async def metrics():

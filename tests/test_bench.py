@@ -364,3 +364,155 @@ def test_compare_fails_a_run_whose_requests_failed(tmp_path, ladder_result):
     line = next(x for x in r.stdout.splitlines() if x.startswith("failed requests"))
     assert "0 -> 3" in " ".join(line.split()) and line.rstrip().endswith("FAIL")
     assert "preemptions" in r.stdout and "0.0" not in next(x for x in r.stdout.splitlines() if x.startswith("preemptions"))
+
+
+# ---- objectives ----------------------------------------------------------------------------------
+
+def _level(c, tp, ttft_ms, itl_ms=20.0):
+    """A ladder level whose every request had the TTFT of ``ttft_ms`` (one value per request)."""
+    from vllm_doctor.loadtest.ladder import LadderConfig, LevelResult, MetricsWindow, summarise
+    from vllm_doctor.loadtest.client import RequestResult
+
+    res = [RequestResult(ok=True, ttft_seconds=t / 1000, e2e_seconds=t / 1000 + 0.5, output_tokens=10,
+                         prompt_tokens=20, itl_seconds=[itl_ms / 1000] * 9) for t in ttft_ms]
+    lv = summarise(c, res, 0.0, len(res) * 10 / tp, MetricsWindow(), LadderConfig(url="http://x", levels=[c]))
+    return lv
+
+
+def test_recommendation_meets_every_objective_and_the_knee_is_a_separate_fact():
+    """The README's ladder: the knee is 4 concurrent requests, where p99 TTFT was 2,093 ms, 4x the 500 ms
+    objective. The recommendation is the highest level that met the objective (2), never the knee."""
+    from vllm_doctor.loadtest.ladder import find_knee, recommend
+    from vllm_doctor.loadtest.objectives import Objectives
+
+    levels = [_level(1, 300, [150 + i for i in range(16)]), _level(2, 450, [250 + 5 * i for i in range(16)]),
+              _level(4, 622, [1500 + 40 * i for i in range(16)]), _level(8, 250, [8000 + i for i in range(16)])]
+    knee = find_knee(levels, 0.10)
+    assert knee.found and knee.concurrency == 4
+    rec = recommend(levels, knee, None, Objectives(ttft_p99_ms=500, itl_p99_ms=100))
+    assert rec.value == 2
+    text = "\n".join(rec.arithmetic)
+    assert "knee (a separate fact): 4 concurrent requests" in text
+    assert "2 concurrent requests is the highest level that met every objective (TTFT p99 <= 500 ms, " \
+           "ITL p99 <= 100 ms); above it: 4 FAIL, 8 FAIL" in text
+    # an ITL objective no level meets: nothing to recommend
+    assert recommend(levels, knee, None, Objectives(ttft_p99_ms=500, itl_p99_ms=10)).value is None
+
+
+def test_p99_has_a_bootstrap_interval_and_a_straddling_level_is_undecided():
+    from vllm_doctor.loadtest.objectives import Objectives, judge, level_status, percentile_ci
+
+    lo, hi = percentile_ci([float(i) for i in range(1, 9)], 99, seed=0)   # 8 requests: p99 is about the max
+    assert hi == 8.0 and 5.0 <= lo < 8.0
+    assert percentile_ci([float(i) for i in range(1, 9)], 99, seed=0) == (lo, hi)   # seeded
+    big = percentile_ci([float(i) for i in range(1, 10_001)], 99, seed=1)
+    assert 9_850 <= big[0] <= 9_900 <= big[1] <= 9_950                       # tight with 10,000 samples
+    lv = _level(2, 450, [100.0] * 7 + [900.0])                               # one slow request in 8
+    st = lv.ttft_ms
+    assert st["p99_ci_low"] < 500 < st["p99_ci_high"] == 900.0
+    from dataclasses import asdict
+    v = judge(asdict(lv), Objectives(ttft_p99_ms=500, itl_p99_ms=None))
+    assert v["ttft_p99_ms"]["status"] == "UNDECIDED" and level_status(v) == "UNDECIDED"
+    assert level_status(judge(asdict(lv), Objectives(ttft_p99_ms=1000, itl_p99_ms=None))) == "PASS"
+    assert level_status(judge(asdict(lv), Objectives(ttft_p99_ms=50, itl_p99_ms=None))) == "FAIL"
+
+
+def test_ladder_prints_objectives_with_intervals(tmp_path):
+    with FakeVllm(slots=2, token_seconds=0.005) as fake:
+        r = doctor("bench", "ladder", "--url", fake.url, "--levels", "1,2", "--requests", "8", "--output-len", "3",
+                   "--input-len", "4", "--ttft-p99-ms", "10000", "--e2e-p99-ms", "20000", "--output", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    assert "Objectives: TTFT p99 <= 10,000 ms, ITL p99 <= 100 ms, E2E p99 <= 20,000 ms" in r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if re.match(r"\s+[12] .*\] ms PASS", ln)]
+    assert len(rows) == 2 and rows[1].rstrip().endswith("PASS")
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["objectives"] == {"ttft_p99_ms": 10000.0, "itl_p99_ms": 100.0, "tpot_p99_ms": None, "e2e_p99_ms": 20000.0}
+    assert res["levels"][1]["meets_objectives"] == "PASS" and res["recommendation"]["value"] == 2
+    h = doctor("bench", "ladder", "--help")
+    assert "--ttft-p99-ms" in h.stdout and "500" in h.stdout and "--itl-p99-ms" in h.stdout
+
+
+# ---- compare: like with like ---------------------------------------------------------------------
+
+def test_compare_refuses_every_unlike_pair_and_warns_with_allow_unlike(tmp_path, ladder_result):
+    res = ladder_result[0]
+    assert res["vllm_version"] == "0.0.0+fake"          # GET /version of the server, recorded in the result
+
+    def write(name, doc):
+        p = tmp_path / name
+        p.write_text(json.dumps(doc))
+        return str(p)
+
+    base = write("base.json", res)
+    other_version = write("v.json", {**res, "vllm_version": "0.33.0"})
+    other_model = write("m.json", {**res, "model": "other-model"})
+    longer = json.loads(json.dumps(res))
+    for lv in longer["levels"]:
+        lv["prompt_tokens"] *= 4
+    longer = write("w.json", longer)
+    c4, c8 = FIX / "vllm-0.32-cpu-bench-serve-c4.json", FIX / "vllm-0.32-cpu-bench-serve-c8.json"
+    guide = FIX / "guidellm-0.8.1-vllm-0.32-cpu.json"
+    cases = [((str(c4), str(c8)), "concurrency 4 vs 8"),
+             ((str(c4), str(guide), "--level", "4"), "tool vllm-bench-serve vs guidellm"),
+             ((base, other_model, "--level", "4"), "model fake-model vs other-model"),
+             ((base, longer, "--level", "4"), "workload: 20 vs 80 prompt tokens per request"),
+             ((base, other_version, "--level", "4"), "vLLM 0.0.0+fake vs 0.33.0")]
+    for args, why in cases:
+        r = doctor("bench", "compare", *args, "--ttft-p99-ms", "100000")
+        assert r.returncode == 2 and why in r.stderr and "--allow-unlike" in r.stderr, (args, r.stderr)
+        assert r.stderr.count("\n") == 1
+        r = doctor("bench", "compare", *args, "--ttft-p99-ms", "100000", "--allow-unlike")
+        assert r.returncode in (0, 1, 3) and f"WARNING: unlike runs: {why}" in r.stdout, (args, r.stdout)
+    r = doctor("bench", "compare", base, base, "--level", "4", "--format", "json")
+    assert json.loads(r.stdout)["unlike"] == []
+
+
+def test_compare_reports_each_change_with_its_interval_in_aligned_columns(tmp_path, ladder_result):
+    p = tmp_path / "ladder.json"
+    p.write_text(json.dumps(ladder_result[0]))
+    r = doctor("bench", "compare", str(p), str(p), "--level", "4", "--ttft-p99-ms", "100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("indicator")))
+    rows = [x for x in lines[head + 1:] if x and not x.startswith(("  ", "Verdict"))]
+    assert [x.split()[0] for x in rows] == ["TTFT", "TPOT", "output", "preemptions"]
+    assert len({x.index("->") for x in rows}) == 1                   # the arrows, hence the columns, line up
+    for col in ("change", "target", "result"):
+        assert len({x.index(col) for x in [lines[head]]}) == 1
+    assert {len(x) - len(x.lstrip()) for x in rows} == {0}
+    ttft = rows[0]
+    assert "no measurable change" in ttft and "overlap" in ttft
+    # a real difference: the AFTER level's interval lies above BEFORE's
+    a = json.loads(json.dumps(ladder_result[0]))
+    for lv in a["levels"]:
+        for k in ("p99", "p99_ci_low", "p99_ci_high"):
+            lv["ttft_ms"][k] += 10_000
+    q = tmp_path / "slow.json"
+    q.write_text(json.dumps(a))
+    r = doctor("bench", "compare", str(p), str(q), "--level", "4", "--ttft-p99-ms", "100000", "--format", "json")
+    ch = json.loads(r.stdout)["checks"][0]["change"]
+    assert ch.startswith("+10,000.0") and "[+" in ch and "no measurable" not in ch
+
+
+# ---- chart ---------------------------------------------------------------------------------------
+
+def test_bench_chart_rerenders_a_saved_ladder_with_legend_objective_and_preemption_marker(tmp_path):
+    """The real ladder (vLLM 0.32 on CPU): preemptions began at 8 concurrent requests."""
+    src = tmp_path / "ladder.json"
+    src.write_text((FIX / "ladder-vllm-0.32-cpu.json").read_text())
+    doc = json.loads(src.read_text())
+    assert [lv["preemptions"] for lv in doc["levels"]][:3] == [0, 0, 0] and doc["levels"][3]["preemptions"] > 0
+    r = doctor("bench", "chart", str(src))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "ladder.html").read_text()
+    assert r.stdout.strip() == str(tmp_path / "ladder.html")
+    assert page.count('class="legend"') == 1
+    assert 'class="objective"' in page and "TTFT p99 objective 500 ms" in page
+    assert 'class="preemption"' in page and "preemption begins: 8" in page
+    assert page.count('class="point-throughput"') == 4
+    r = doctor("bench", "chart", str(src), "-o", str(tmp_path / "c.svg"))
+    assert r.returncode == 0 and (tmp_path / "c.svg").read_text().startswith("<svg")
+    for bad, why in ((FIX / "vllm-0.32-cpu-bench-serve-c4.json", "not a vllm-doctor bench ladder result"),
+                     (tmp_path / "missing.json", "no such file")):
+        r = doctor("bench", "chart", str(bad), "-o", str(tmp_path / "x.html"))
+        assert r.returncode == 2 and why in r.stderr and r.stderr.count("\n") == 1

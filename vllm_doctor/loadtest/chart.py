@@ -31,8 +31,9 @@ def ladder_svg(result: dict) -> str:
     ttfts = [lv.get("ttft_ms", {}).get("p99") for lv in levels]
     n = len(levels)
     pw, ph = W - L - R, H - T - B
+    objective = (result.get("objectives") or {}).get("ttft_p99_ms") or (result.get("config") or {}).get("slo_ttft_ms")
     tp_max = _nice_max(max(tps, default=0.0) * 1.1)
-    tt_max = _nice_max(max((t for t in ttfts if t is not None), default=0.0) * 1.1)
+    tt_max = _nice_max(max([t for t in ttfts if t is not None] + [objective or 0.0], default=0.0) * 1.1)
 
     def x_at(i: int) -> float:
         return L + (pw * (i + 0.5) / n if n else pw / 2)
@@ -69,6 +70,28 @@ def ladder_svg(result: dict) -> str:
         out.append(f'<line class="knee" x1="{kx:.1f}" y1="{T}" x2="{kx:.1f}" y2="{T + ph}" '
                    f'stroke="#2ca02c" stroke-dasharray="5,4" stroke-width="2"/>')
         out.append(f'<text x="{kx + 5:.1f}" y="{T + 12}" fill="#2ca02c">knee: {int(knee)}</text>')
+    # where preemption begins: the first level whose /metrics delta of vllm:num_preemptions_total moved
+    first_pre = next((lv["concurrency"] for lv in levels if lv.get("preemptions")), None)
+    if first_pre in xs:
+        px = x_at(xs.index(first_pre))
+        out.append(f'<line class="preemption" x1="{px:.1f}" y1="{T}" x2="{px:.1f}" y2="{T + ph}" '
+                   f'stroke="#9467bd" stroke-dasharray="2,3" stroke-width="2"/>')
+        out.append(f'<text x="{px + 5:.1f}" y="{T + 26}" fill="#9467bd">preemption begins: {int(first_pre)}</text>')
+    if objective:
+        oy = y_tt(float(objective))
+        out.append(f'<line class="objective" x1="{L}" y1="{oy:.1f}" x2="{L + pw}" y2="{oy:.1f}" '
+                   f'stroke="#d62728" stroke-dasharray="8,4" stroke-width="1.5"/>')
+        out.append(f'<text x="{L + pw - 4}" y="{oy - 5:.1f}" text-anchor="end" fill="#d62728">'
+                   f'TTFT p99 objective {float(objective):,.0f} ms</text>')
+    legend = [("#1f77b4", "none", "throughput (left)"), ("#d62728", "none", "p99 TTFT (right)"),
+              ("#d62728", "8,4", "TTFT objective"), ("#2ca02c", "5,4", "knee"),
+              ("#9467bd", "2,3", "preemption begins")]
+    out.append('<g class="legend">')   # one legend for every series and marker
+    for i, (color, dash, label) in enumerate(legend):
+        lx = L + i * (pw + R - 10) / len(legend)
+        out.append(f'<line x1="{lx:.1f}" y1="38" x2="{lx + 18:.1f}" y2="38" stroke="{color}" stroke-width="2" '
+                   f'stroke-dasharray="{dash}"/><text x="{lx + 22:.1f}" y="42">{label}</text>')
+    out.append('</g>')
     tp_pts = " ".join(f"{x_at(i):.1f},{y_tp(v):.1f}" for i, v in enumerate(tps))
     out.append(f'<polyline class="series-throughput" points="{tp_pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
     for i, v in enumerate(tps):

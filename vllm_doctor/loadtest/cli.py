@@ -1,10 +1,13 @@
-"""``vllm-doctor bench``: ``ladder`` (find the throughput knee) and ``compare`` (judge a tuning step).
+"""``vllm-doctor bench``: ``ladder`` (the highest level within the objectives, and the knee),
+``compare`` (judge a tuning step) and ``chart`` (re-render a saved ladder).
 
 Exit codes:
 - ladder: 0 every request completed; 1 some requests failed (the result is still written);
   2 unusable input or an unreachable server (one line on stderr).
 - compare: 0 every indicator PASSes; 1 at least one FAILs; 3 none fails but one is UNKNOWN (a
-  file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input.
+  file that does not record it, e.g. preemptions in a ``vllm bench serve`` result); 2 unusable input,
+  or unlike runs (level, tool, model, workload, vLLM version) without ``--allow-unlike``.
+- chart: 0 written; 2 unusable input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -93,6 +96,29 @@ def ladder_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def objectives_table(result: dict) -> str:
+    """Each objective per level: p99 [95 % bootstrap interval] and PASS / FAIL / UNDECIDED."""
+    from vllm_doctor.loadtest.objectives import METRICS, Objectives
+
+    obj = Objectives(**(result.get("objectives") or {}))
+    names = [n for n, _ in obj.items()]
+    lines = [f"Objectives: {obj.describe()} (p99 [95 % bootstrap interval]; UNDECIDED: the interval "
+             f"straddles the objective)"]
+    lines.append(f"{'conc':>5} " + " ".join(f"{METRICS[n][2]:>28}" for n in names) + f" {'level':>10}")
+    for lv in result["levels"]:
+        cells = []
+        for n in names:
+            v = (lv.get("objectives") or {}).get(n) or {}
+            if v.get("value_ms") is None:
+                cells.append(f"{'–':>28}")
+                continue
+            ci = ("" if v.get("ci_low_ms") is None else
+                  f" [{v['ci_low_ms']:,.0f}-{v['ci_high_ms']:,.0f}]")
+            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(28))
+        lines.append(f"{lv['concurrency']:>5} " + " ".join(cells) + f" {lv.get('meets_objectives') or '–':>10}")
+    return "\n".join(lines)
+
+
 @bench_app.command()
 def ladder(
     url: Annotated[str, typer.Option("--url", metavar="URL", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
@@ -116,6 +142,10 @@ def ladder(
     chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown on stdout.")] = OutFormat.text,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the synthetic prompts and arrivals.")] = 0,
+    ttft_p99_ms: Annotated[float, typer.Option("--ttft-p99-ms", metavar="MS", help="Objective: p99 TTFT at or under this (0: none).")] = 500.0,
+    itl_p99_ms: Annotated[float, typer.Option("--itl-p99-ms", metavar="MS", help="Objective: p99 inter-token latency at or under this (0: none).")] = 100.0,
+    tpot_p99_ms: Annotated[float, typer.Option("--tpot-p99-ms", metavar="MS", help="Objective: p99 TPOT at or under this (0: none).")] = 0.0,
+    e2e_p99_ms: Annotated[float, typer.Option("--e2e-p99-ms", metavar="MS", help="Objective: p99 end-to-end latency at or under this (0: none).")] = 0.0,
 ) -> None:
     """Run a concurrency ladder against a live vLLM: TTFT/TPOT/ITL/E2E, goodput, errors and
     vLLM's own preemptions per level; find the knee and recommend --max-num-seqs."""
@@ -124,6 +154,7 @@ def ladder(
 
     from vllm_doctor.loadtest.chart import html_page, ladder_svg
     from vllm_doctor.loadtest.ladder import BenchError, LadderConfig, run_ladder
+    from vllm_doctor.loadtest.objectives import Objectives
 
     lv = _levels(levels)
     if requests is not None and requests < 1:
@@ -134,12 +165,16 @@ def ladder(
         _fail("--input-len and --output-len must be at least 1")
     if chart is not None and chart.suffix.lower() not in (".svg", ".html", ".htm"):
         _fail(f"--chart {chart}: give a .svg or .html file")
+    if min(ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms) < 0:
+        _fail("objectives (--ttft-p99-ms, --itl-p99-ms, --tpot-p99-ms, --e2e-p99-ms) are milliseconds >= 0")
+    objectives = Objectives(*(v or None for v in (ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms)))
     cfg = LadderConfig(url=url, levels=lv, model=model, requests_per_level=requests, duration_seconds=duration,
                        input_len=input_len, output_len=output_len, prompts=_prompts(prompts) if prompts else None,
                        request_rate=request_rate, chat=chat, ignore_eos=ignore_eos,
                        request_timeout_seconds=timeout, level_timeout_seconds=level_timeout,
                        metrics_url="" if (metrics_url or "").lower() == "none" else metrics_url,
-                       knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed)
+                       knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed,
+                       objectives=objectives)
     total = sum(cfg.requests_for(c) or 0 for c in lv)
     if total > MAX_TOTAL_REQUESTS:
         _fail(f"{total:,} requests in all is over the limit of {MAX_TOTAL_REQUESTS:,}")
@@ -194,6 +229,7 @@ def ladder(
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
         print(ladder_table(result))
+        print("\n" + objectives_table(result))
         for lv_ in result["levels"]:
             if lv_["errors"]:
                 print(f"  concurrency {lv_['concurrency']}: {lv_['errors']} of {lv_['requests']} failed: "
@@ -202,7 +238,7 @@ def ladder(
             print(f"Ladder {result['stopped']}")
         k = result["knee"]
         where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
-        print(f"\nKnee: {where}: {k['reason']}")
+        print(f"\nKnee: {where}: {k['reason']} (a separate fact: the recommendation follows the objectives)")
         rec = result["recommendation"]
         if rec["value"] is not None:
             print(f"Do this: {rec['flag']} {rec['value']}\n  why: {rec['why']}")
@@ -210,6 +246,40 @@ def ladder(
                 print(f"  how: {line}")
     failed = sum(lv_["errors"] for lv_ in result["levels"])
     raise typer.Exit(EXIT_FINDINGS if failed else EXIT_OK)
+
+
+@bench_app.command()
+def chart(
+    result: Annotated[Path, typer.Argument(metavar="LADDER.json", help="A saved `bench ladder --output` result.")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Where to write: .html (chart and table) or .svg (default: LADDER.html beside the result).")] = None,
+) -> None:
+    """Re-render a saved ladder run as its chart: throughput and p99 TTFT per level, one legend, the
+    TTFT objective line, the knee, and where preemption begins (from the /metrics deltas per level)."""
+    from vllm_doctor.loadtest.chart import html_page, ladder_svg
+    from vllm_doctor.loadtest.ladder import RESULT_KIND
+
+    try:
+        doc = json.loads(result.read_text("utf-8"))
+    except FileNotFoundError:
+        _fail(f"{result}: no such file")
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"{result}: cannot read ({type(e).__name__})")
+    except (ValueError, RecursionError):
+        _fail(f"{result}: not JSON")
+    if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND or not isinstance(doc.get("levels"), list):
+        _fail(f"{result}: not a vllm-doctor bench ladder result (write one with `bench ladder --output`)")
+    out = output or result.with_suffix(".html")
+    if out.suffix.lower() not in (".svg", ".html", ".htm"):
+        _fail(f"--output {out}: give a .svg or .html file")
+    try:
+        body = ladder_svg(doc) if out.suffix.lower() == ".svg" else html_page(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        _fail(f"{result}: a ladder result with a malformed level ({type(e).__name__})")
+    try:
+        out.write_text(body)
+    except OSError as e:
+        _fail(f"{out}: cannot write: {e.strerror}")
+    print(out)
 
 
 @bench_app.command()
@@ -222,9 +292,10 @@ def compare(
     tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", metavar="MS", help="Target: mean TPOT below this (default: no more than 10 % above BEFORE).")] = None,
     max_throughput_drop: Annotated[float, typer.Option("--max-throughput-drop", metavar="RATIO", help="Target: output throughput at most this ratio below BEFORE.")] = 0.05,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown.")] = OutFormat.text,
+    allow_unlike: Annotated[bool, typer.Option("--allow-unlike", help="Compare runs that differ in level, tool, model, workload or vLLM version (warned about) instead of refusing.")] = False,
 ) -> None:
     """Put TTFT p99, TPOT, throughput and preemptions of two runs side by side, PASS/FAIL each."""
-    from vllm_doctor.loadtest.results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick
+    from vllm_doctor.loadtest.results import ResultError, Targets, checks_dict, compare as run_compare, load_runs, pick, unlike
 
     try:
         b_runs, a_runs = load_runs(before), load_runs(after)
@@ -232,6 +303,9 @@ def compare(
         a = pick(a_runs, level, b_runs)
     except ResultError as e:
         _fail(str(e))
+    diff = unlike(b, a)
+    if diff and not allow_unlike:
+        _fail(f"unlike runs ({'; '.join(diff)}): compare like with like, or pass --allow-unlike")
     checks = run_compare(b, a, Targets(ttft_p99_ms=ttft_p99_ms, max_preemptions=max_preemptions,
                                        tpot_mean_ms=tpot_ms, max_throughput_drop_ratio=max_throughput_drop))
     doc = checks_dict(b, a, checks)
@@ -241,21 +315,32 @@ def compare(
         def conc(r):
             return "" if r.concurrency is None else f" at {r.concurrency:g} concurrent"
         md = format == OutFormat.markdown
-        lines = [f"BEFORE: {b.source} ({b.format}{conc(b)})", f"AFTER:  {a.source} ({a.format}{conc(a)})", ""]
+        lines = [f"BEFORE: {b.source} ({b.format}{conc(b)})", f"AFTER:  {a.source} ({a.format}{conc(a)})"]
         if md:
-            lines = [f"- BEFORE: `{b.source}` ({b.format}{conc(b)})", f"- AFTER: `{a.source}` ({a.format}{conc(a)})", "",
-                     "| indicator | before | after | target | result |", "|---|---|---|---|---|"]
+            lines = [f"- BEFORE: `{b.source}` ({b.format}{conc(b)})", f"- AFTER: `{a.source}` ({a.format}{conc(a)})"]
+        lines += [f"{'- ' if md else ''}WARNING: unlike runs: {d}" for d in diff]
+        rows = []
         for c in checks:
             unit = f" {c.unit}" if c.unit else ""
             spec = "{:,.0f}" if not c.unit else "{:,.1f}"  # counts are whole numbers
             bv = "unknown" if c.before is None else spec.format(c.before) + unit
             av = "unknown" if c.after is None else spec.format(c.after) + unit
-            if md:
-                lines.append(f"| {c.indicator} | {bv} | {av} | {c.target} | **{c.status}** |")
-            else:
-                lines.append(f"{c.indicator:<18} {bv:>16} -> {av:<16} {c.target:<36} {c.status}")
-            if c.note:
-                lines.append(f"{'  ' if not md else '  - '}{c.note}")
+            rows.append((c.indicator, bv, av, c.change, c.target, c.status, c.note))
+        head = ("indicator", "before", "after", "change", "target", "result")
+        if md:
+            lines += ["", "| " + " | ".join(head) + " |", "|---|---|---|---|---|---|"]
+            for r in rows:
+                lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | **{r[5]}** |")
+                if r[6]:
+                    lines.append(f"  - {r[6]}")
+        else:
+            w = [max(len(x[i]) for x in (head, *rows)) for i in range(6)]
+            lines += ["", f"{head[0]:<{w[0]}}  {head[1]:>{w[1]}}    {head[2]:<{w[2]}}  {head[3]:<{w[3]}}  "
+                      f"{head[4]:<{w[4]}}  {head[5]}"]
+            for r in rows:
+                lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}} -> {r[2]:<{w[2]}}  {r[3]:<{w[3]}}  {r[4]:<{w[4]}}  {r[5]}")
+                if r[6]:
+                    lines.append(f"  {r[6]}")
         lines.append("")
         lines.append(f"{'**Verdict: ' + doc['verdict'] + '**' if md else 'Verdict: ' + doc['verdict']}")
         print("\n".join(lines))

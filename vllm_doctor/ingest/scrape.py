@@ -275,6 +275,32 @@ class ScrapeLimit(Exception):
     """A /metrics answer over a bound (size, time) or not in Prometheus' text format."""
 
 
+def read_bounded(resp, max_bytes: int, t_end: float, size_setting: str, time_setting: str) -> bytes:
+    """The body of a streamed httpx response, decompressed (gzip, deflate), at most ``max_bytes``
+    (a compressed answer is cut as it inflates) and complete before ``t_end`` (time.monotonic());
+    ScrapeLimit naming the setting otherwise."""
+    enc = resp.headers.get("content-encoding", "identity").strip().lower()
+    if enc not in ("identity", "", "gzip", "x-gzip", "deflate"):
+        raise ScrapeLimit(f"content-encoding {enc!r} not supported")
+    inflate = None if enc in ("identity", "") else zlib.decompressobj(zlib.MAX_WBITS | 32)
+    body = bytearray()
+    for chunk in resp.iter_raw():
+        while chunk:
+            if inflate is None:
+                out, chunk = chunk, b""
+            else:
+                out = inflate.decompress(chunk, max_bytes + 1 - len(body))
+                chunk = inflate.unconsumed_tail
+            body += out
+            if len(body) > max_bytes:
+                raise ScrapeLimit(f"answer over {max_bytes} bytes ({size_setting})")
+            if inflate is not None and not out:
+                break
+        if time.monotonic() > t_end:
+            raise ScrapeLimit(f"answer not complete within the deadline ({time_setting})")
+    return bytes(body)
+
+
 @dataclass
 class ScrapeStats:
     """Health of the scraper: ``up`` after a successful scrape, ``errors`` (HTTP, timeouts,
@@ -372,25 +398,7 @@ class MetricsScraper:
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype and ctype not in METRICS_CONTENT_TYPES:
                 raise ScrapeLimit(f"content-type {ctype!r} is not Prometheus' text format")
-            enc = resp.headers.get("content-encoding", "identity").strip().lower()
-            if enc not in ("identity", "", "gzip", "x-gzip", "deflate"):
-                raise ScrapeLimit(f"content-encoding {enc!r} not supported")
-            inflate = None if enc in ("identity", "") else zlib.decompressobj(zlib.MAX_WBITS | 32)
-            body = bytearray()
-            for chunk in resp.iter_raw():
-                while chunk:
-                    if inflate is None:
-                        out, chunk = chunk, b""
-                    else:
-                        out = inflate.decompress(chunk, self.max_bytes + 1 - len(body))
-                        chunk = inflate.unconsumed_tail
-                    body += out
-                    if len(body) > self.max_bytes:
-                        raise ScrapeLimit(f"answer over {self.max_bytes} bytes (scrape_max_bytes)")
-                    if inflate is not None and not out:
-                        break
-                if time.monotonic() > t_end:
-                    raise ScrapeLimit(f"answer not complete within {self.deadline:g} s (scrape_deadline)")
+            body = read_bounded(resp, self.max_bytes, t_end, "scrape_max_bytes", "scrape_deadline")
         return body.decode("utf-8", "replace")
 
     def _account(self, parsed: ParsedMetrics) -> None:

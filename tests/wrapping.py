@@ -108,3 +108,14 @@ def shape(e) -> tuple:
     traceback's ``raised_in`` follows the process prefix a wrapper adds)."""
     return (type(e).__name__,) + tuple(
         (f.name, getattr(e, f.name)) for f in dataclasses.fields(e) if f.name not in ("meta", "message", "raised_in"))
+
+
+def diagnose_json(path) -> dict:
+    """``vllm-doctor diagnose -f json`` of ``path`` as the command runs it (exit code 0)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "diagnose", "-f", "json", "--fail-on", "never", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -86,17 +86,22 @@ def template(node: ast.AST) -> str | None:
     return None
 
 
+def is_logger_call(node: ast.AST) -> bool:
+    """``logger.<level>(message, ...)``: a call of a level method on an owner named ``*log*``."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEVELS and node.args):
+        return False
+    owner = node.func.value
+    name = owner.id if isinstance(owner, ast.Name) else (owner.attr if isinstance(owner, ast.Attribute) else "")
+    return "log" in name.lower()
+
+
 def scan_source(text: str):
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEVELS and node.args:
-            owner = node.func.value
-            name = owner.id if isinstance(owner, ast.Name) else (owner.attr if isinstance(owner, ast.Attribute) else "")
-            if "log" not in name.lower():
-                continue
+        if is_logger_call(node):
             t = template(node.args[0])
             if t:
                 yield node.func.attr.replace("_once", "").replace("warn", "warning").replace("warninging", "warning"), t, node.lineno

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from vllm_doctor.about import __version__
 from vllm_doctor.diagnosis.advice import share_fixes
 from vllm_doctor.diagnosis import RuleEngine, RuleSet
-from vllm_doctor.ingest.envelope import Envelope, LineSplitter, LogClock, Record, candidate_spans
+from vllm_doctor.ingest.clock import ClockGuard
+from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
 from vllm_doctor.findings import Finding
 from vllm_doctor.parsers.records import RecordParser, keyword_scanner
@@ -107,6 +108,7 @@ class _SourceCtx:
         self.splitter = LineSplitter()
         self.envelope = Envelope(LogClock(base_year, ref_month))
         self.parser = RecordParser(name)
+        self.guard = ClockGuard()  # a line far ahead of the others does not move the clock
         self.decoder = None  # an incremental decoder for UTF-16/32 input, once a BOM was seen
         self.started = False
         self.carry = False  # the last candidate line was a piece of a longer record
@@ -206,8 +208,10 @@ class Pipeline:
         for blk in blocks:
             base = ctx.lineno + 1  # number of the block's first line
             buf = blk.buf
+            push = ctx.guard.push
             for a, b, idx in zip(blk.starts, blk.ends, blk.linenos):
-                yield from ctx.envelope.records(base + idx, buf[a:b])
+                for rec in ctx.envelope.records(base + idx, buf[a:b]):
+                    yield from push(rec)
             ctx.lineno += blk.nlines
             self.state.lines_total[ctx.name] += blk.nlines
 
@@ -217,7 +221,9 @@ class Pipeline:
         spans = ctx.splitter.feed(tail) if tail else []
         yield from self._records(ctx, self._scan(ctx, spans + ctx.splitter.flush()))
         ctx.carry = False
-        yield from ctx.envelope.flush()
+        for rec in ctx.envelope.flush():
+            yield from ctx.guard.push(rec)
+        yield from ctx.guard.release()
 
     # ---- stage 3 -> 5 ------------------------------------------------------------------------
     def consume(self, source: str, rec: Record) -> int:
@@ -353,6 +359,7 @@ class Pipeline:
     def reset_source(self, source: str) -> None:
         """Forget a source's partial line and CRI state (after truncation or rotation); line
         numbers restart at 1. Counters are kept."""
+        self._release_held()
         self._flush_parsers()  # what the old file's parser still holds is not lost
         ctx = self._sources.pop(source, None)
         if ctx is not None:
@@ -371,18 +378,28 @@ class Pipeline:
 
     def evaluate(self, now: float | None = None) -> list[Finding]:
         """Run the rules now. ``now`` (epoch seconds) advances the state clock (serve)."""
-        self._flush_parsers()
         if now is None:
             now = self.clock.now()
+        self._release_held(now)
+        self._flush_parsers()
         if now is not None and (self.state.now is None or now > self.state.now):
             self.state.now = now
         self.active = self.engine.evaluate(self.state)
         return self.active
 
+    def _release_held(self, now: float | None = None) -> None:
+        """The records each source's clock guard holds (a step ahead that no later line has
+        confirmed yet), judged on the wall clock ``now`` (see :class:`ClockGuard`)."""
+        for name, ctx in list(self._sources.items()):
+            if ctx.guard.held:
+                for rec in ctx.guard.release(now):
+                    self.consume(name, rec)
+
     def counters(self) -> dict:
         """The state's counters plus each source's line number and parsed-line count: what the
         sidecar checkpoints together with the offsets (see :meth:`State.counters`). Events the
         parsers still hold are applied first: the offsets already cover their lines."""
+        self._release_held()
         self._flush_parsers()
         return {"state": self.state.counters(),
                 "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
@@ -396,6 +413,12 @@ class Pipeline:
             if isinstance(src, dict):
                 self._ctx(name).splitter.lineno = int(src.get("lineno", 0))
                 self._parsed[name] = int(src.get("parsed", 0))
+
+    def _clock_jumps(self, source: str) -> dict:
+        """``clock_jumps`` (lines whose time was far ahead of the lines around them: stamped with
+        the time before them, see :class:`ClockGuard`) and the first ones' line numbers."""
+        g = self._sources[source].guard
+        return {"clock_jumps": g.jumps, "clock_jump_lines": list(g.jump_lines)} if g.jumps else {}
 
     def unparsed(self, source: str) -> int:
         """Lines of ``source`` that gave no event."""
@@ -511,7 +534,7 @@ class Pipeline:
                                         key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id,
                                                        f.occurrence))),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
-                      "vllm_lines": self.vllm_records(n)} for n in self._sources],
+                      "vllm_lines": self.vllm_records(n), **self._clock_jumps(n)} for n in self._sources],
             unknown_flags=dict(st.unknown_flags),
             rule_errors=dict(self.engine.rule_errors),
             generated_at=time.time(),

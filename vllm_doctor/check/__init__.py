@@ -45,6 +45,9 @@ class CheckResult:
 
 
 def _yaml_docs(text: str) -> list[dict] | None:
+    from vllm_doctor.bounded import check_yaml
+
+    check_yaml(text)  # (TooComplex: check_files says so in one line)
     try:
         docs = [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if d is not None]
     except yaml.YAMLError as e:
@@ -425,6 +428,7 @@ def check_file(path: str, **kw) -> CheckResult:
 def check_files(paths: list[str], **kw) -> list[CheckResult]:
     """``check_text`` on each file, after reading them all: the series that any Prometheus rule file among
     them records are known to the dashboards and rule files among them."""
+    from vllm_doctor.bounded import TooComplex
     from vllm_doctor.errors import InputError
     from vllm_doctor.check.monitoring import recorded_names
 
@@ -436,6 +440,8 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
             detected.append(detect(text, p))
         except RecursionError:
             raise InputError(f"{p}: nested too deeply to read") from None
+        except TooComplex as e:
+            raise InputError(f"{p}: {e}") from None
         if detected[-1][0] == "prometheus-rules":
             recorded |= recorded_names(detected[-1][1])
     out = []
@@ -444,6 +450,8 @@ def check_files(paths: list[str], **kw) -> list[CheckResult]:
             out.append(check_text(text, p, recorded=frozenset(recorded), detected=det, **kw))
         except RecursionError:
             raise InputError(f"{p}: nested too deeply to read") from None
+        except TooComplex as e:
+            raise InputError(f"{p}: {e}") from None
     return out
 
 

@@ -12,6 +12,7 @@ import re
 import promql_parser as pq
 
 from vllm_doctor import catalogue
+from vllm_doctor.bounded import check_promql
 from vllm_doctor.check import metric_names as mn
 from vllm_doctor.check.findings import CheckFinding
 
@@ -98,6 +99,7 @@ def lint_promql(expr: str, version: str, file: str, line: int, context: str = ""
     exists in other vLLM versions is a warning, not an error (the file may serve several)."""
     out: list[CheckFinding] = []
     src = expr.strip()
+    check_promql(src)  # (TooComplex: check_files says so in one line)
     try:
         tree = pq.parse(src)
     except ValueError as e:

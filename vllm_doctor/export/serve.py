@@ -113,6 +113,8 @@ class ServeConfig(BaseModel):
     rules: list[str] = Field(default_factory=list)
     eval_interval: float = Field(default=5.0, gt=0)
     scrape_interval: float = Field(default=5.0, gt=0)
+    scrape_max_bytes: int = Field(default=16 << 20, gt=0)  # one /metrics answer, decompressed
+    scrape_deadline: float = Field(default=10.0, gt=0)  # one /metrics answer, from request to its last byte
     nvml_interval: float = Field(default=5.0, gt=0)
     host_memory: bool = True  # sample the container's cgroup memory (else /proc/meminfo): VD019
     host_memory_interval: float = Field(default=15.0, gt=0)
@@ -252,6 +254,11 @@ class Sidecar:
         self.last_eval_seconds: float | None = None
         self._stop = threading.Event()
         self._eval_thread: threading.Thread | None = None
+        from vllm_doctor.ingest.statefile import check_state_file
+
+        self.state_file_error = check_state_file(cfg.state_file)
+        if self.state_file_error:
+            log.warning("%s", self.state_file_error)
         checkpoints = load_checkpoints(cfg.state_file)
         resumed = any(os.path.abspath(p) in checkpoints for p in cfg.logs if p != "-")
         if resumed:  # resuming mid-file: the start-up lines were read by the previous run
@@ -285,6 +292,7 @@ class Sidecar:
                                            after_poll=self._after_poll, first_round=self._first_round)
                               if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
+                                       max_bytes=cfg.scrape_max_bytes, deadline=cfg.scrape_deadline,
                                        window_seconds=cfg.ttft_window, clock=self.now)
                         if cfg.metrics_url else None)
         self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml, clock=self.now)

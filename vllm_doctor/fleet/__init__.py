@@ -426,7 +426,11 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
 
     def fold(series: list[Series], table: dict[str, tuple[str, int]], create: bool) -> None:
         for s in series:
-            fld, prio = table[s.labels.get("__name__", "")]
+            spec = table.get(s.labels.get("__name__", ""))
+            if spec is None:  # a series the query did not ask for: left out, never the whole report
+                client.skipped.append(f"{s.labels.get('__name__', '?')[:60]}: a series not asked for")
+                continue
+            fld, prio = spec
             key = replica_key(s.labels)
             if not create and key not in reps:
                 continue
@@ -573,6 +577,11 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     with PrometheusClient(url, headers=headers, bearer_token=bearer_token) as client:
         reps, fleet_lat = fetch(client, sel, t_since, t_until, step_s, t)
         warnings = list(client.warnings)
+    skipped = client.skipped
+    if skipped:  # one bad series is left out and said, never the whole report
+        import sys
+
+        print(f"vllm-doctor: {len(skipped)} series from Prometheus left out ({skipped[0]})", file=sys.stderr)
     if not reps:
         raise InputError(f"no vLLM series ({V.num_requests_running}, ...) nor sidecar series match "
                          f"{{{sel}}} between {time.strftime('%Y-%m-%d %H:%M', time.gmtime(t_since))} and "
@@ -609,7 +618,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t_until))} step {step_s:g}s"
                           + (f" (partial response, {len(warnings)} warning(s): {warnings[0]})" if warnings else ""),
                   "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas),
-                  **({"warnings": warnings} if warnings else {})}],
+                  **({"warnings": warnings} if warnings else {}), **({"series_skipped": len(skipped)} if skipped else {})}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
         replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
         timeline=timeline,

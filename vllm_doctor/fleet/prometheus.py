@@ -24,11 +24,35 @@ not a Prometheus API, bad selector or query, a query that timed out).
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from vllm_doctor.errors import InputError
+from vllm_doctor.ingest.scrape import ScrapeLimit, read_bounded
+
+
+MAX_ANSWER_BYTES = 256 << 20
+ANSWER_DEADLINE_SECONDS = 120.0
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def clean_label(v: object) -> str:
+    """A label value as text to show: control characters (a terminal's escapes, newlines) removed,
+    at most 200 characters."""
+    return _CONTROL.sub("", str(v))[:200]
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        v = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return v if v > 0 else default
 
 
 MAX_WARNINGS = 20
@@ -50,8 +74,15 @@ class PrometheusClient:
     """
 
     def __init__(self, url: str, *, headers: dict[str, str] | None = None, bearer_token: str | None = None,
-                 basic_auth: tuple[str, str] | None = None, timeout: float = 30.0) -> None:
+                 basic_auth: tuple[str, str] | None = None, timeout: float = 30.0,
+                 max_bytes: int | None = None, deadline: float | None = None) -> None:
         import httpx
+
+        # one answer's bounds (VLLM_DOCTOR_PROMETHEUS_MAX_BYTES, _DEADLINE): a fleet's week of
+        # 15 s steps is tens of MB; a query never takes minutes
+        self.max_bytes = int(max_bytes or _env_number("VLLM_DOCTOR_PROMETHEUS_MAX_BYTES", MAX_ANSWER_BYTES))
+        self.deadline = deadline or _env_number("VLLM_DOCTOR_PROMETHEUS_DEADLINE", ANSWER_DEADLINE_SECONDS)
+        self.skipped: list[str] = []  # series left out of a result, and why (a bad one never aborts the report)
 
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -84,15 +115,19 @@ class PrometheusClient:
 
         url = f"{self.base}/api/v1/{path}"
         try:
-            resp = self._client.post(url, data=form)
+            with self._client.stream("POST", url, data=form) as resp:
+                content = read_bounded(resp, self.max_bytes, time.monotonic() + self.deadline,
+                                       "VLLM_DOCTOR_PROMETHEUS_MAX_BYTES", "VLLM_DOCTOR_PROMETHEUS_DEADLINE")
+        except ScrapeLimit as e:
+            raise InputError(f"Prometheus at {self.base}: {e}") from None
         except httpx.TimeoutException:
             raise InputError(f"Prometheus at {self.base}: timed out") from None
         except httpx.HTTPError as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise InputError(f"Prometheus at {self.base} unreachable: {reason}") from None
         try:
-            body = json.loads(resp.content)
-        except ValueError:
+            body = json.loads(content)
+        except (ValueError, RecursionError):
             body = None
         if not isinstance(body, dict) or "status" not in body:
             raise InputError(f"{url}: HTTP {resp.status_code}, not a Prometheus API response "
@@ -111,14 +146,32 @@ class PrometheusClient:
         """An instant query (``/api/v1/query``) at epoch seconds ``at``."""
         data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") == "scalar":
-            return [Series({}, [(float(data["result"][0]), float(data["result"][1]))])]
-        return [Series(r["metric"], [(float(r["value"][0]), float(r["value"][1]))]) for r in data["result"]]
+            return self._series(expr, [{"metric": {}, "value": data.get("result")}], "value")
+        return self._series(expr, data.get("result"), "value")
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         """A range query (``/api/v1/query_range``)."""
         data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                           "step": f"{step:g}"})
-        return [Series(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+        return self._series(expr, data.get("result"), "values")
+
+    def _series(self, expr: str, result: object, key: str) -> list[Series]:
+        """The well-formed series of a result: labels as text without control characters (a label
+        is shown in a terminal), points with finite values (NaN, +Inf are no sample). A series
+        that is not ``{"metric": {...}, "value(s)": [[t, "v"], ...]}`` is left out and noted in
+        :attr:`skipped`, never the whole report."""
+        out = []
+        for r in result if isinstance(result, list) else [result]:
+            try:
+                pts = [r[key]] if key == "value" else r[key]
+                points = [(float(t), float(v)) for t, v in pts]
+                labels = {clean_label(k): clean_label(v) for k, v in dict(r["metric"]).items()}
+            except (KeyError, TypeError, ValueError, IndexError):
+                self.skipped.append(f"{expr[:60]}: a malformed series")
+                continue
+            points = [(t, v) for t, v in points if math.isfinite(t) and math.isfinite(v)]
+            out.append(Series(labels, points))
+        return out
 
     def many(self, calls: list[tuple]) -> list[list[Series]]:
         """Several queries at once (Prometheus evaluates them in parallel): each call is

@@ -123,6 +123,28 @@ CLIENT_HEADS += tuple((kind, re.escape(head)) for kind, head in ECHO_HEADS)
 ECHO_FILES = ("_tool_parser.py", "_reasoning_parser.py")
 CLIENT_KEYWORDS = ("Dumping input data for V1 LLM engine", "Dumping scheduler output", "Dumping scheduler stats", "dump_input.py",
                    *(head for kind, head in ECHO_HEADS if kind == "client-echo"))  # (their next lines are read by it)
+def _value_heads() -> re.Pattern:
+    """vLLM's messages that embed a client's or the model's value after a fixed head (a request
+    id, a LoRA name, a tool call's arguments, a harmony message; data/vllm_client_echo.json,
+    generated from vLLM's source by tools/gen_client_echo.py): the lines that vLLM's
+    NewLineFormatter writes after such a head for a newline in the value are the value's."""
+    from importlib.resources import files
+
+    heads = set()
+    try:
+        data = json.loads(files("vllm_doctor").joinpath("data/vllm_client_echo.json").read_text())
+    except (OSError, ValueError):
+        data = {}
+    for e in data.get("entries", []):
+        head = " ".join(str(e.get("head", "")).split())
+        if len(head) >= 6:
+            pieces = re.split(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfig]|\{\}", head)  # an earlier value: any text
+            heads.add(".{0,200}?".join(r"\s+".join(re.escape(w) for w in p.split(" ")) for p in pieces))
+    return re.compile("(?:" + "|".join(sorted(heads, key=len, reverse=True) or ["(?!)"]) + ")")
+
+
+VALUE_HEAD_RE = _value_heads()
+
 # uvicorn's access log: ``INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 200 OK`` (the level prefix
 # may be missing or replaced by vLLM's own logger prefix; the client address is no quote).
 ACCESS_RE = re.compile(r'(?:[A-Z]+:\s+)?[^"\s]{1,80}(?: \d{1,6})? - "(?:[A-Z]{3,9} |-")')
@@ -494,6 +516,10 @@ class Envelope:
         self._partial_lineno = 0
         self._partial_last = 0
         self._partial_bytes = 0
+        # CRI and docker keep stdout and stderr apart: the pieces of the other stream's line
+        # held while a line of this one is read (stream -> pieces, first line, last line, bytes)
+        self._partial_stream: str | None = None
+        self._stash: dict[str, tuple[list[str], int, int, int]] = {}
         self.last_ts: float | None = None
         # The canonical vLLM head (``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] ``), parsed,
         # by its bytes: it repeats for every line of a process within a second (see _fast_head).
@@ -507,8 +533,44 @@ class Envelope:
         # learnt from a line where vLLM's logger prefix follows it, taken off the lines without one
         # (a traceback vLLM's process wrote to stderr).
         self._label: str | None = None
+        # The message a line ending in "\r" goes on with (vLLM's NewLineFormatter writes each
+        # newline of a message as "\r\n" + the message's prefix): (its last line's number, the
+        # vLLM prefix, whether the message's text is a client's), and the prefix of the line read.
+        self._cont: tuple[int, str, bool] | None = None
+        self._prefix: str | None = None
 
     def records(self, lineno: int, raw: bytes) -> list[Record]:
+        """Records in one raw line (see :meth:`_records`). A line that follows a line ending in
+        "\r" with the same vLLM prefix (process, level, time, file and line) is the next line of
+        that message, as vLLM's NewLineFormatter writes a newline inside it: when the message is
+        a client's text (a client head, or a vLLM message that embeds a client's or the model's
+        value: :data:`VALUE_HEAD_RE`), the line is the client's text too, whatever it holds."""
+        cont = self._cont
+        cr = raw[-1:] == b"\r" or (raw[:1] == b"{" and b'\\r\\n"' in raw)
+        if cont is None and not cr:
+            return self._records(lineno, raw)
+        self._prefix = None
+        recs = self._records(lineno, raw)
+        if not recs:
+            if not self._partial:
+                self._cont = None
+            return recs
+        prefix = self._prefix
+        client = None
+        if cont is not None:
+            self._cont = None
+            if prefix is not None and prefix == cont[1] and recs[0].lineno == cont[0] + 1:
+                client = cont[2]
+                if client:
+                    recs = [r if r.client else r._replace(msg="echo body", client="client-echo") for r in recs]
+        if cr and prefix is not None:
+            if client is None:
+                first = recs[0]
+                client = first.client is not None or VALUE_HEAD_RE.match(first.msg) is not None
+            self._cont = (lineno, prefix, client)
+        return recs
+
+    def _records(self, lineno: int, raw: bytes) -> list[Record]:
         """Records in one raw line (usually one; several when records were glued together).
 
         Two fast paths give the record of the commonest lines with fewer steps: a line that
@@ -545,6 +607,8 @@ class Envelope:
                     if h:
                         self._last_head, self._last_h = head, h
         if h:
+            if self._prefix is None:
+                self._prefix = line[: i + 2]
             # _vllm and _split, for a line with a cached head h
             msg = line[i + 2 :]
             c = msg[:1]
@@ -668,11 +732,13 @@ class Envelope:
                         outer_ts = dt.timestamp()
                         self.clock.set_year(dt.year)
                     log_text = str(obj.get("log", ""))
+                    self._switch(str(obj.get("stream", "")), lineno)
                     if not log_text.endswith("\n"):  # docker splits lines over 16 KiB: join the parts
                         self._hold(lineno, log_text)
                         return out
                     text = self._joined(log_text.rstrip("\n").rstrip("\r"))
                     lineno = self._joined_lineno(lineno)
+                    self._unstash(lineno)
                     if "\x1b" in text:
                         text = ANSI_RE.sub("", text)
                     continue
@@ -686,11 +752,13 @@ class Envelope:
                     if dt:
                         outer_ts = dt.timestamp()
                         self.clock.set_year(dt.year)
+                    self._switch(m.group("stream"), lineno)
                     if m.group("tag") == "P":
                         self._hold(lineno, m.group("msg"))
                         return out
                     text = self._joined(m.group("msg"))
                     lineno = self._joined_lineno(lineno)
+                    self._unstash(lineno)
                     continue
             m = JOURNAL_RE.match(text) if first.isalnum() else None
             if m:
@@ -728,6 +796,26 @@ class Envelope:
                         break  # the rest of the line is the client's text
             return out
         return out + self._split(lineno, text, outer_ts)
+
+    def _switch(self, stream: str, lineno: int) -> None:
+        """Make the held pieces of ``stream`` (stdout, stderr) the current ones: a line of the
+        other stream inside a split line is its own line, never joined to the pieces."""
+        if stream == self._partial_stream:
+            return
+        if self._partial and len(self._stash) < 4:
+            self._stash[self._partial_stream or ""] = (self._partial, self._partial_lineno, lineno, self._partial_bytes)
+        elif self._partial:
+            self._stash.clear()
+        self._partial, self._partial_lineno, self._partial_last, self._partial_bytes = self._stash.pop(stream, ([], 0, 0, 0))
+        self._partial_stream = stream
+
+    def _unstash(self, lineno: int) -> None:
+        """After a whole line: the other stream's held pieces are current again (they go on
+        after this line)."""
+        if not self._partial and self._stash:
+            stream, (parts, first, _, size) = self._stash.popitem()
+            self._partial, self._partial_lineno, self._partial_last, self._partial_bytes = parts, first, lineno, size
+            self._partial_stream = stream
 
     def _hold(self, lineno: int, part: str) -> None:
         """Keep a partial line (CRI ``P``, a docker entry without its newline) for the next line."""
@@ -787,6 +875,8 @@ class Envelope:
                 or ("client-echo" if isinstance(name, str) and name.endswith(_ECHO_NAMES) else None))
         if kind:  # the whole message, newlines included (and its exc_info), is the client's text
             return [Record(lineno, _head(bare, kind), level, ts, process, pid, src, kind)]
+        if "\n" in msg and VALUE_HEAD_RE.match(bare):
+            msg = msg.partition("\n")[0]  # the lines after a client's or the model's value are that value's
         if pm and "\n" not in msg:  # a relayed line of a vLLM process: "(EngineCore pid=N) text"
             procs = PROC_RE.findall(pm.group(1))
             if procs and process is None:
@@ -825,6 +915,7 @@ class Envelope:
         return out
 
     def _one(self, lineno: int, text: str, outer_ts: float | None) -> Record:
+        orig = text
         hm = VLLM_HEAD_RE.match(text)
         if hm is not None:
             rest = text[hm.end():]
@@ -853,6 +944,8 @@ class Envelope:
             level = lm.group("level") or None
             if level == "WARN":
                 level = "WARNING"
+            if self._prefix is None:  # the line up to the logger prefix's end, the process prefix included
+                self._prefix = orig[: len(orig) - len(text) + lm.end()]
             src = f"{lm.group('file')}:{lm.group('line')}" if lm.group("file") else "?"
             mdh = (int(lm.group("mon")), int(lm.group("day")), lm.group("hms"))
             t = self.clock.to_epoch(*mdh)
@@ -907,6 +1000,8 @@ class Envelope:
         """:meth:`_one` for a line that starts with VLLM_HEAD_RE (``hm``; ``text`` the message
         after it), in one match instead of its separate searches: the same record. (No client
         head can start where a logger prefix does, so the first look for one is skipped.)"""
+        if self._prefix is None:
+            self._prefix = hm.string[: hm.end()]
         level = hm.group("level")
         if level == "WARN":
             level = "WARNING"
@@ -941,13 +1036,17 @@ class Envelope:
         return kind
 
     def flush(self) -> list[Record]:
-        """Records still held (a CRI partial line with no final ``F`` line)."""
-        if not self._partial:
-            return []
-        text = "".join(self._partial)
-        self._partial = []
-        self._partial_bytes = 0
-        return self._split(self._partial_lineno, text, self.last_ts)
+        """Records still held (a CRI partial line with no final ``F`` line), of each stream."""
+        out: list[Record] = []
+        while True:
+            if self._partial:
+                text = "".join(self._partial)
+                self._partial = []
+                self._partial_bytes = 0
+                out += self._split(self._partial_lineno, text, self.last_ts)
+            if not self._stash:
+                return out
+            self._unstash(0)
 
 
 # For Envelope.records: the kind of a line by its first character. 1: it may start vLLM's head (a
@@ -1014,6 +1113,36 @@ def _is_partial(line: bytes) -> bool:
     return False
 
 
+MAX_CR_LINES = 64  # lines of one message read back from a candidate line (candidate_spans)
+
+
+def _ends_in_cr(buf: bytes, start: int, nl: int) -> bool:
+    """Whether the line of ``buf`` that ends at ``nl`` (a newline's offset) ends in "\r", as
+    vLLM's NewLineFormatter ends every line of a message but its last (in a docker json-file
+    entry: ``\r\n"`` at the end of its ``log``)."""
+    if nl <= start:
+        return False
+    last = buf[nl - 1]
+    if last == 13:
+        return True
+    if last != 125:  # "}"
+        return False
+    ls = buf.rfind(b"\n", start, nl) + 1 or start
+    return buf[ls] == 123 and buf.find(b'\\r\\n"', ls, nl) >= 0
+
+
+def _stream_of(buf: bytes, ls: int, le: int) -> int:
+    """The stream of a CRI or docker json-file line (1: stdout, 2: stderr, 0: neither)."""
+    if buf[ls:ls + 1] == b"{":
+        i = buf.rfind(b'"stream":', ls, le)
+        if i < 0:
+            return 0
+        v = buf[i + 9:i + 18].lstrip()
+        return 2 if v.startswith(b'"stderr"') else 1 if v.startswith(b'"stdout"') else 0
+    i = buf.find(b" std", ls, min(le, ls + 48))
+    return 0 if i < 0 else (2 if buf[i + 4:i + 8] == b"err " else 1 if buf[i + 4:i + 8] == b"out " else 0)
+
+
 def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
                     max_line: int = 65536, carry: bool = False) -> tuple[array, array, array, int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated: ``end`` is the offset
@@ -1042,6 +1171,7 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
         return le in cri_p or (ls < le and buf[ls] == 123 and _is_partial(buf[ls:le]))  # 123: "{"
 
     pos = start  # the start of line ``idx`` (lines before it are counted)
+    held = 0  # the stream of the split line being returned (_stream_of), 0: none
     idx = 0
     end_of_last = start - 1
     rq = rq_end = start - 1  # where the next request head starts and ends (searched again once passed)
@@ -1064,6 +1194,25 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
                 if (rq_end <= lim or request_head(buf, ls, lim)) and not partial(ls, le):
                     end_of_last = le
                     continue  # a request-logging line: user text
+        # The lines before it of one message that vLLM's formatter wrote over several lines (each
+        # but the last ends in "\r"): its head tells whose text the message is (Envelope.records).
+        first = ls
+        k = 0
+        while first > start and first - 1 > end_of_last and k < MAX_CR_LINES and _ends_in_cr(buf, start, first - 1):
+            first = rfind(b"\n", start, first - 1) + 1 or start
+            k += 1
+        if k:  # each of those lines on its own, before this one
+            if first > pos:
+                idx += count(b"\n", pos, first)
+            while first < ls:
+                pe = find(b"\n", first, ls)
+                s_append(first)
+                e_append(pe if pe - first <= max_line else first + max_line)
+                i_append(idx)
+                idx += 1
+                first = pe + 1
+            pos = ls
+            end_of_last = ls - 1
         # The first pieces of a record split over lines (docker: the previous lines of this block).
         while ls > start and ls - 1 > end_of_last:
             ps = rfind(b"\n", start, ls - 1) + 1 or start
@@ -1076,7 +1225,14 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             s_append(ls)
             e_append(le if le - ls <= max_line else ls + max_line)
             i_append(idx)
-            carry = le in cri_p or (ls < le and buf[ls] == 123 and _is_partial(buf[ls:le]))  # partial(ls, le)
+            piece = le in cri_p or (ls < le and buf[ls] == 123 and _is_partial(buf[ls:le]))  # partial(ls, le)
+            if piece:
+                held = _stream_of(buf, ls, le)
+            elif held and _stream_of(buf, ls, le) != held:
+                piece = True  # a line of the other stream inside a split line: the split line goes on after it
+            else:
+                held = 0
+            carry = piece or _ends_in_cr(buf, ls, le)  # (or a message that vLLM's formatter goes on with)
             if le >= end:
                 pos = ls
                 break
@@ -1089,6 +1245,31 @@ def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
             if le < 0:
                 le = end
         end_of_last = le
+    if end_of_last < end and _ends_in_cr(buf, start, end):
+        # The block ends inside a message that vLLM's formatter goes on with in the next block:
+        # its lines here are returned (its head tells whose text the next lines are).
+        first = end
+        k = 0
+        while first > start and first - 1 > end_of_last and k < MAX_CR_LINES and _ends_in_cr(buf, start, first - 1):
+            first = rfind(b"\n", start, first - 1) + 1 or start
+            k += 1
+        if k == 0 or first <= end_of_last:
+            first = rfind(b"\n", start, end) + 1 or start
+        if first > pos:
+            idx += count(b"\n", pos, first)
+        while True:
+            pe = find(b"\n", first, end)
+            pe = end if pe < 0 else pe
+            s_append(first)
+            e_append(pe if pe - first <= max_line else first + max_line)
+            i_append(idx)
+            if pe >= end:
+                break
+            idx += 1
+            first = pe + 1
+        pos = first
+        end_of_last = end
+        carry = True
     return starts, ends, idxs, idx + count(b"\n", pos, end) + 1, carry if starts and end_of_last >= end else False
 
 

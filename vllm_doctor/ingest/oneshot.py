@@ -113,6 +113,14 @@ def open_source(path: str) -> tuple[str, Iterator[bytes]]:
         br = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
         fh = gzip.GzipFile(fileobj=br, mode="rb") if br.peek(2)[:2] == b"\x1f\x8b" else br
         head, err = _read_some(fh, CHUNK)
+        # A copytruncate hole: logrotate truncated the file while vLLM kept writing at its old
+        # offset, so the file starts with NUL bytes, then the log (serve reads past them too).
+        while head[:1] == b"\x00" and err is None:
+            rest = head.lstrip(b"\x00")
+            if rest:
+                head = rest
+                break
+            head, err = _read_some(fh, CHUNK)
     if _looks_binary(head):
         raise InputError(f"{path}: binary data, not a text log")
 

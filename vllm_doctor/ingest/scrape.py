@@ -34,6 +34,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,8 +103,19 @@ class ParsedMetrics:
     bad_lines: int = 0
 
 
+#: The largest value kept: a float counts exactly up to 2**53; a counter beyond it (1e308) is no
+#: count vLLM made, and sums of such values overflow to +Inf.
+MAX_VALUE = float(2**53)
+
+
+#: Hostile cardinality is bounded: TTFT buckets (``le`` values; vLLM has about 20), engines (data
+#: parallel ranks) and cache_config labels kept per scrape; the rest is counted in rejected_values.
+MAX_BUCKETS = 64
+MAX_ENGINES = 64
+
+
 def _valid(fld: str, value: float) -> bool:
-    if math.isnan(value) or value < 0:
+    if math.isnan(value) or value < 0 or value > MAX_VALUE:
         return False
     if fld in RATIO_FIELDS and value > 1.0 + 1e-9:
         return False
@@ -149,15 +161,15 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
             except ValueError:
                 rejected += 1
                 continue
-            if math.isnan(le) or not _valid("bucket", s.value):
+            if math.isnan(le) or not _valid("bucket", s.value) or (le not in buckets and len(buckets) >= MAX_BUCKETS):
                 rejected += 1
                 continue
             buckets[le] = buckets.get(le, 0.0) + s.value
             continue
         if name == CACHE_CONFIG:
             for k, v in sorted(s.labels.items()):
-                if k not in ("engine", "model_name"):
-                    cache_config.setdefault(k, v)
+                if k not in ("engine", "model_name") and (k in cache_config or len(cache_config) < MAX_BUCKETS):
+                    cache_config.setdefault(k, v[:256])
             continue
         spec = SAMPLE_FIELDS.get(name)
         if name == WAITING_BY_REASON and s.labels.get("reason") in WAITING_REASONS:
@@ -169,7 +181,8 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
             rejected += 1
             log.debug("dropping impossible value %s%s = %r", name, s.labels, s.value)
             continue
-        if fld in ENGINE_FIELDS and "engine" in s.labels:
+        if fld in ENGINE_FIELDS and "engine" in s.labels and (s.labels["engine"] in per_engine
+                                                              or len(per_engine) < MAX_ENGINES):
             eng = per_engine.setdefault(s.labels["engine"], {})
             old = eng.get(fld)
             if old is None or prio < old[0]:
@@ -183,7 +196,14 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
             have[1].append(s.value)
     agg: dict[str, float] = {}
     for fld, (_, vals) in values.items():
-        agg[fld] = sum(vals) / len(vals) if fld in RATIO_FIELDS else sum(vals)
+        v = sum(vals) / len(vals) if fld in RATIO_FIELDS else sum(vals)
+        if v > MAX_VALUE:  # series that are each possible, their sum not
+            rejected += 1
+            continue
+        agg[fld] = v
+    for flds in per_engine.values():
+        for fld in [f for f, (_, v) in flds.items() if v > MAX_VALUE]:
+            del flds[fld]
     meta = Meta(source=source, ts=time.time() if now is None else now)
     engines = tuple(
         EngineMetrics(meta, int(label) if label.isdigit() else None, **{k: v for k, (_, v) in flds.items()})
@@ -260,6 +280,45 @@ def _is_reset(old, new) -> bool:
     return any(c < o.get(le, 0.0) for le, c in new)
 
 
+#: The bounds of one scrape (ServeConfig scrape_max_bytes, scrape_deadline): vLLM's /metrics is
+#: tens of KB (a data-parallel deployment with LoRA a few MB).
+MAX_SCRAPE_BYTES = 16 << 20
+SCRAPE_DEADLINE_SECONDS = 10.0
+#: What Prometheus' text format is served as (prometheus_client: text/plain; version=0.0.4,
+#: OpenMetrics: application/openmetrics-text).
+METRICS_CONTENT_TYPES = frozenset(("text/plain", "application/openmetrics-text"))
+
+
+class ScrapeLimit(Exception):
+    """A /metrics answer over a bound (size, time) or not in Prometheus' text format."""
+
+
+def read_bounded(resp, max_bytes: int, t_end: float, size_setting: str, time_setting: str) -> bytes:
+    """The body of a streamed httpx response, decompressed (gzip, deflate), at most ``max_bytes``
+    (a compressed answer is cut as it inflates) and complete before ``t_end`` (time.monotonic());
+    ScrapeLimit naming the setting otherwise."""
+    enc = resp.headers.get("content-encoding", "identity").strip().lower()
+    if enc not in ("identity", "", "gzip", "x-gzip", "deflate"):
+        raise ScrapeLimit(f"content-encoding {enc!r} not supported")
+    inflate = None if enc in ("identity", "") else zlib.decompressobj(zlib.MAX_WBITS | 32)
+    body = bytearray()
+    for chunk in resp.iter_raw():
+        while chunk:
+            if inflate is None:
+                out, chunk = chunk, b""
+            else:
+                out = inflate.decompress(chunk, max_bytes + 1 - len(body))
+                chunk = inflate.unconsumed_tail
+            body += out
+            if len(body) > max_bytes:
+                raise ScrapeLimit(f"answer over {max_bytes} bytes ({size_setting})")
+            if inflate is not None and not out:
+                break
+        if time.monotonic() > t_end:
+            raise ScrapeLimit(f"answer not complete within the deadline ({time_setting})")
+    return bytes(body)
+
+
 @dataclass
 class ScrapeStats:
     """Health of the scraper: ``up`` after a successful scrape, ``errors`` (HTTP, timeouts,
@@ -293,8 +352,11 @@ class MetricsScraper:
 
     def __init__(self, url: str, on_sample: Callable[[VllmMetricsSample], None], *,
                  interval: float = 5.0, timeout: float = 2.0, window_seconds: float = 300.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_bytes: int = MAX_SCRAPE_BYTES,
+                 deadline: float = SCRAPE_DEADLINE_SECONDS) -> None:
         self.url = url
+        self.max_bytes = max_bytes
+        self.deadline = deadline
         self.clock = clock
         self.on_sample = on_sample
         self.interval = interval
@@ -314,12 +376,10 @@ class MetricsScraper:
 
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout, follow_redirects=True,
-                                        headers={"Accept": "text/plain"})
+                                        headers={"Accept": "text/plain", "Accept-Encoding": "gzip"})
         self.stats.scrapes += 1
         try:
-            resp = self._client.get(self.url)
-            resp.raise_for_status()
-            text = resp.text
+            text = self._fetch()
         except Exception as exc:  # noqa: BLE001 - any failure is a failed scrape
             self.stats.errors += 1
             err = f"{type(exc).__name__}: {exc}"[:300]
@@ -344,6 +404,20 @@ class MetricsScraper:
         except Exception:  # noqa: BLE001 - a sink failure must not stop scraping
             log.exception("on_sample failed")
         return parsed.sample
+
+    def _fetch(self) -> str:
+        """The body of one GET, bounded: ``deadline`` seconds in all (a server that drips its
+        answer is cut), ``max_bytes`` of body, decompressed (a gzip bomb is cut as it inflates),
+        and Prometheus' text format only (an HTML login page is no /metrics). Raises ScrapeLimit
+        (or httpx's errors)."""
+        t_end = time.monotonic() + self.deadline
+        with self._client.stream("GET", self.url) as resp:
+            resp.raise_for_status()
+            ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype and ctype not in METRICS_CONTENT_TYPES:
+                raise ScrapeLimit(f"content-type {ctype!r} is not Prometheus' text format")
+            body = read_bounded(resp, self.max_bytes, t_end, "scrape_max_bytes", "scrape_deadline")
+        return body.decode("utf-8", "replace")
 
     def _account(self, parsed: ParsedMetrics) -> None:
         now = time.monotonic()

@@ -138,6 +138,7 @@ def ladder(
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", metavar="MS", help="... and TPOT under this.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per-request timeout.")] = 300.0,
     level_timeout: Annotated[float, typer.Option("--level-timeout", metavar="SECONDS", help="Wall-clock limit of one level.")] = 900.0,
+    max_response_bytes: Annotated[int, typer.Option("--max-response-bytes", metavar="BYTES", help="Largest response read (more: the request is an error).")] = 16 << 20,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
     chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown on stdout.")] = OutFormat.text,
@@ -161,6 +162,8 @@ def ladder(
         _fail("--requests must be at least 1")
     if duration is not None and duration <= 0:
         _fail("--duration must be positive")
+    if max_response_bytes < 1:
+        _fail("--max-response-bytes must be at least 1")
     if input_len < 1 or output_len < 1:
         _fail("--input-len and --output-len must be at least 1")
     if chart is not None and chart.suffix.lower() not in (".svg", ".html", ".htm"):
@@ -172,6 +175,7 @@ def ladder(
                        input_len=input_len, output_len=output_len, prompts=_prompts(prompts) if prompts else None,
                        request_rate=request_rate, chat=chat, ignore_eos=ignore_eos,
                        request_timeout_seconds=timeout, level_timeout_seconds=level_timeout,
+                       max_response_bytes=max_response_bytes,
                        metrics_url="" if (metrics_url or "").lower() == "none" else metrics_url,
                        knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed,
                        objectives=objectives)

@@ -53,23 +53,70 @@ def request_body(model: str, prompt: str, max_tokens: int, chat: bool, ignore_eo
     return body
 
 
+#: One response's bound (``LadderConfig.max_response_bytes``, ``bench ladder --max-response-bytes``):
+#: a streamed completion of a few thousand tokens is a few hundred KB.
+MAX_RESPONSE_BYTES = 16 << 20
+
+
+class MalformedChunk(ValueError):
+    """A stream chunk that is not what OpenAI's stream format says (the request is an error)."""
+
+
+def _count(v: object, what: str) -> int | None:
+    """A token count of ``usage``: an integer >= 0 (a string, a float or a bool is malformed)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise MalformedChunk(f"usage.{what} is {v!r}, not a count of tokens")
+    return v
+
+
 def _chunk_text(obj: dict, chat: bool) -> str:
-    for choice in obj.get("choices") or ():
+    choices = obj.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise MalformedChunk(f"choices is {type(choices).__name__}, not a list")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise MalformedChunk(f"a choice is {type(choice).__name__}, not an object")
         if chat:
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise MalformedChunk(f"delta is {type(delta).__name__}, not an object")
             text = delta.get("content") or delta.get("reasoning_content") or ""
         else:
             text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise MalformedChunk(f"the text is {type(text).__name__}, not a string")
         if text:
             return text
     return ""
 
 
+async def _lines(r: httpx.Response, max_bytes: int):
+    """The response's lines, its size bounded by ``max_bytes`` (a line is never held whole past it)."""
+    buf = b""
+    total = 0
+    async for chunk in r.aiter_bytes():
+        total += len(chunk)
+        if total > max_bytes:
+            raise MalformedChunk(f"response over {max_bytes} bytes (--max-response-bytes)")
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", "replace").rstrip("\r")
+    if buf:
+        yield buf.decode("utf-8", "replace")
+
+
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict, chat: bool,
-                     timeout_seconds: float) -> RequestResult:
+                     timeout_seconds: float, max_bytes: int = MAX_RESPONSE_BYTES) -> RequestResult:
     """Send one streamed request; never raises (a failure is a RequestResult with ``error``).
     ``timeout_seconds`` bounds the whole request (httpx's own timeouts are per read, so a server
-    that trickles bytes without a token would never trip them)."""
+    that trickles bytes without a token would never trip them); ``max_bytes`` its response. A
+    chunk that is not what OpenAI's stream format says (unreadable JSON, ``choices`` that is no
+    list, a ``completion_tokens`` that is a string) makes the request an error, with the reason."""
     res = RequestResult(ok=False, started=time.time())
     t0 = time.perf_counter()
     last = None
@@ -79,10 +126,15 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, chat: bool
         async with asyncio.timeout(timeout_seconds):
             async with client.stream("POST", url, json=body, timeout=timeout_seconds) as r:
                 if r.status_code != 200:
-                    text = (await r.aread()).decode("utf-8", "replace")
+                    text = b""
+                    async for part in r.aiter_bytes():
+                        text += part
+                        if len(text) >= 4096:
+                            break
+                    text = text.decode("utf-8", "replace")
                     res.error = f"HTTP {r.status_code}: {' '.join(text.split())[:200]}"
                     return res
-                async for line in r.aiter_lines():
+                async for line in _lines(r, max_bytes):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -91,18 +143,20 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, chat: bool
                     try:
                         obj = json.loads(data)
                     except ValueError:
-                        res.error = f"unreadable stream chunk: {data[:80]!r}"
-                        return res
+                        raise MalformedChunk(f"unreadable JSON {data[:80]!r}") from None
                     if not isinstance(obj, dict):
-                        res.error = f"unreadable stream chunk: {data[:80]!r}"
-                        return res
+                        raise MalformedChunk(f"a {type(obj).__name__}, not an object: {data[:80]!r}")
                     if obj.get("error"):
                         res.error = f"server error in stream: {str(obj['error'])[:200]}"
                         return res
                     usage = obj.get("usage")
                     if usage:
-                        usage_tokens = usage.get("completion_tokens", usage_tokens)
-                        res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+                        if not isinstance(usage, dict):
+                            raise MalformedChunk(f"usage is {type(usage).__name__}, not an object")
+                        c = _count(usage.get("completion_tokens"), "completion_tokens")
+                        usage_tokens = usage_tokens if c is None else c
+                        p = _count(usage.get("prompt_tokens"), "prompt_tokens")
+                        res.prompt_tokens = res.prompt_tokens if p is None else p
                     if _chunk_text(obj, chat):
                         now = time.perf_counter()
                         if last is None:
@@ -111,6 +165,9 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, chat: bool
                             res.itl_seconds.append(now - last)
                         last = now
                         chunks += 1
+    except MalformedChunk as e:
+        res.error = f"malformed stream chunk: {e}"
+        return res
     except (httpx.TimeoutException, TimeoutError):
         res.error = f"timed out after {timeout_seconds:g} s"
         return res

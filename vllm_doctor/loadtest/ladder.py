@@ -30,7 +30,7 @@ import httpx
 from vllm_doctor.catalogue import V
 from vllm_doctor.ingest.scrape import parse_metrics
 from vllm_doctor.state.core import State
-from vllm_doctor.loadtest.client import RequestResult, request_body, stream_one
+from vllm_doctor.loadtest.client import MAX_RESPONSE_BYTES, RequestResult, request_body, stream_one
 from vllm_doctor.loadtest.objectives import Objectives, highest_meeting, judge, level_status, percentile_ci
 
 WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
@@ -59,6 +59,7 @@ class LadderConfig:
     chat: bool = False                         # /v1/chat/completions instead of /v1/completions
     ignore_eos: bool = True
     request_timeout_seconds: float = 300.0
+    max_response_bytes: int = MAX_RESPONSE_BYTES  # one response (a server that never stops is an error)
     level_timeout_seconds: float = 900.0
     metrics_url: str | None = None             # None: URL + /metrics; "" disables
     metrics_interval_seconds: float = 1.0
@@ -364,7 +365,8 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
             prompt = prompts[i % len(prompts)]
             res = await stream_one(client, url, request_body(model, prompt, cfg.output_len, cfg.chat,
                                                              cfg.ignore_eos), cfg.chat,
-                                   min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())))
+                                   min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())),
+                                   cfg.max_response_bytes)
             results.append(res)
             if on_request:
                 on_request(res)

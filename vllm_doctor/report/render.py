@@ -531,7 +531,7 @@ def to_markdown(rep: Report) -> str:
     if rep.replicas:  # the fleet: the replica table first
         out += [f"## Replicas ({sum(1 for r in rep.replicas if r.get('engine') is None)})", "",
                 "| " + " | ".join(h for _, h in REPLICA_COLUMNS) + " |", "|" + "---|" * len(REPLICA_COLUMNS)]
-        out += ["| " + " | ".join(_md(x) for x in replica_cells(r)) + " |" for r in rep.replicas]
+        out += ["| " + " | ".join(_md(x).replace("|", "\\|") for x in replica_cells(r)) + " |" for r in rep.replicas]
         out.append("")
     if cards:
         out += [f"## Findings ({len(cards)})", ""]

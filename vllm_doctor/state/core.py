@@ -468,8 +468,8 @@ class State:
             v = num(cc.get(key))
             if v is not None:
                 self.config[fact] = (6, v if fact == "gpu_memory_utilization" else int(v))
-        if cc.get("cache_dtype") not in (None, "None"):
-            self.config["kv_cache_dtype"] = (6, cc["cache_dtype"])
+        if cc.get("cache_dtype") not in (None, "None") and re.fullmatch(r"[\w.-]{1,32}", cc["cache_dtype"]):
+            self.config["kv_cache_dtype"] = (6, cc["cache_dtype"])  # (a label: a dtype's name, never a command)
         if cc.get("enable_prefix_caching") in ("True", "False"):
             self.config["enable_prefix_caching"] = (6, cc["enable_prefix_caching"] == "True")
         for key, cap in (("num_gpu_blocks", "num_gpu_blocks"), ("num_cpu_blocks", "num_cpu_blocks"),

@@ -127,7 +127,7 @@ class FakeVllm:
     def _serve(self, sock: socket.socket) -> None:
         uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off")).run(sockets=[sock])
 
-    def __enter__(self) -> "FakeVllm":
+    def __enter__(self) -> FakeVllm:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)

@@ -57,7 +57,7 @@ class FakeQueryAPI:
         return {"status": "success", "warnings": self.warnings,
                 "data": {"resultType": "matrix" if kind == "query_range" else "vector", "result": result}}
 
-    def __enter__(self) -> "FakeQueryAPI":
+    def __enter__(self) -> FakeQueryAPI:
         self.thread.start()
         return self
 

@@ -370,7 +370,7 @@ def test_compare_fails_a_run_whose_requests_failed(tmp_path, ladder_result):
 
 def _level(c, tp, ttft_ms, itl_ms=20.0):
     """A ladder level whose every request had the TTFT of ``ttft_ms`` (one value per request)."""
-    from vllm_doctor.loadtest.ladder import LadderConfig, LevelResult, MetricsWindow, summarise
+    from vllm_doctor.loadtest.ladder import LadderConfig, MetricsWindow, summarise
     from vllm_doctor.loadtest.client import RequestResult
 
     res = [RequestResult(ok=True, ttft_seconds=t / 1000, e2e_seconds=t / 1000 + 0.5, output_tokens=10,

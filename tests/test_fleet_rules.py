@@ -11,7 +11,7 @@ import pytest
 
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.errors import InputError, RuleLoadError
-from vllm_doctor.events import Meta, SchedulerStats
+from vllm_doctor.events import SchedulerStats
 from vllm_doctor.fleet import (Replica, parse_duration, parse_time, replica_events, run_replica, selector_body,
                                summarize)
 from vllm_doctor.fleet.rules import FleetRuleEngine, fleet_namespace, load_fleet_rules

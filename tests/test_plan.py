@@ -120,7 +120,7 @@ KV_CASES = [c for c in CASES if {"avail_gib", "tokens"} <= set(logged(c))]
 W_CASES = [c for c in CASES if "weights_gib" in logged(c)]
 
 
-def case_plan(case: dict, **over) -> "Plan":
+def case_plan(case: dict, **over) -> Plan:
     """The plan for a logged run, given the available KV memory the log printed."""
     lg = logged(case)
     cfg, _ = load_config(str(MODELS / case["model"]))

@@ -11,13 +11,13 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 import typer.core
 
 from vllm_doctor.about import __version__
-from vllm_doctor.errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, InputError, VllmDoctorError
+from vllm_doctor.errors import EXIT_FINDINGS, EXIT_NOTHING_IN_RANGE, EXIT_OK, EXIT_USAGE, VllmDoctorError
 
 app = typer.Typer(
     name="vllm-doctor",
@@ -83,7 +83,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, metavar="",
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                                     help="Print vllm-doctor's version and exit.")] = None,
 ) -> None:
     """Diagnose vLLM incidents from its logs, /metrics and GPU, and name the flag fix."""
@@ -119,26 +119,26 @@ def _when(text: str | None, option: str) -> float | None:
 # Options that `diagnose` and `fleet` share (one declaration each).
 _FormatOpt = Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown|html", callback=_choice("--format", Format), help="Report format.")]
 _FailOnOpt = Annotated[str, typer.Option("--fail-on", metavar="info|warning|critical|never", callback=_choice("--fail-on", FailOn), help="Exit 1 when a finding at or above this severity exists.")]
-_RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")]
-_OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")]
-_BenchOpt = Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")]
-_SelectorOpt = Annotated[Optional[str], typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")]
-_SinceOpt = Annotated[Optional[str], typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")]
-_UntilOpt = Annotated[Optional[str], typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")]
-_StepOpt = Annotated[Optional[str], typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")]
+_RulesOpt = Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")]
+_OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")]
+_BenchOpt = Annotated[str | None, typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")]
+_SelectorOpt = Annotated[str | None, typer.Option("--selector", help="--prometheus: label matchers of the vLLM series, e.g. 'namespace=\"prod\", model_name=\"llama\"'.")]
+_SinceOpt = Annotated[str | None, typer.Option("--since", help="Judge only what happened from this time: a duration before now (30m, 6h), epoch seconds or ISO 8601 (a log's clock has no zone: read as UTC). With --prometheus the range's start (default: 6h).")]
+_UntilOpt = Annotated[str | None, typer.Option("--until", help="Judge only what happened up to this time, as --since. With --prometheus the range's end (default: now).")]
+_StepOpt = Annotated[str | None, typer.Option("--step", help="--prometheus: resolution of the range queries. (default: 15s)")]
 
 
 @app.command()
 def diagnose(
-    paths: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order; files of two servers running at once are refused.")] = None,
+    paths: Annotated[list[str] | None, typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin). Several files of one deployment are merged in time order; files of two servers running at once are refused.")] = None,
     format: _FormatOpt = "text",
     fail_on: _FailOnOpt = "warning",
     rules: _RulesOpt = None,
-    metrics: Annotated[Optional[list[str]], typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
+    metrics: Annotated[list[str] | None, typer.Option("--metrics", metavar="FILE", help="A saved vLLM /metrics capture of the same server (repeatable).")] = None,
     output: _OutputOpt = None,
     bench: _BenchOpt = None,
     # --- fleet (issue 13) ---
-    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs (also: vllm-doctor fleet URL). [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
+    prometheus: Annotated[str | None, typer.Option("--prometheus", help="Diagnose every replica from this Prometheus (or Thanos / Mimir) query URL instead of logs (also: vllm-doctor fleet URL). [env: VLLM_DOCTOR_PROMETHEUS_HEADERS='Name: value; ...', VLLM_DOCTOR_PROMETHEUS_TOKEN]")] = None,
     selector: _SelectorOpt = None,
     since: _SinceOpt = None,
     until: _UntilOpt = None,
@@ -228,7 +228,7 @@ def fleet(
 @app.command()
 def events(
     paths: Annotated[list[str], typer.Argument(metavar="LOG", help="vLLM log files (.gz read directly; - for stdin); several are merged in time order.")],
-    year: Annotated[Optional[int], typer.Option("--year", metavar="YEAR", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
+    year: Annotated[int | None, typer.Option("--year", metavar="YEAR", help="Year of vLLM's year-less timestamps (default: each file's modification time).")] = None,
 ) -> None:
     """Print the typed events read from vLLM logs, one JSON object per line (what the rules see)."""
     import json
@@ -248,7 +248,7 @@ def events(
 
 @app.command("rules")
 def rules_cmd(
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
+    rules: Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
     format: Annotated[str, typer.Option("--format", metavar="text|markdown|json", help="Output format.")] = "text",
 ) -> None:
     """List the rule catalogue."""
@@ -293,7 +293,7 @@ def rules_cmd(
 @app.command()
 def explain(
     rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id (VD001) or name (preemption-storm).")],
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
+    rules: Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
     from vllm_doctor.diagnosis import load_rules
@@ -351,18 +351,18 @@ def _serve_flags(**kw: object) -> dict:
 
 @app.command()
 def serve(
-    log: Annotated[Optional[list[str]], typer.Option("--log", metavar="FILE", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
-    nvml: Annotated[Optional[bool], typer.Option("--nvml/--no-nvml", metavar="", help="Poll the GPUs through NVML. (default: on)")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", metavar="ADDR", help="Address to serve on. (default: 0.0.0.0)")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", help="Port to serve on. (default: 9401)")] = None,
-    from_start: Annotated[Optional[bool], typer.Option("--from-start/--from-end", metavar="", help="Read files present at start from their beginning (default: from their end).")] = None,
-    state_file: Annotated[Optional[str], typer.Option("--state-file", metavar="FILE", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
-    eval_interval: Annotated[Optional[float], typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error | critical. (default: info)")] = None,
-    bench: Annotated[Optional[str], typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
+    log: Annotated[list[str] | None, typer.Option("--log", metavar="FILE", help="vLLM log file to follow (repeatable; - reads stdin). [env: VLLM_DOCTOR_LOGS, comma-separated]")] = None,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL, or 'none'. (default: http://127.0.0.1:8000/metrics)")] = None,
+    nvml: Annotated[bool | None, typer.Option("--nvml/--no-nvml", metavar="", help="Poll the GPUs through NVML. (default: on)")] = None,
+    host: Annotated[str | None, typer.Option("--host", metavar="ADDR", help="Address to serve on. (default: 0.0.0.0)")] = None,
+    port: Annotated[int | None, typer.Option("--port", metavar="PORT", help="Port to serve on. (default: 9401)")] = None,
+    from_start: Annotated[bool | None, typer.Option("--from-start/--from-end", metavar="", help="Read files present at start from their beginning (default: from their end).")] = None,
+    state_file: Annotated[str | None, typer.Option("--state-file", metavar="FILE", help="Offset checkpoint file: a restarted sidecar neither loses nor re-reads lines.")] = None,
+    rules: Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    eval_interval: Annotated[float | None, typer.Option("--eval-interval", metavar="SECONDS", help="Seconds between rule evaluations. (default: 5)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", metavar="FILE", help="YAML file of settings (flags and VLLM_DOCTOR_* variables win). [env: VLLM_DOCTOR_CONFIG]")] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", metavar="LEVEL", help="debug | info | warning | error | critical. (default: info)")] = None,
+    bench: Annotated[str | None, typer.Option("--bench", metavar="RESULT.json", help="A `bench ladder` result of this server: each finding names the level at which it began.")] = None,
 ) -> None:
     """Run the sidecar: follow vLLM's log, scrape its /metrics, poll NVML; serve /metrics, /healthz,
     /readyz, /api/findings, /api/state and a live page. Stops cleanly on SIGTERM."""
@@ -381,12 +381,12 @@ def serve(
 
 @app.command()
 def watch(
-    log: Annotated[Optional[list[str]], typer.Argument(metavar="LOG", help="vLLM log file(s) to follow (- reads stdin).")] = None,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL (default: none).")] = None,
+    log: Annotated[list[str] | None, typer.Argument(metavar="LOG", help="vLLM log file(s) to follow (- reads stdin).")] = None,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics URL (default: none).")] = None,
     nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", metavar="", help="Show the GPUs through NVML.")] = True,
     interval: Annotated[float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")] = 2.0,
     from_start: Annotated[bool, typer.Option("--from-start/--from-end", metavar="", help="Read the log from its beginning first (default), or only what comes next.")] = True,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
+    rules: Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files (repeatable).")] = None,
     once: Annotated[bool, typer.Option("--once", metavar="", help="Print one frame and exit.")] = False,
 ) -> None:
     """A live terminal view of running / waiting, KV cache usage, preemptions, GPU memory and the
@@ -419,28 +419,28 @@ def _warn_newer(version: str | None) -> None:
 @app.command()
 def plan(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
-    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
     vllm_version: Annotated[str, typer.Option("--vllm-version", metavar="X.Y.Z", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
     device: Annotated[str, typer.Option("--device", metavar="cuda|cpu", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", metavar="N", min=1, help="GPUs per pipeline stage.")] = 1,
     pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp", metavar="N", min=1, help="Pipeline stages.")] = 1,
     dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="Weight dtype; auto: the config's (float32 served as bfloat16 on GPU).")] = "auto",
-    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q", metavar="METHOD", help="fp8, awq, gptq, bitsandbytes, mxfp4, nvfp4. Default: the config's quantization_config.")] = None,
+    quantization: Annotated[str | None, typer.Option("--quantization", "-q", metavar="METHOD", help="fp8, awq, gptq, bitsandbytes, mxfp4, nvfp4. Default: the config's quantization_config.")] = None,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", metavar="DTYPE", help="auto (the model dtype), fp8, ...")] = "auto",
     mamba_cache_dtype: Annotated[str, typer.Option("--mamba-cache-dtype", metavar="DTYPE", help="Hybrid models: dtype of the Mamba / linear-attention state.")] = "auto",
     mamba_ssm_cache_dtype: Annotated[str, typer.Option("--mamba-ssm-cache-dtype", metavar="DTYPE", help="Hybrid models: dtype of the SSM (temporal) state.")] = "auto",
-    enable_prefix_caching: Annotated[Optional[bool], typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Hybrid models: prefix caching changes the Mamba cache mode (default: the version's).")] = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", metavar="TOKENS", min=1, help="Default: the version's (16; 128 on the CPU backend).")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", metavar="TOKENS", min=1, help="Default: the config's max_position_embeddings.")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", metavar="RATIO", min=0.01, max=1.0, help="Default: the version's (0.9; 0.92 from 0.20).")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", metavar="N", min=1, help="Default: the version's (V1: 1024 on GPUs of 70 GiB or more, else 256).")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", metavar="TOKENS", min=1, help="Default: the version's (V1: 8192 on GPUs of 70 GiB or more, else 2048).")] = None,
-    kv_cache_memory_bytes: Annotated[Optional[str], typer.Option("--kv-cache-memory-bytes", metavar="SIZE", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
-    overhead: Annotated[Optional[str], typer.Option("--overhead", metavar="SIZE", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
-    target_concurrency: Annotated[Optional[int], typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
-    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", metavar="N", min=1, help="GPUs there are: a recommended TP x PP stays within them (default: TP up to 16 is tried).")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", metavar="v0|v1", help="The engine the server runs (default: VLLM_USE_V1 if set, else the version's: V0 before 0.8.0, V1 from 0.8.0, the only one from 0.11.0).")] = None,
+    enable_prefix_caching: Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Hybrid models: prefix caching changes the Mamba cache mode (default: the version's).")] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size", metavar="TOKENS", min=1, help="Default: the version's (16; 128 on the CPU backend).")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", metavar="TOKENS", min=1, help="Default: the config's max_position_embeddings.")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization", metavar="RATIO", min=0.01, max=1.0, help="Default: the version's (0.9; 0.92 from 0.20).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", metavar="N", min=1, help="Default: the version's (V1: 1024 on GPUs of 70 GiB or more, else 256).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens", metavar="TOKENS", min=1, help="Default: the version's (V1: 8192 on GPUs of 70 GiB or more, else 2048).")] = None,
+    kv_cache_memory_bytes: Annotated[str | None, typer.Option("--kv-cache-memory-bytes", metavar="SIZE", help="KV cache size as vLLM takes it (skips the profiling formula).")] = None,
+    overhead: Annotated[str | None, typer.Option("--overhead", metavar="SIZE", help="Measured activation peak + non-torch memory per GPU (default: estimated).")] = None,
+    target_concurrency: Annotated[int | None, typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
+    mean_request_tokens: Annotated[int | None, typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", metavar="N", min=1, help="GPUs there are: a recommended TP x PP stays within them (default: TP up to 16 is tried).")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="v0|v1", help="The engine the server runs (default: VLLM_USE_V1 if set, else the version's: V0 before 0.8.0, V1 from 0.8.0, the only one from 0.11.0).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
     """Capacity before launch: weights, KV bytes per token, KV cache blocks and tokens, concurrency,
@@ -479,12 +479,12 @@ def plan(
 @app.command()
 def check(
     paths: Annotated[list[str], typer.Argument(metavar="FILE", help="Launch configs or monitoring files (- for stdin): shell / docker run / vllm serve lines, docker-compose, Kubernetes, CI YAML, .env, Dockerfile, vLLM --config YAML, Prometheus rules, PromQL, Grafana JSON.")],
-    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", metavar="X.Y.Z", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
-    model_config: Annotated[Optional[str], typer.Option("--model-config", metavar="PATH", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
-    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
+    vllm_version: Annotated[str | None, typer.Option("--vllm-version", metavar="X.Y.Z", help="Target vLLM version (default: the vllm/vllm-openai:vX.Y.Z image tag, else the newest known).")] = None,
+    model_config: Annotated[str | None, typer.Option("--model-config", metavar="PATH", help="The served model's config.json (file, model dir or HF cache dir) for capacity checks.")] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB) for capacity checks.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|sarif|github", help="Output format.")] = "text",
     fail_on: Annotated[str, typer.Option("--fail-on", metavar="error|warning|note|never", help="Exit 1 when a finding is at or above this level.")] = "error",
-    mean_request_tokens: Annotated[Optional[int], typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request: the capacity check (VC010) sizes --max-num-seqs at it (without it, only the worst case of max_model_len is stated, as a note).")] = None,
+    mean_request_tokens: Annotated[int | None, typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request: the capacity check (VC010) sizes --max-num-seqs at it (without it, only the worst case of max_model_len is stated, as a note).")] = None,
 ) -> None:
     """Lint a vLLM launch config or vLLM monitoring before it reaches a GPU. Exit 1 on findings at or
     above --fail-on, 2 on unusable input."""

@@ -396,7 +396,7 @@ class VllmMetricsSample:
     ttft_sum: float | None = None
     cache_config: tuple[tuple[str, str], ...] = ()
     rejected_values: int = 0
-    engines: tuple["EngineMetrics", ...] = ()  # per ``engine`` label (data parallel), when vLLM labels them
+    engines: tuple[EngineMetrics, ...] = ()  # per ``engine`` label (data parallel), when vLLM labels them
     # issue 25: overload, prefix cache and KV-connector series (None when the scrape lacks them)
     num_waiting_capacity: float | None = None  # vllm:num_requests_waiting_by_reason{reason="capacity"} (0.3x)
     num_waiting_deferred: float | None = None  # ... {reason="deferred"}: LoRA budget, KV transfer, blocked

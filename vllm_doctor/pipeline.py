@@ -514,7 +514,7 @@ class Pipeline:
             last_ts = rec.ts if rec.ts is not None else last_ts
             yield (last_ts, seq, name, rec)
 
-    def report(self) -> "Report":
+    def report(self) -> Report:
         """The diagnosis so far (the JSON schema of ``diagnose --format json``)."""
         st = self.state
         facts = st.facts()

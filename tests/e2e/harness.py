@@ -319,7 +319,7 @@ class VllmServer:
                 self._lock = None
 
 
-def vllm_resolved_config(setup: "Setup", args: dict) -> dict:
+def vllm_resolved_config(setup: Setup, args: dict) -> dict:
     """What vLLM itself resolves for these engine args (its own defaults for this platform) without
     starting a server: EngineArgs(...).create_engine_config(OPENAI_API_SERVER). About 8 s."""
     code = ("import json,sys\n"

@@ -127,8 +127,8 @@ def lint_promql(expr: str, version: str, file: str, line: int, context: str = ""
                 sug = _suggest(name, version)
                 why = (f"vLLM exports it only in {', '.join(a + '–' + b for a, b in hit[2])}" if hit
                        else "vLLM never exports this name")
-                side = (f"; only vllm-doctor's sidecar exports a series of this name (it matches if Prometheus "
-                        f"scrapes the sidecar, not vLLM)" if name in mn.SIDECAR_SERIES else "")
+                side = ("; only vllm-doctor's sidecar exports a series of this name (it matches if Prometheus "
+                        "scrapes the sidecar, not vLLM)" if name in mn.SIDECAR_SERIES else "")
                 out.append(CheckFinding("VM001", f"{name}: {why}; in {version} this selector matches nothing on "
                                         f"vLLM's /metrics" + (f" (the real series: {sug})" if sug else "") + side,
                                         file, line, fix={"setting": sug, "value": None} if sug else None, snippet=src,

@@ -248,11 +248,6 @@ def _n(count: int | None, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _n(count: int | None, noun: str) -> str:
-    """``1 sequence``, ``2 sequences`` (English plural: the noun's last word takes an s)."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def _where(sample: Any) -> str:
     meta = getattr(sample, "meta", None)
     if meta is None:

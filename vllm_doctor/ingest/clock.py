@@ -17,7 +17,7 @@ jump. Bounded: at most ``max_held`` records are held (more: the step is taken as
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from vllm_doctor.ingest.envelope import Record
 

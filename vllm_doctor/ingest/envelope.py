@@ -1143,7 +1143,7 @@ def _stream_of(buf: bytes, ls: int, le: int) -> int:
     return 0 if i < 0 else (2 if buf[i + 4:i + 8] == b"err " else 1 if buf[i + 4:i + 8] == b"out " else 0)
 
 
-def candidate_spans(scanner: "KeywordScanner", buf: bytes, start: int, end: int,
+def candidate_spans(scanner: KeywordScanner, buf: bytes, start: int, end: int,
                     max_line: int = 65536, carry: bool = False) -> tuple[array, array, array, int, bool]:
     """The lines of ``buf[start:end]`` (complete lines, ``\n``-separated: ``end`` is the offset
     of a ``\n`` or ``len(buf)``) that a parser could match, as offsets, not copies:

@@ -151,7 +151,7 @@ PARALLEL_MIN_BYTES = 64 << 20  # below this one process is faster than starting 
 RANGE_BYTES = 2 << 20  # a worker's share at a time (bounds what one result holds)
 
 
-def _scan_range(path: str, a: int, b: int) -> tuple[bytes, "array", "array", int]:
+def _scan_range(path: str, a: int, b: int) -> tuple[bytes, array, array, int]:
     """Worker: the candidate lines of bytes [a, b) of ``path`` (a and b at line starts), as one
     blob of the lines end to end, the end of each line in it, their line indexes within the range
     (from 0), and the number of lines in the range. Compact (no object per line, here or in the

@@ -46,7 +46,7 @@ class FileCheckpoint(BaseModel):
     done: list[_Entry] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _open_file_has_offset(self) -> "FileCheckpoint":
+    def _open_file_has_offset(self) -> FileCheckpoint:
         if not self.absent and (self.dev is None or self.ino is None or self.offset is None):
             raise ValueError("a file that is not absent needs dev, ino and offset")
         return self

@@ -17,7 +17,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -123,24 +123,24 @@ def objectives_table(result: dict) -> str:
 def ladder(
     url: Annotated[str, typer.Option("--url", metavar="URL", help="vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000 (the only address contacted).")],
     levels: Annotated[str, typer.Option("--levels", metavar="N,N,...", help="Concurrency levels, comma-separated.")] = "8,16,32,64",
-    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Requests per level (default: 4 x level, at least 8).")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", metavar="SECONDS", help="Run each level this long instead of a request count.")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", metavar="N", help="Requests per level (default: 4 x level, at least 8).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", metavar="SECONDS", help="Run each level this long instead of a request count.")] = None,
     input_len: Annotated[int, typer.Option("--input-len", metavar="WORDS", help="Synthetic prompt length (words, about one token each).")] = 128,
     output_len: Annotated[int, typer.Option("--output-len", metavar="TOKENS", help="max_tokens of each request (exact: ignore_eos).")] = 64,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="Real prompts: one per line, or JSON lines with a \"prompt\" field.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="NAME", help="Model name (default: the first of /v1/models).")] = None,
-    request_rate: Annotated[Optional[float], typer.Option("--request-rate", metavar="PER_SECOND", help="Poisson arrival rate; default: back to back.")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", metavar="FILE", help="Real prompts: one per line, or JSON lines with a \"prompt\" field.")] = None,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME", help="Model name (default: the first of /v1/models).")] = None,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", metavar="PER_SECOND", help="Poisson arrival rate; default: back to back.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Generate exactly --output-len tokens (vLLM's ignore_eos).")] = True,
-    metrics_url: Annotated[Optional[str], typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics (default: URL/metrics; 'none' to skip).")] = None,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", metavar="URL", help="vLLM's /metrics (default: URL/metrics; 'none' to skip).")] = None,
     knee_gain: Annotated[float, typer.Option("--knee-gain", metavar="RATIO", help="The knee: a step up gaining less than this throughput ratio while p99 TTFT grows.")] = 0.10,
     slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", metavar="MS", help="Goodput counts requests with TTFT under this.")] = 500.0,
-    slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", metavar="MS", help="... and TPOT under this.")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option("--slo-tpot-ms", metavar="MS", help="... and TPOT under this.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per-request timeout.")] = 300.0,
     level_timeout: Annotated[float, typer.Option("--level-timeout", metavar="SECONDS", help="Wall-clock limit of one level.")] = 900.0,
     max_response_bytes: Annotated[int, typer.Option("--max-response-bytes", metavar="BYTES", help="Largest response read (more: the request is an error).")] = 16 << 20,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
-    chart: Annotated[Optional[Path], typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html (with the table).")] = None,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown on stdout.")] = OutFormat.text,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the synthetic prompts and arrivals.")] = 0,
     ttft_p99_ms: Annotated[float, typer.Option("--ttft-p99-ms", metavar="MS", help="Objective: p99 TTFT at or under this (0: none).")] = 500.0,
@@ -255,7 +255,7 @@ def ladder(
 @bench_app.command()
 def chart(
     result: Annotated[Path, typer.Argument(metavar="LADDER.json", help="A saved `bench ladder --output` result.")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Where to write: .html (chart and table) or .svg (default: LADDER.html beside the result).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Where to write: .html (chart and table) or .svg (default: LADDER.html beside the result).")] = None,
 ) -> None:
     """Re-render a saved ladder run as its chart: throughput and p99 TTFT per level, one legend, the
     TTFT objective line, the knee, and where preemption begins (from the /metrics deltas per level)."""
@@ -290,10 +290,10 @@ def chart(
 def compare(
     before: Annotated[str, typer.Argument(metavar="BEFORE", help="Result before the change: bench ladder JSON, vllm bench serve --save-result JSON or a GuideLLM report.")],
     after: Annotated[str, typer.Argument(metavar="AFTER", help="Result after the change (same formats).")],
-    level: Annotated[Optional[float], typer.Option("--level", metavar="CONCURRENCY", help="Compare this concurrency (default: the highest both files have).")] = None,
+    level: Annotated[float | None, typer.Option("--level", metavar="CONCURRENCY", help="Compare this concurrency (default: the highest both files have).")] = None,
     ttft_p99_ms: Annotated[float, typer.Option("--ttft-p99-ms", metavar="MS", help="Target: p99 TTFT below this.")] = 500.0,
     max_preemptions: Annotated[int, typer.Option("--max-preemptions", metavar="N", help="Target: at most N preemptions.")] = 0,
-    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", metavar="MS", help="Target: mean TPOT below this (default: no more than 10 % above BEFORE).")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", metavar="MS", help="Target: mean TPOT below this (default: no more than 10 % above BEFORE).")] = None,
     max_throughput_drop: Annotated[float, typer.Option("--max-throughput-drop", metavar="RATIO", help="Target: output throughput at most this ratio below BEFORE.")] = 0.05,
     format: Annotated[OutFormat, typer.Option("--format", "-f", help="text, json or markdown.")] = OutFormat.text,
     allow_unlike: Annotated[bool, typer.Option("--allow-unlike", help="Compare runs that differ in level, tool, model, workload or vLLM version (warned about) instead of refusing.")] = False,

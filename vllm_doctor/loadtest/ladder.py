@@ -23,7 +23,7 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 

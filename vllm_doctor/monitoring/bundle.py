@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -808,12 +807,9 @@ def dashboard(t: dict[str, float] | None = None):
         GridPos,
         RowPanel,
         Table,
-        Target,
         Template,
         Templating,
         Text,
-        Threshold,
-        TimeSeries,
         Dashboard,
     )
 

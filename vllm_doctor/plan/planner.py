@@ -275,11 +275,11 @@ def choose_engine(version: str, engine: str | None = None, vllm_use_v1: str | No
     elif env is not None:
         chosen, why = env, f"VLLM_USE_V1={vllm_use_v1}"
     elif pv < V1_DEFAULT_FROM:
-        chosen, why = "v0", f"V0 is the default engine before 0.8.0"
+        chosen, why = "v0", "V0 is the default engine before 0.8.0"
     elif pv < V0_REMOVED:
-        chosen, why = "v1", ("V1 is the default engine from 0.8.0; vLLM {v} still falls back to V0 on GPUs of compute "
+        chosen, why = "v1", (f"V1 is the default engine from 0.8.0; vLLM {version} still falls back to V0 on GPUs of compute "
                              "capability below 8.0, with LoRA before 0.8.3 or VLLM_USE_V1=0: if its log shows the V0 "
-                             "engine, plan with --engine v0").format(v=version)
+                             "engine, plan with --engine v0")
     else:
         chosen, why = "v1", "vLLM 0.11.0 removed the V0 engine: V1 is the only one"
     if chosen == "v0" and pv >= V0_REMOVED:

@@ -654,7 +654,7 @@ class State:
             return []
         return list(dq)[-n:] if n < len(dq) else list(dq)
 
-    def window(self, seconds: float | None) -> "Window":
+    def window(self, seconds: float | None) -> Window:
         """A view of the last ``seconds`` (None: all that is kept)."""
         return Window(self, seconds)
 

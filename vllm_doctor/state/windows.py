@@ -114,7 +114,7 @@ class FieldAgg:
             self.t0 = ts[0]
         self.t1 = ts[-1]
 
-    def merge(self, o: "FieldAgg") -> None:
+    def merge(self, o: FieldAgg) -> None:
         """Fold ``o`` (a later bucket) into this one."""
         if o.n == 0:
             return
@@ -345,7 +345,7 @@ class WindowAggregate:
         while self.buckets and (self.buckets[0].key < oldest or len(self.buckets) > self.max_buckets):
             self.buckets.popleft()
 
-    def view(self, start: float | None) -> "WindowView":
+    def view(self, start: float | None) -> WindowView:
         """The lines at or after ``start`` (None: every one kept), to the bucket's resolution."""
         if start is None:
             inside = list(self.buckets)

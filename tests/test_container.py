@@ -194,7 +194,7 @@ def test_image_is_non_root_read_only_with_a_healthcheck(container):
 
 
 def test_image_holds_every_rule(container):
-    """The image's package is the development setup's: the same 16 rules, fleet rules included
+    """The image's package is the development setup's: the same rules, fleet rules included
     (issue 27: an image built from a wheel without rules/fleet/ listed 11)."""
     podman, _, _ = container
     dev = dev_rule_ids()

@@ -254,7 +254,7 @@ def ladder(
 
 @bench_app.command()
 def chart(
-    result: Annotated[Path, typer.Argument(metavar="LADDER.json", help="A saved `bench ladder --output` result.")],
+    result: Annotated[Path, typer.Argument(metavar="LADDER", help="A saved `bench ladder --output` result (JSON).")],
     output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Where to write: .html (chart and table) or .svg (default: LADDER.html beside the result).")] = None,
 ) -> None:
     """Re-render a saved ladder run as its chart: throughput and p99 TTFT per level, one legend, the

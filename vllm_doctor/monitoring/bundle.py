@@ -424,7 +424,7 @@ def incident_alerts(t: dict[str, float]) -> list[Alert]:
                          f"{starts_w}: a probe kills it while it loads, or it crashes the same way at each start."),
         ),
         _increase_alert("VllmAdmissionRejections", "overload", "vllm-overload", "warning",
-                        "vllm:admission_rejections_total", over_w,
+                        V.admission_rejections_total, over_w,
                         f"vLLM on {WHERE} refused {COUNT} requests in {over_w}",
                         f"vLLM on {WHERE} refused {COUNT} requests at admission in {over_w} (its "
                         "--max-num-queued-reqs / --max-num-queued-tokens limit, HTTP 503): more requests arrive "
@@ -433,7 +433,7 @@ def incident_alerts(t: dict[str, float]) -> list[Alert]:
                        f"vLLM on {WHERE} rejects requests longer than max_model_len",
                        "requests whose prompt plus max_tokens exceed max_model_len get HTTP 400."),
         _increase_alert("VllmKvTransferFailures", "kv-transfer-failure", "vllm-kv-transfer-failure", "critical",
-                        "vllm:nixl_num_failed_transfers_total", over_w,
+                        V.nixl_num_failed_transfers_total, over_w,
                         f"vLLM on {WHERE} failed {COUNT} KV transfers in {over_w}",
                         f"{COUNT} NIXL KV cache transfers failed on {WHERE} in {over_w} (handshake, transfer or "
                         "notification): disaggregated requests are prefilled again or fail."),

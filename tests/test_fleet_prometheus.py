@@ -44,7 +44,7 @@ EXPECTED = {  # replica -> the rules that must fire on it (and nothing else)
     # saturated while others idle: their own KV cache is full with a queue (kv-capacity-bound),
     # and the fleet rule names them as the hot replicas of the imbalance
     **{f"fleet/vllm-{i:03d}": {"kv-capacity-bound"} for i in (8, 9)},
-    "fleet/vllm-014": {"kv-capacity-bound"},  # engine 0 full; engine-imbalance names it
+    "fleet/vllm-014": {"data-parallel-imbalance", "kv-capacity-bound"},  # engine 0 full, engine 1 idle: VD026 per replica; engine-imbalance names it
     "live/dead": {"engine-dead"},  # from its sidecar (vllm_doctor_finding_active)
 }
 
@@ -124,7 +124,7 @@ def test_names_exactly_the_replicas_in_trouble_and_their_incident(prometheus):
     assert all(rows[f"fleet/vllm-{i:03d}"]["preemptions"] > 100 for i in (0, 1, 2))
     assert all(r["preemptions"] in (0, None) for n, r in rows.items() if n not in
                {f"fleet/vllm-{i:03d}" for i in (0, 1, 2)} and n.startswith("fleet/"))
-    fleet = {f["name"]: f for f in rep["findings"] if f["rule_id"] >= "VD020"}
+    fleet = {f["name"]: f for f in rep["findings"] if "VD020" <= f["rule_id"] <= "VD025"}  # rules/fleet/
     assert set(fleet) == {"replica-imbalance", "engine-imbalance", "latency-objective-missed"}
     imb = fleet["replica-imbalance"]
     assert sorted(e["source"] for e in imb["evidence"]) == ["prometheus:fleet/vllm-008", "prometheus:fleet/vllm-009"]

@@ -98,7 +98,7 @@ RULES = Path(__file__).resolve().parent.parent / "rules"
     ("VD005", "idle.slope_per_hour('kv_cache_usage_ratio')", "idle.slope_per_hours('kv_cache_usage_ratio')",
      "values.idle_slope"),
     ("VD001", "value: kv_bytes", "value: kv_byts", "fixes[1].value"),
-    ("VD002", "if: oom_len is not None", "if: oom_lenn is not None", "fixes[11].if"),
+    ("VD002", "if: oom_len is not None", "if: oom_lenn is not None", "fixes[12].if"),
 ])
 def test_a_typo_in_any_field_is_a_load_error_with_file_and_line(tmp_path, rule, old, new, field):
     src = next(RULES.glob(f"{rule}-*.yaml"))

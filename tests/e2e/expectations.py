@@ -63,7 +63,7 @@ def check_max_num_seqs_fix(findings: list[dict], truth: dict, where: str) -> int
         m = re.match(r"(\d+) sequences were running when the KV cache was full", how)
         # issue 20: what ran without preemption, or the KV cache over the longest tokens per sequence seen
         clean = re.match(r"(\d+) running with no preemption counted in the interval", how)
-        observed = re.match(r"[\d.]+% x [\d,]+ KV cache tokens / \d+ running = [\d,]+ tokens per sequence at most", how)
+        observed = re.match(r"[\d.]+% x [\d,]+ KV cache tokens / [\d.]+ running = [\d,]+ tokens per sequence at most", how)
         if (m and int(m[1]) == v) or (clean and int(clean[1]) == v) or observed or (
                 "tokens per running sequence observed" in how) or (how.startswith("never-preempt bound") and v <= cap):
             ok.append(v)

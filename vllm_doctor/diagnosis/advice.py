@@ -237,7 +237,7 @@ class Concurrency:
         s = self.longest_sample
         bs = f", in whole blocks of {self.block_size} tokens" if self.block_size and self.block_size > 1 else ""
         bound = "" if self.never_preempt is None else f"; {self._bound}"
-        return (f"{s.kv_cache_usage_ratio:.1%} x {self.kv_cache_tokens:,} KV cache tokens / {s.num_running} running = "
+        return (f"{s.kv_cache_usage_ratio:.1%} x {self.kv_cache_tokens:,} KV cache tokens / {s.num_running:g} running = "
                 f"{self.longest_per_sequence:,.0f} tokens per sequence at most ({_where(s).lstrip(', ')}); "
                 f"{self.kv_cache_tokens:,} / {self.longest_per_sequence:,.0f} = {_n(self.admit, 'sequence')}{bs}"
                 f"{bound}; {self._pressure}")

@@ -188,6 +188,8 @@ def watch(cfg: ServeConfig, *, interval: float = 2.0, once: bool = False,
         if once:
             if sc.nvml is not None:
                 sc.nvml.poll_once()
+            if sc.hostmem is not None:  # one sample, so the frame does not call the source down
+                sc.hostmem.poll()
             if sc.scraper is not None:
                 sc.scraper.scrape_once()
             for s in sc.logs:  # a pipe: wait (bounded) for its end

@@ -44,7 +44,8 @@ EXPECTED = {  # replica -> the rules that must fire on it (and nothing else)
     # saturated while others idle: their own KV cache is full with a queue (kv-capacity-bound),
     # and the fleet rule names them as the hot replicas of the imbalance
     **{f"fleet/vllm-{i:03d}": {"kv-capacity-bound"} for i in (8, 9)},
-    "fleet/vllm-014": {"data-parallel-imbalance", "kv-capacity-bound"},  # engine 0 full, engine 1 idle: VD026 per replica; engine-imbalance names it
+    # engine 0 full, engine 1 idle: VD026 per replica; engine-imbalance names it
+    "fleet/vllm-014": {"data-parallel-imbalance", "kv-capacity-bound"},
     "live/dead": {"engine-dead"},  # from its sidecar (vllm_doctor_finding_active)
 }
 

@@ -3,6 +3,7 @@ Every input under tests/fixtures/launch is a real one (see the READMEs there).""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,67 @@ def test_issue_commands_that_are_fine_stay_quiet():
     assert run(ISSUES / "vllm-4650-docker-engine-args.txt", "0.5.4").findings == []
 
 
+# ---------------------------------------------------------------- every launch of the suite, with its real outcome
+
+#: (file, the vLLM version it ran, what check must say: (rule, level, line, setting)); the outcome each issue
+#: reports is in the file's first lines and in tests/fixtures/launch/issues/README.md
+STARTED, FAILED = "started", "failed at start-up"
+#: the issue's log shows a start, but its paste is not what ran: as written, argparse rejects it
+PASTE_DIFFERS = "started; the paste as written would not"
+LAUNCHES = [
+    # arguments after the image that the image's ENTRYPOINT already runs: "unrecognized arguments"
+    ("vllm-37133-image-then-vllm-serve.sh", "0.17.1", FAILED,
+     [("VC013", "error", 2, "vllm serve"), ("VC008", "warning", 6, "image"), ("VC005", "warning", 15, "--swap-space")]),
+    ("vllm-22072-compose-serve.yml", "0.10.0", FAILED,
+     [("VC008", "warning", 6, "image"), ("VC013", "error", 21, "serve"), ("VC014", "error", 24, "--dtype")]),
+    ("glm-ocr-39-compose-serve.yml", "0.16.0", FAILED, [("VC008", "warning", 5, "image"), ("VC013", "error", 23, "serve")]),
+    ("vllm-32755-compose-bash-c.yml", "0.14.0", FAILED,
+     [("VC008", "warning", 6, "image"), ("VC013", "error", 20, "bash -c"), ("VC001", "error", 23, None)]),
+    # the image given by its ID: what it runs is not known, so a warning that names the check to make
+    ("vllm-27389-image-id-then-serve.sh", "0.11.0", FAILED, [("VC013", "warning", 3, "serve")]),
+    # host GPU indices inside a container that numbers its GPUs from 0
+    ("vllm-9865-docker-run-visible-devices.sh", "0.6.6", FAILED,
+     [("VC015", "error", 9, "CUDA_VISIBLE_DEVICES"), ("VC008", "warning", 12, "image")]),
+    # the paste glues two flags: --port's value is "8111--gpu-memory-utilization" (the issue's log shows the
+    # server up, so what ran had a space there; as pasted, argparse rejects --port's value)
+    ("vllm-28228-kimi-linear-typo.sh", "0.11.0", PASTE_DIFFERS,
+     [("VC003", "warning", 4, "--tensor-parallel-size"), ("VC006", "error", 4, "--port")]),
+    # the KV cache too small for max_model_len: known only with the model and the GPU (test_issue_13061_...)
+    ("vllm-13061-tp2-underscores.sh", "0.7.3", FAILED, []),
+    ("qwen-295-api-server.sh", "0.4.0", FAILED, []),
+    # started (or failed later for reasons of the host, the engine or a request, not of the launch)
+    ("vllm-14403-compose.yml", "0.7.3", STARTED, [("VC008", "warning", 21, "image")]),
+    ("vllm-16841-compose-service.yml", "0.8.4", STARTED, [("VC008", "warning", 5, "image")]),
+    ("vllm-17366-docker-run-v1.sh", "0.8.5", STARTED, []),
+    ("vllm-17676-docker-run-script.sh", "0.8.5", STARTED,
+     [("VC008", "warning", 15, "image"), ("VC005", "warning", 26, None)]),
+    ("vllm-20862-docker-run-b200.sh", "0.9.1", STARTED, []),
+    ("vllm-21348-tp4-kv-transfer.sh", "0.10.0", STARTED, []),
+    ("vllm-2235-docker-run-works.sh", "0.3.3", STARTED, [("VC008", "warning", 8, "image")]),
+    ("vllm-34076-pp2.sh", "0.15.0", STARTED, []),
+    ("vllm-46169-rocm-image.sh", "0.23.0", STARTED, []),
+    ("vllm-4650-docker-engine-args.txt", "0.5.4", STARTED, []),
+    ("vllm-5366-docker-run-no-tag.sh", "0.4.3", STARTED, [("VC008", "warning", 11, "image")]),
+]
+
+
+def test_the_suite_holds_every_launch_file_and_at_least_20():
+    listed = {name for name, *_ in LAUNCHES}
+    on_disk = {p.name for p in ISSUES.iterdir() if p.name != "README.md"}
+    assert listed == on_disk and len(listed) >= 20
+
+
+@pytest.mark.parametrize("name,version,outcome,expected", LAUNCHES, ids=[x[0] for x in LAUNCHES])
+def test_check_is_right_on_every_launch_of_the_suite(name, version, outcome, expected):
+    r = run(ISSUES / name, version)
+    assert r.launches >= 1                                # the launch is found, whatever its form
+    assert [(f.rule_id, f.level, f.line, (f.fix or {}).get("setting")) for f in r.findings] == expected
+    if outcome == STARTED:                                # no false error on a launch that started
+        assert all(f.level != "error" for f in r.findings)
+    number = re.search(r"-(\d+)-", name).group(1)        # provenance on line 1: the issue it comes from
+    assert re.search(rf"#{number}\b", (ISSUES / name).read_text().splitlines()[0])
+
+
 # ---------------------------------------------------------------- how containers are launched
 
 @pytest.mark.parametrize("path,version,expected", [
@@ -228,7 +290,11 @@ def test_arguments_after_the_image_reach_its_entrypoint(path, version, expected)
 
 
 @pytest.mark.parametrize("version,entrypoint", [
+    # each release's docker/Dockerfile, target vllm-openai (read from the sdists): api_server through 0.11.0
     ("0.10.0", "its ENTRYPOINT is `python3 -m vllm.entrypoints.openai.api_server` on vLLM 0.10.0"),
+    ("0.11.0", "its ENTRYPOINT is `python3 -m vllm.entrypoints.openai.api_server` on vLLM 0.11.0"),
+    ("0.11.1", "its ENTRYPOINT is `vllm serve` on vLLM 0.11.1"),
+    ("0.13.0", "its ENTRYPOINT is `vllm serve` on vLLM 0.13.0"),
     ("0.17.1", "its ENTRYPOINT is `vllm serve` on vLLM 0.17.1"),
 ])
 def test_the_entrypoint_named_is_the_versions(version, entrypoint):
@@ -248,6 +314,50 @@ def test_the_entrypoint_named_is_the_versions(version, entrypoint):
 ])
 def test_docker_entrypoint_override(cmd, expected):
     assert [f.rule_id for f in check_text(cmd, "run.sh").findings] == expected
+
+
+@pytest.mark.parametrize("text,name,expected", [
+    # docker: --gpus device=2,3 gives two GPUs, numbered 0 and 1 inside
+    ("docker run --ipc=host --gpus '\"device=2,3\"' -e CUDA_VISIBLE_DEVICES=2,3 vllm/vllm-openai:v0.8.5 --model m "
+     "--tensor-parallel-size 2\n", "run.sh", [("VC015", "GPU 2,3 does not exist there", "vLLM sees 0 GPU(s) (none)")]),
+    ("docker run --ipc=host --gpus '\"device=2,3\"' -e CUDA_VISIBLE_DEVICES=0,1 vllm/vllm-openai:v0.8.5 --model m "
+     "--tensor-parallel-size 2\n", "run.sh", []),
+    # all the host's GPUs: the host's indices are the container's
+    ("docker run --ipc=host --gpus all -e CUDA_VISIBLE_DEVICES=2,3 vllm/vllm-openai:v0.8.5 --model m\n", "run.sh", []),
+    # compose device_ids
+    ("services:\n  v:\n    image: vllm/vllm-openai:v0.8.5\n    ipc: host\n    environment:\n"
+     "      - CUDA_VISIBLE_DEVICES=0,3\n    deploy:\n      resources:\n        reservations:\n          devices:\n"
+     "            - driver: nvidia\n              device_ids: ['2', '3']\n              capabilities: [gpu]\n"
+     "    command: --model m --tensor-parallel-size 2\n", "compose.yml",
+     [("VC015", "GPU 3 does not exist there", "vLLM sees 1 GPU(s) (0)")]),
+    # a pod's nvidia.com/gpu: 2 is numbered 0 and 1 in the container
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: v}\nspec:\n  hostIPC: true\n  containers:\n  - name: v\n"
+     "    image: vllm/vllm-openai:v0.8.5\n    env:\n    - {name: CUDA_VISIBLE_DEVICES, value: '4,5'}\n"
+     "    args: [--model, m, --tensor-parallel-size, '2']\n    resources:\n      limits: {nvidia.com/gpu: 2}\n",
+     "pod.yaml", [("VC015", "(nvidia.com/gpu)", "GPU 4,5 does not exist there")]),
+])
+def test_host_gpu_indices_inside_a_container(text, name, expected):
+    r = check_text(text, name)
+    got = [f for f in r.findings if f.rule_id == "VC015"]
+    assert [f.rule_id for f in got] == [e[0] for e in expected]
+    for f, (_, *said) in zip(got, expected, strict=True):
+        assert all(x in f.message for x in said)
+        assert f.fix == {"setting": "CUDA_VISIBLE_DEVICES", "value": None, "action": "delete"}
+
+
+def test_how_a_launch_is_pasted_does_not_hide_it():
+    """Compose services pasted without `services:` (vllm#16841), `...` for what the author left out
+    (vllm#32755), a script's own VLLM_* variable that is not exported (vllm#17676), the ROCm image."""
+    svc = "vllm:\n  image: vllm/vllm-openai:v0.11.0\n  ipc: host\n  command: serve m --max-num-seqz 8\n"
+    assert [f.rule_id for f in check_text(svc, "fragment.yml").findings] == ["VC001", "VC013"]
+    elided = "services:\n  vllm:\n    image: vllm/vllm-openai:v0.11.0\n...\n    ipc: host\n    command: serve m\n"
+    r = check_text(elided, "compose.yml")
+    assert r.kind == "compose" and [(f.rule_id, f.line) for f in r.findings] == [("VC013", 6)]
+    script = "VLLM_VERSION=v0.11.0\ndocker run --ipc=host vllm/vllm-openai:$VLLM_VERSION --model m\n"
+    assert check_text(script, "run.sh").findings == []
+    assert [f.rule_id for f in check_text("VLLM_LOG_LEVEL=DEBUG\nvllm serve m\n", "run.sh").findings] == ["VC007"]
+    rocm = check_text("docker run --ipc=host vllm/vllm-openai-rocm:v0.20.0 vllm serve m\n", "run.sh")
+    assert [f.rule_id for f in rocm.findings] == ["VC013"] and rocm.vllm_version == "0.20.0"
 
 
 def test_a_dockerfile_entrypoint_replaces_the_images_and_its_cmd_is_appended():

@@ -20,6 +20,7 @@ from vllm_doctor import versions
 from vllm_doctor.check.findings import RULES, CheckFinding
 from vllm_doctor.check.launch import (Launch, flags_in, line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, scan_modules)
+from vllm_doctor.check.launch import lint_visible_devices
 from vllm_doctor.check.monitoring import lint_grafana, lint_promql_text, lint_rules_file
 
 NEWEST = "0.33.0"
@@ -53,7 +54,11 @@ def _yaml_docs(text: str) -> list[dict] | None:
     except yaml.YAMLError as e:
         if "maximum nesting depth" in str(e):      # libyaml's limit; the pure-Python loader recurses instead
             raise RecursionError(str(e)) from None
-        return None
+        if not re.search(r"(?m)^\s*(\.\.\.|…)\s*$", text):
+            return None
+        # a pasted file with `...` lines for what its author left out (vllm#32755): YAML reads `...` as
+        # the end of a document, so the rest did not parse; read it again without them (same line count)
+        return _yaml_docs(re.sub(r"(?m)^\s*(\.\.\.|…)\s*$", "", text))
     return docs if docs and all(isinstance(d, (dict, list)) for d in docs) else None
 
 
@@ -78,6 +83,10 @@ def _mostly_promql(text: str) -> bool:
     looks = [p for p in paras if re.search(r"(?<![\w:])[\w:]+\s*(\[\d+[smhdw]\]|\{|\()", p) and " --" not in p
              and not re.match(r"^(docker|vllm|python|curl|sudo|export|echo|set|for|if|kubectl)\b", p)]
     return bool(paras) and len(looks) * 2 >= len(paras)
+
+
+#: Keys only a compose service has next to its `image:` (a CI job has `script:`, caught before)
+_SERVICE_KEYS = ("command", "entrypoint", "deploy", "ipc", "shm_size", "runtime", "environment", "ports")
 
 
 def detect(text: str, name: str) -> tuple[str, object]:
@@ -118,6 +127,10 @@ def detect(text: str, name: str) -> tuple[str, object]:
                 if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
                         or "jobs" in d0:
                     return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
+                services = {k: v for k, v in d0.items() if isinstance(v, dict) and "image" in v
+                            and any(x in v for x in _SERVICE_KEYS)}
+                if services:        # compose services pasted without their `services:` key (vllm#16841)
+                    return "compose", {"services": services}
                 known = [k for k in d0 if isinstance(k, str) and (versions.known_flag("--" + k.replace("_", "-"))
                                                                    or k in ("model",))]
                 if d0 and len(known) * 2 >= len(d0):      # mostly vLLM flag names: a --config file
@@ -364,6 +377,7 @@ def check_text(text: str, name: str = "-", vllm_version: str | None = None, mode
         _kv_cache_tokens(found, flags, version, model_config, gpu_memory)
         findings += found
         findings += lint_shm(la, flags)
+        findings += lint_visible_devices(la)
         findings += _capacity(la, flags, version, model_config, gpu_memory, text, mean_request_tokens)
     seen, uniq = set(), []
     for f in sorted(findings, key=lambda f: (f.line, f.rule_id)):

@@ -20,6 +20,8 @@ RULES: dict[str, tuple[str, str, str]] = {
     "VC012": ("unparsable", "warning", "A line or document that could not be read."),
     "VC013": ("command-as-image-arguments", "error", "`vllm serve`, `serve`, `sh -c` or `python3 -m` after the vllm-openai image (no entrypoint override): its ENTRYPOINT already runs the server, which exits with \"unrecognized arguments\"."),
     "VC014": ("two-words-in-one-argument", "error", "One argument (a list item, a quoted word) holding a flag and its value: argparse reads it as a positional and exits with \"unrecognized arguments\"."),
+    "VC015": ("gpu-index-outside-container", "error",
+              "CUDA_VISIBLE_DEVICES inside a container names a GPU it does not have: a container numbers its GPUs from 0."),
     "VM001": ("series-never-exported", "error", "A series vLLM never exports in the target version: the query never matches."),
     "VM002": ("rate-on-gauge", "error", "rate()/increase() on a gauge."),
     "VM003": ("histogram-quantile-misuse", "error", "histogram_quantile on a non-_bucket series, on buckets without rate()/increase(), or without `le` kept."),

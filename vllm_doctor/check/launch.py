@@ -25,7 +25,11 @@ from vllm_doctor.check.findings import CheckFinding
 from vllm_doctor.check.knowledge import (INVENTED_ENV, INVENTED_FLAGS, INVENTED_MODULES, V0_ONLY, kv_cache_size_advice, use_prefill_advice,
                         value_problem)
 
-IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?::([\w.\-]+))?(?:@sha256:\w+)?$")
+#: vLLM's server images: vllm-openai (docker/Dockerfile), vllm-openai-cpu (docker/Dockerfile.cpu), vllm-openai-rocm
+#: (docker/Dockerfile.rocm); each one's `vllm-openai` target has the same ENTRYPOINT (image_entrypoint)
+IMAGE_RE = re.compile(r"(?:^|/)vllm-openai(?:-(?:cpu|rocm))?(?::([\w.\-]+))?(?:@sha256:\w+)?$")
+#: An image given by its ID (`docker images`' IMAGE ID, or a full sha256): what it runs is not known here
+IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 VERSION_TAG_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+){0,2})")
 
 
@@ -132,7 +136,7 @@ def _docker_run(argv: list[str]) -> dict | None:
             env[k] = v
         elif name == "--gpus":
             val = val.strip("'\"")
-            out["gpus"] = 8 if val == "all" else int(re.sub(r"\D", "", val) or 0) or (val.count(",") + 1 if "device=" in val else None)
+            out["gpus"] = 8 if val == "all" else val.count(",") + 1 if "device=" in val else int(re.sub(r"\D", "", val) or 0) or None
         elif name == "--shm-size":
             out["shm"] = val
         elif name == "--ipc":
@@ -184,8 +188,9 @@ def _from_command(argv: list[str], env: dict[str, str], line: int, file: str, im
     is appended to the image's own ENTRYPOINT (no ``--entrypoint`` / compose ``entrypoint`` /
     Kubernetes ``command``); on the vllm-openai image that ENTRYPOINT is the server itself, so a
     command there (``vllm serve ...``, ``/bin/sh -c ...``) reaches vLLM's parser as arguments."""
-    if entrypoint_default and image and IMAGE_RE.search(image) and _wrapper_words(argv):
-        wrapped = _wrapper_words(argv)
+    wrapped = _wrapper_words(argv) if entrypoint_default and image else []
+    # an image given by its ID may be vllm-openai: `serve` / `vllm serve` there is flagged, as a possibility
+    if wrapped and image and (IMAGE_RE.search(image) or (IMAGE_ID_RE.match(image) and wrapped[-1] == "serve")):
         ls = _from_command(argv, env, line, file, image, image_line, gpus, shm_ok, shm_hint)
         if not ls:
             # `serve MODEL --flags`: the server's flags after a word vLLM's parser rejects
@@ -326,6 +331,12 @@ def _env_line(text: str, key: str, start: int) -> int:
 TEMPLATING = {"docker-compose", "podman-compose", "envsubst", "helm", "make", "kustomize", "ansible-playbook"}
 
 
+def _script_variable(name: str, text: str) -> bool:
+    """A variable the script itself reads (``VLLM_VERSION=latest`` ... ``vllm/vllm-openai:$VLLM_VERSION``,
+    vllm#17676): without ``export`` it is the script's own, not the environment of what it starts."""
+    return re.search(r"\$\{?" + re.escape(name) + r"\b", text) is not None
+
+
 def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launch]:
     env: dict[str, str] = {}
     exported: dict[str, tuple[str, int]] = {}
@@ -344,7 +355,7 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
             except ValueError:
                 val = m.group(2)
             env[m.group(1)] = val
-            if s.startswith("export") or m.group(1).startswith("VLLM_"):
+            if s.startswith("export") or (m.group(1).startswith("VLLM_") and not _script_variable(m.group(1), text)):
                 exported[m.group(1)] = (val, line)
             continue
         if "vllm" not in (_expand(s, env) if "$" in s else s).lower() and not s.startswith("--"):
@@ -659,24 +670,24 @@ SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q
          "-dp": "--data-parallel-size", "-O": "--compilation-config", "-cc": "--compilation-config"}
 
 
-#: The vllm/vllm-openai image's ENTRYPOINT (docker/Dockerfile, target vllm-openai), as real launches show it:
-#: ``python3 -m vllm.entrypoints.openai.api_server`` through 0.11 ("api_server.py: error: unrecognized
-#: arguments" on 0.10.0 in vllm#22072 and on the Oct-2025 image of vllm#27389; the Dockerfile quoted in
-#: vllm#17172), ``vllm serve`` on 0.17.1 (vllm#37133: "usage: vllm ... vllm: error: unrecognized arguments").
-#: Between the two the releases examined show no launch: both are named.
-IMAGE_ENTRYPOINT_API_SERVER_UNTIL = Version("0.11.99")
+#: The vllm/vllm-openai image's ENTRYPOINT: the `vllm-openai` target of the release's own docker/Dockerfile
+#: (Dockerfile at the top level up to 0.7), read from the sdists of 0.6.3, 0.7.3, 0.8.5, 0.9.2, 0.10.0,
+#: 0.10.2, 0.11.0, 0.11.1, 0.11.2, 0.13.0, 0.17.1, 0.20.0, 0.25.0 and 0.33.0: ``["python3", "-m",
+#: "vllm.entrypoints.openai.api_server"]`` through 0.11.0, ``["vllm", "serve"]`` from 0.11.1 (docker/Dockerfile.cpu
+#: the same; Dockerfile.rocm has a `vllm-openai` target with ``vllm serve`` by 0.17.1). Older sdists do not ship
+#: the Dockerfile; 0.2's image ran api_server.py too (vllm#2235: "api_server.py: error: argument
+#: --pipeline-parallel-size/-pp"). Real launches agree: "api_server.py: error: unrecognized arguments" on
+#: 0.10.0 (vllm#22072) and 0.11.0 (vllm#27389), "vllm: error: unrecognized arguments" on 0.17.1 (vllm#37133).
+IMAGE_ENTRYPOINT_VLLM_SERVE_FROM = Version("0.11.1")
 #: The first release without the V0 engine (0.10.2 was V0's last)
 V0_REMOVED = Version("0.11.0")
-IMAGE_ENTRYPOINT_VLLM_SERVE_FROM = Version("0.17.0")
 
 
 def image_entrypoint(pv: Version) -> str:
     """The vllm/vllm-openai image's ENTRYPOINT at that vLLM version, in words."""
-    if pv <= IMAGE_ENTRYPOINT_API_SERVER_UNTIL:
-        return "`python3 -m vllm.entrypoints.openai.api_server`"
     if pv >= IMAGE_ENTRYPOINT_VLLM_SERVE_FROM:
         return "`vllm serve`"
-    return "`vllm serve` (`python3 -m vllm.entrypoints.openai.api_server` through 0.11)"
+    return "`python3 -m vllm.entrypoints.openai.api_server`"
 
 
 def lint_wrapped(la: Launch, pv: Version, version: str) -> list[CheckFinding]:
@@ -685,6 +696,14 @@ def lint_wrapped(la: Launch, pv: Version, version: str) -> list[CheckFinding]:
     the image reach vLLM's argparse as arguments, and it exits with "unrecognized arguments"."""
     w = la.wrapped
     shown = " ".join(w[:2]) if len(w) == 3 and w[1] == "-c" else " ".join(w)
+    if la.image and IMAGE_ID_RE.match(la.image):
+        msg = (f"`{shown}` after the image {la.image}, given by its ID: what that image runs is not known here. "
+               f"If it is a vllm/vllm-openai image, its ENTRYPOINT ({image_entrypoint(pv)} on vLLM {version}) already "
+               f"runs the server, these words reach vLLM's argument parser as arguments and it exits at start-up "
+               f"(\"error: unrecognized arguments\"); `docker image inspect -f '{{{{json .Config.Entrypoint}}}}' "
+               f"{la.image}` shows it. Then delete `{shown}` (and pass --model, or the model first, with its flags)")
+        return [CheckFinding("VC013", msg, la.file, la.line, level="warning", snippet=shown,
+                             fix={"setting": shown, "value": None, "action": "delete"})]
     where = {"compose": "`command:` of a service with no `entrypoint:`",
              "kubernetes": "`args:` of a container with no `command:`"}.get(la.runtime, "the arguments after the image")
     override = {"compose": "entrypoint:", "kubernetes": "command:"}.get(la.runtime, "--entrypoint")
@@ -875,6 +894,44 @@ def lint_shm(la: Launch, flags: dict[str, str | None]) -> list[CheckFinding]:
     return [CheckFinding("VC009", f"{world} GPU workers (tensor/pipeline parallel) need shared memory for NCCL and "
                          f"vLLM's worker message queue, but {la.shm_hint}", la.file, la.line,
                          fix={**(d := SHM_FIXES.get(la.runtime, SHM_FIXES[""])), "alternatives": list(d["alternatives"])})]
+
+
+def _indices(v: str) -> list[int] | None:
+    parts = [p.strip() for p in v.strip().strip("'\"").split(",") if p.strip()]
+    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
+
+
+#: How a container is given its GPUs, per runtime (la.gpus counts them; 8 stands for `all`, not counted)
+GPU_GRANTS = {"": "--gpus", "compose": "the service's device reservation", "kubernetes": "nvidia.com/gpu"}
+
+
+def lint_visible_devices(la: Launch) -> list[CheckFinding]:
+    """VC015: CUDA_VISIBLE_DEVICES set inside a container to the host's GPU indices. The NVIDIA runtime gives
+    the container only the GPUs it is granted (``--gpus device=2,3``, ``NVIDIA_VISIBLE_DEVICES=2,3``, compose
+    ``device_ids``, a pod's ``nvidia.com/gpu``) and numbers them from 0, so ``CUDA_VISIBLE_DEVICES=2,3`` there
+    names GPUs that do not exist; CUDA stops reading the list at the first one (vllm#9865: NVMLError_InvalidArgument)."""
+    cvd = la.env.get("CUDA_VISIBLE_DEVICES")
+    if not (la.image and cvd):
+        return []
+    want = _indices(cvd[0])
+    if not want:
+        return []
+    nvd = la.env.get("NVIDIA_VISIBLE_DEVICES")
+    given = _indices(nvd[0]) if nvd else None
+    n = len(given) if given else la.gpus if la.gpus and la.gpus < 8 else None
+    if not n or max(want) < n:
+        return []
+    how = f"NVIDIA_VISIBLE_DEVICES={nvd[0]}" if given and nvd else GPU_GRANTS.get(la.runtime, "--gpus")
+    seen = want[:next(i for i, x in enumerate(want) if x >= n)]
+    missing = ",".join(str(x) for x in want if x >= n)
+    inside = ",".join(str(i) for i in range(n))
+    msg = (f"CUDA_VISIBLE_DEVICES={cvd[0]} inside a container that is given {n} GPU(s) ({how}): the container "
+           f"numbers its GPUs {inside}, so GPU {missing} does not exist there; CUDA stops reading the list at the "
+           f"first index that does not exist, so vLLM sees {len(seen)} GPU(s) ({','.join(map(str, seen)) or 'none'}) "
+           f"and fails at start-up (on vLLM 0.6: pynvml.NVMLError_InvalidArgument). The host's GPUs are chosen by "
+           f"{how}; delete CUDA_VISIBLE_DEVICES (or set it to {inside})")
+    return [CheckFinding("VC015", msg, la.file, cvd[1], snippet=f"CUDA_VISIBLE_DEVICES={cvd[0]}",
+                         fix={"setting": "CUDA_VISIBLE_DEVICES", "value": None, "action": "delete"})]
 
 
 # how shared memory is given, per runtime: docker run's flags, compose's keys, a pod's memory-backed volume

@@ -398,6 +398,27 @@ def test_removed_and_v0_only_flags():
     assert r.findings[0].rule_id == "VC006" and r.findings[0].fix["value"] == 0.9
 
 
+@pytest.mark.parametrize("text,name", [
+    ("docker run --ipc=host -e VLLM_USE_V1=0 vllm/vllm-openai:v0.9.2 --model m --max-model-len 16384 "
+     "--max-num-seqs 128\n", "run.sh"),
+    ("services:\n  v:\n    image: vllm/vllm-openai:v0.9.2\n    ipc: host\n    environment:\n      VLLM_USE_V1: '0'\n"
+     "    command: [--model, m, --max-model-len, '16384', --max-num-seqs, '128']\n", "compose.yml"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: v}\nspec:\n  containers:\n  - name: v\n"
+     "    image: vllm/vllm-openai:v0.9.2\n    env:\n    - {name: VLLM_USE_V1, value: '0'}\n"
+     "    args: [--model, m, --max-model-len, '16384', --max-num-seqs, '128']\n", "pod.yaml"),
+])
+def test_kv_capacity_is_planned_on_the_engine_the_launch_chooses(text, name):
+    """VLLM_USE_V1=0 in the container's environment runs V0 on 0.9.2, whose overhead differs: VC010 plans
+    that engine (158,656 KV tokens on the 8B model, 40 GiB) and says why; without it, V1 (165,152)."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    (f,) = [f for f in check_text(text, name, model_config=cfg, gpu_memory=40 * (1 << 30)).findings if f.rule_id == "VC010"]
+    assert "the KV cache holds 158,656 tokens" in f.message and f.message.endswith("[V0 engine: VLLM_USE_V1=0]")
+    v1 = text.replace("VLLM_USE_V1=0", "VLLM_X=0").replace("VLLM_USE_V1: '0'", "TZ: UTC").replace(
+        "{name: VLLM_USE_V1, value: '0'}", "{name: TZ, value: UTC}")
+    (g,) = [f for f in check_text(v1, name, model_config=cfg, gpu_memory=40 * (1 << 30)).findings if f.rule_id == "VC010"]
+    assert "the KV cache holds 165,152 tokens" in g.message and "engine:" not in g.message
+
+
 def test_max_num_seqs_above_the_kv_cache_at_max_model_len():
     """The note's 8B template on its own A100 40G: 128 sequences of 16,384 tokens would not fit, but
     that is the worst case (every request at max_model_len): stated as an assumption, a note with no

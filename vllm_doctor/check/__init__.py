@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from packaging.version import Version
 
 from vllm_doctor import versions
 from vllm_doctor.check.findings import RULES, CheckFinding
@@ -224,10 +225,12 @@ def _flag_line(la: Launch, text: str, *flags: str) -> int:
 
 
 def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int | None,
-                 kv_cache_memory_bytes: int | None = None, mean_request_tokens: int | None = None):
+                 kv_cache_memory_bytes: int | None = None, mean_request_tokens: int | None = None,
+                 vllm_use_v1: str | None = None):
     """``plan`` on the launch's flags (``kv_cache_memory_bytes``: a KV cache size to assume when the launch
-    gives none), or None when a flag has a value plan cannot use (0, -5, abc, 32k, $VAR: reported by the flag
-    checks, never sized with a default in its place) or the plan fails."""
+    gives none; ``vllm_use_v1``: the launch's VLLM_USE_V1, which chooses the engine plan sizes), or None when a
+    flag has a value plan cannot use (0, -5, abc, 32k, $VAR: reported by the flag checks, never sized with a
+    default in its place) or the plan fails."""
     from vllm_doctor.plan.planner import PlanInputs, make_plan, parse_size
 
     def num(k, cast):
@@ -252,7 +255,7 @@ def _launch_plan(flags: dict, version: str, model_config: dict, gpu_memory: int 
             gpu_memory_utilization=num("--gpu-memory-utilization", float), max_num_seqs=num("--max-num-seqs", int),
             max_num_batched_tokens=num("--max-num-batched-tokens", int),
             kv_cache_memory_bytes=parse_size(kvb) if kvb else kv_cache_memory_bytes,
-            mean_request_tokens=mean_request_tokens))
+            mean_request_tokens=mean_request_tokens, vllm_use_v1=vllm_use_v1))
     except Exception:  # noqa: BLE001 - a value plan cannot use is reported by the flag checks
         return None
 
@@ -289,9 +292,12 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
     kvb = flags.get("--kv-cache-memory-bytes")
     if model_config is None or (gpu_memory is None and not kvb):
         return []
-    p = _launch_plan(flags, version, model_config, gpu_memory, mean_request_tokens=mean_request_tokens)
+    p = _launch_plan(flags, version, model_config, gpu_memory, mean_request_tokens=mean_request_tokens,
+                     vllm_use_v1=_use_v1(la, version))
     if p is None:
         return []
+    # the engine, where the launch's own VLLM_USE_V1 chose it (docker -e, compose environment, a pod's env)
+    engine = f" [{p.engine.upper()} engine: {p.engine_reason}]" if p.engine_reason.startswith("VLLM_USE_V1") else ""
     out = []
     if p.startup["fails"]:
         fixes = [f for f in p.fixes if not f.get("informational")]
@@ -301,7 +307,7 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
         alts = [" ".join(c) for o, c in by_option.items() if fixes and o != fixes[0]["option"]]
         line = _flag_line(la, text, "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
                           "--tensor-parallel-size", "--max-num-seqs")
-        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0], la.file, line,
+        out.append(CheckFinding("VC010", "vLLM will refuse to start: " + p.startup["messages"][0] + engine, la.file, line,
                                 fix={"setting": fixes[0]["flag"], "value": fixes[0]["value"], "alternatives": alts}
                                 if fixes and fixes[0].get("flag") else None))
         return out
@@ -313,7 +319,7 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
         if seqs > at_mean and "--max-num-seqs" in flags:
             out.append(CheckFinding("VC010", f"--max-num-seqs {seqs} but at the mean request of {mean_request_tokens:,} tokens "
                                     f"the KV cache holds {at_mean:,} requests at once ({p.concurrency['mean_arithmetic']}); "
-                                    f"once they fill it, vLLM preempts (RECOMPUTE) instead of admitting more", la.file,
+                                    f"once they fill it, vLLM preempts (RECOMPUTE) instead of admitting more{engine}", la.file,
                                     line, level="warning", fix={"setting": "--max-num-seqs", "value": max(1, int(at_mean)),
                                                                 "alternatives": []}))
     elif seqs > conc and "--max-num-seqs" in flags:
@@ -323,8 +329,16 @@ def _capacity(la: Launch, flags: dict, version: str, model_config: dict | None, 
                                 f"B/token, {p.pool['num_gpu_blocks']:,} blocks): assumed the worst case, every request "
                                 f"growing to max_model_len. vLLM preempts only when requests really fill the cache, so "
                                 f"how many fit at your mean request length decides; give it (--mean-request-tokens N) "
-                                f"for a value", la.file, line, level="note"))
+                                f"for a value{engine}", la.file, line, level="note"))
     return out
+
+
+def _use_v1(la: Launch, version: str) -> str | None:
+    """The VLLM_USE_V1 the launch sets ("0" / "1"), where that version reads it (0.7.0-0.10.2: from 0.11.0
+    V1 is the only engine and the variable is ignored); other values are the env checks' to report."""
+    v = (la.env.get("VLLM_USE_V1") or ("", 0))[0].strip("'\"")
+    pv = versions.parse_version(version)
+    return v if v in ("0", "1") and pv is not None and Version("0.7.0") <= pv < Version("0.11.0") else None
 
 
 def check_text(text: str, name: str = "-", vllm_version: str | None = None, model_config: dict | None = None,

@@ -438,6 +438,24 @@ def test_max_num_seqs_above_the_kv_cache_at_max_model_len():
     assert cap[0].fix["value"] == 330320 // 16 // 313 and "at the mean request of 5,000 tokens" in cap[0].message
 
 
+@pytest.mark.parametrize("path", sorted(p for p in NOTE.iterdir() if p.name != "README.md"), ids=lambda p: p.name)
+def test_kv_capacity_states_the_assumption_or_uses_the_mean(path):
+    """Issue 20's principle on every launch of the tuning note, on its own hardware (8B model, A100 40 GB):
+    without a mean request length, --max-num-seqs above what fits at max_model_len is a note with no value
+    (the worst case, said to be assumed); with the note's own mean of 2,000 tokens it is judged there: a
+    warning whose value is what fits (blocks // blocks per request), or nothing when it fits."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+    worst = [f for f in run(path, "0.11.0", model_config=cfg, gpu_memory=40 << 30).findings if f.rule_id == "VC010"]
+    assert all(f.level == "note" and f.fix is None and "assumed the worst case" in f.message for f in worst)
+    mean = [f for f in run(path, "0.11.0", model_config=cfg, gpu_memory=40 << 30, mean_request_tokens=2000).findings
+            if f.rule_id == "VC010"]
+    for f in mean:
+        blocks = int(re.search(r"\(([\d,]+) blocks // ceil\(2,000 / 16\)", f.message).group(1).replace(",", ""))
+        assert f.level == "warning" and f.fix["value"] == blocks // 125 and "at the mean request of 2,000 tokens" in f.message
+    # the 128-sequence templates: fine at 2,000 tokens with the fp8 cache (165 fit), not with bf16 (82: A.20)
+    assert [(f.fix or {}).get("value") for f in mean] == ([82] if path.name == "A20-deployment.yaml" else [])
+
+
 def test_shared_memory_for_multi_gpu():
     base = "docker run --gpus all {shm} vllm/vllm-openai:v0.11.0 --model m --tensor-parallel-size 4\n"
     r = check_text(base.format(shm=""), "run.sh")

@@ -14,6 +14,7 @@ Then ``lint_launch`` checks the argv and environment against the target version.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Launch:
     runtime: str = ""                     # "compose" | "kubernetes" | "" (docker run, shell): how /dev/shm is given
     wrapped: list[str] = field(default_factory=list)   # words the image's own ENTRYPOINT receives before the
     #                                       flags (`vllm serve`, `serve`, `/bin/sh -c`, `python3 -m ...`): rejected
+    joined: str = ""                      # a whole command line given as the one executable of a list-form command
 
 
 # ---------------------------------------------------------------- helpers
@@ -427,6 +429,19 @@ def _cmd_list(v) -> list[str]:
         return str(v).split()
 
 
+def _joined_command(v) -> tuple[list[str] | None, str]:
+    """(its words, the item) for a list-form command whose first item holds a whole command line
+    (``command: ["python3 -m vllm.entrypoints.openai.api_server --port 8080 ..."]``, vllm#4462): the runtime
+    execs that item as the path of one executable, with no shell to split it; else (None, "")."""
+    if not (isinstance(v, list) and v and isinstance(v[0], str) and re.search(r"\s", v[0].strip())):
+        return None, ""
+    try:
+        words = shlex.split(v[0])
+    except ValueError:
+        words = v[0].split()
+    return words + [str(x) for x in v[1:]], v[0]
+
+
 def _env_map(v) -> dict[str, str]:
     if isinstance(v, dict):
         return {str(k): "" if x is None else str(x) for k, x in v.items()}
@@ -459,14 +474,15 @@ def read_compose(doc: dict, text: str, file: str) -> list[Launch]:
             shm_ok, hint = _shm_bytes(svc["shm_size"]) >= SHM_MIN, f"shm_size {svc['shm_size']}"
         else:
             shm_ok, hint = False, "no shm_size / ipc: host (docker's default /dev/shm is 64 MB)"
-        cmd = _cmd_list(svc.get("entrypoint")) + _cmd_list(svc.get("command"))
+        words, joined = _joined_command(svc.get("entrypoint"))
+        cmd = (_cmd_list(svc.get("entrypoint")) if words is None else words) + _cmd_list(svc.get("command"))
         cmd_line = locate(text, "command:", line) if svc.get("command") is not None else line
         ls = _from_command(cmd, env, cmd_line, file, image, locate(text, "image:", line), gpus, shm_ok, hint,
                            entrypoint_default=svc.get("entrypoint") is None)
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm_ok, hint)]
         for la in ls:
-            la.runtime = "compose"
+            la.runtime, la.joined = "compose", joined
             la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
@@ -503,14 +519,15 @@ def read_k8s(doc: dict, text: str, file: str, start: int) -> list[Launch]:
         gpus = int(g) if str(g).isdigit() else None
         shm = any(m.get("mountPath") == "/dev/shm" and m.get("name") in mem_vols for m in c.get("volumeMounts") or [])
         hint = "an emptyDir (medium: Memory) mounted at /dev/shm" if shm else "no /dev/shm emptyDir (medium: Memory): the container runtime's default /dev/shm is 64 MB"
-        cmd = _cmd_list(c.get("command")) + _cmd_list(c.get("args"))
+        words, joined = _joined_command(c.get("command"))
+        cmd = (_cmd_list(c.get("command")) if words is None else words) + _cmd_list(c.get("args"))
         cl = locate(text, "args:" if c.get("args") else "command:", line)
         ls = _from_command(cmd, env, cl, file, image, locate(text, "image:", line), gpus, shm, hint,
                            entrypoint_default=c.get("command") is None)
         if not ls and image and IMAGE_RE.search(str(image)):
             ls = [Launch([], "", line, file, {}, image, locate(text, "image:", line), gpus, shm, hint)]
         for la in ls:
-            la.runtime = "kubernetes"
+            la.runtime, la.joined = "kubernetes", joined
             la.env = {k: (v, locate_key(text, k, line)) for k, v in env.items()}
         out += ls
     return out
@@ -737,6 +754,14 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     pv = versions.parse_version(version) or Version("0.33.0")
     if la.wrapped:
         out += lint_wrapped(la, pv, version)
+    if la.joined:
+        key = {"compose": "entrypoint:"}.get(la.runtime, "command:")
+        words = la.joined.split()
+        out.append(CheckFinding("VC014", f"`{la.joined}` is one item of `{key}`: the container runtime runs that item as "
+                                f"the path of one executable (no shell splits it), which does not exist, so the container "
+                                f"never starts (\"exec: ... executable file not found in $PATH\"); give each word as its "
+                                f"own list item", f, locate(text, la.joined[:60], min(la.image_line or la.line, la.line)),
+                                snippet=la.joined[:120], fix={"setting": key, "value": json.dumps(words)}))
     allf = flags_in(version)
     allset = set(allf)
     if la.entry.startswith("module:"):

@@ -375,6 +375,14 @@ def test_a_whole_command_line_as_one_list_item_of_the_command():
     assert "is one item of `entrypoint:`" in r.findings[0].message
     ok = compose.replace('["vllm serve"]', '["vllm", "serve"]')
     assert [f.rule_id for f in check_text(ok, "compose.yml").findings] == ["VC001"]
+    # docker takes --entrypoint as one executable, and a Dockerfile's exec-form ENTRYPOINT likewise
+    run_ = 'docker run --ipc=host --entrypoint "vllm serve" vllm/vllm-openai:v0.11.0 m --max-num-seqs 8\n'
+    assert [(f.rule_id, f.fix) for f in check_text(run_, "run.sh").findings] == [
+        ("VC014", {"setting": "--entrypoint", "value": '["vllm", "serve"]'})]
+    assert check_text(run_.replace('"vllm serve" vllm/vllm-openai:v0.11.0', "vllm vllm/vllm-openai:v0.11.0 serve"),
+                      "run.sh").findings == []
+    df = 'FROM vllm/vllm-openai:v0.11.0\nENTRYPOINT ["vllm serve"]\nCMD ["m", "--max-num-seqs", "8"]\n'
+    assert [(f.rule_id, f.line) for f in check_text(df, "Dockerfile").findings] == [("VC014", 2)]
 
 
 def test_a_dockerfile_entrypoint_replaces_the_images_and_its_cmd_is_appended():

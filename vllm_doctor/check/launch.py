@@ -123,7 +123,7 @@ def _docker_run(argv: list[str]) -> dict | None:
     if i == 0 or argv[i - 1].rsplit("/", 1)[-1] not in ("docker", "podman", "nerdctl"):
         return None
     env: dict[str, str] = {}
-    out = {"env": env, "gpus": None, "shm": None, "ipc_host": False, "entrypoint": None}
+    out: dict = {"env": env, "gpus": None, "shm": None, "ipc_host": False, "entrypoint": None}
     j = i + 1
     while j < len(argv):
         tok = argv[j]
@@ -151,8 +151,11 @@ def _docker_run(argv: list[str]) -> dict | None:
     out["image"] = argv[j]
     out["cmd"] = argv[j + 1:]
     if out["entrypoint"]:
-        # `--entrypoint bash IMAGE -c "vllm serve ..."`: the command is the entrypoint, then the arguments
-        out["cmd"] = _cmd_list(out["entrypoint"]) + out["cmd"]
+        # `--entrypoint bash IMAGE -c "vllm serve ..."`: the command is the entrypoint, then the arguments;
+        # docker takes --entrypoint as one executable, never split (`--entrypoint "vllm serve"` is a joined command)
+        entry = str(out["entrypoint"])
+        words, out["joined"] = _joined_command([entry])
+        out["cmd"] = (words or [entry]) + argv[j + 1:]
     return out
 
 
@@ -390,7 +393,7 @@ def read_shell(text: str, file: str, findings: list[CheckFinding]) -> list[Launc
                                entrypoint_default=d["entrypoint"] is None)
             denv = {k: (v, _env_line(text, k, line)) for k, v in d["env"].items()}
             for la in ls:
-                la.env = dict(denv)
+                la.env, la.joined = dict(denv), d.get("joined", "")
             if not ls and IMAGE_RE.search(d["image"]):
                 ls = [Launch([], "", line, file, dict(denv), d["image"], il, d["gpus"], shm_ok, hint)]
             launches += ls
@@ -602,13 +605,14 @@ def read_dockerfile(text: str, file: str) -> list[Launch]:
             except ValueError:
                 parts[ins] = rest.split()
             line = ln
-    cmd = parts.get("ENTRYPOINT", []) + parts.get("CMD", [])
+    words, joined = _joined_command(parts.get("ENTRYPOINT"))
+    cmd = (parts.get("ENTRYPOINT", []) if words is None else words) + parts.get("CMD", [])
     ls = (_from_command(cmd, {}, line, file, image, image_line, entrypoint_default="ENTRYPOINT" not in parts)
           if cmd else [])
     if not ls:
         ls = [Launch([], "", image_line or 1, file, {}, image, image_line)]
     for la in ls:
-        la.env = env
+        la.env, la.joined, la.runtime = env, joined, la.runtime or ("dockerfile" if joined else "")
     return ls
 
 
@@ -755,7 +759,7 @@ def lint_launch(la: Launch, version: str, text: str) -> list[CheckFinding]:
     if la.wrapped:
         out += lint_wrapped(la, pv, version)
     if la.joined:
-        key = {"compose": "entrypoint:"}.get(la.runtime, "command:")
+        key = {"compose": "entrypoint:", "kubernetes": "command:", "dockerfile": "ENTRYPOINT"}.get(la.runtime, "--entrypoint")
         words = la.joined.split()
         out.append(CheckFinding("VC014", f"`{la.joined}` is one item of `{key}`: the container runtime runs that item as "
                                 f"the path of one executable (no shell splits it), which does not exist, so the container "

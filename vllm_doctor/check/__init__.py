@@ -128,7 +128,7 @@ def detect(text: str, name: str) -> tuple[str, object]:
                 if any(isinstance(v, dict) and ("script" in v or "steps" in v or "runs-on" in v) for v in d0.values()) \
                         or "jobs" in d0:
                     return "ci", d0.get("jobs", d0) if "jobs" in d0 else d0
-                services = {k: v for k, v in d0.items() if isinstance(v, dict) and "image" in v
+                services = {k: v for k, v in d0.items() if isinstance(v, dict) and isinstance(v.get("image"), str)
                             and any(x in v for x in _SERVICE_KEYS)}
                 if services:        # compose services pasted without their `services:` key (vllm#16841)
                     return "compose", {"services": services}

@@ -354,6 +354,8 @@ def test_how_a_launch_is_pasted_does_not_hide_it():
     (vllm#32755), a script's own VLLM_* variable that is not exported (vllm#17676), the ROCm image."""
     svc = "vllm:\n  image: vllm/vllm-openai:v0.11.0\n  ipc: host\n  command: serve m --max-num-seqz 8\n"
     assert [f.rule_id for f in check_text(svc, "fragment.yml").findings] == ["VC001", "VC013"]
+    values = "vllm:\n  image:\n    repository: vllm/vllm-openai\n    tag: v0.11.0\n  command: [serve]\n"
+    assert check_text(values, "values.yaml").kind != "compose"      # a Helm values file's image mapping
     elided = "services:\n  vllm:\n    image: vllm/vllm-openai:v0.11.0\n...\n    ipc: host\n    command: serve m\n"
     r = check_text(elided, "compose.yml")
     assert r.kind == "compose" and [(f.rule_id, f.line) for f in r.findings] == [("VC013", 6)]

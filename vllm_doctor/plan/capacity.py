@@ -583,6 +583,31 @@ def state_mixer_params(m: MambaState, h: int) -> int:
     return 4 * h * m.num_heads * m.head_dim          # linear attention: q, k, v, o projections
 
 
+def mxfp4_expert_bytes(hidden: int, intermediate: int) -> int:
+    """Bytes of one MXFP4 expert on one GPU as vLLM holds it for the fused-MoE kernel on Hopper, its
+    default CUDA path (vLLM 0.11 ``get_mxfp4_backend``: the Triton backend on capability 9.x):
+    ``Mxfp4MoEMethod.create_weights`` rounds the intermediate size per GPU up to 64, then
+    ``process_weights_after_loading`` swizzles the experts into triton_kernels' Hopper value layout,
+    which pads the packed 4-bit values (two per byte) to 64 along K and 256 along N, the e8m0 scales
+    (one per 32 values) to 256 rows, and keeps the expert biases in fp32. gpt-oss-20b: 14,030,080 B per
+    expert against the checkpoint's 13,236,480 (+0.57 GiB over its 768 experts). Other backends pad
+    differently (Marlin on Ampere / Ada to 128 / 256: about 2 % more in all; FlashInfer on Blackwell
+    to 128: about 1 % less)."""
+    inter = round_up(intermediate, 64)
+
+    def values(k: int, n: int) -> int:      # a K x N weight: K/2 packed bytes per row of N
+        return round_up(k // 2, 64) * round_up(n, 256)
+
+    def scales(k: int, n: int) -> int:
+        return round_up(n, 256) * cdiv(k, 32)
+    w13, w2 = (hidden, 2 * inter), (inter, hidden)
+    return values(*w13) + values(*w2) + scales(*w13) + scales(*w2) + (2 * inter + hidden) * 4
+
+
+def round_up(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
 def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
     """Weight bytes on the busiest GPU (PP rank 0, which also holds the embedding; with pp=1 the
     lm_head too). Linear layers and the vocabulary are split over TP; norms are replicated.
@@ -592,8 +617,13 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     layers_share = 1 / pp
     if shape.quant_method == "mxfp4" and shape.num_experts:
         # vLLM's Mxfp4Config quantizes the fused MoE experts only; attention (and the checkpoints'
-        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype
-        b = _linear_bytes(p["mlp"] * layers_share / tp, shape, weight_dtype_bytes)
+        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype.
+        # The experts are held in the layout the MoE kernel needs, larger than the checkpoint's
+        moe_layers = (shape.num_layers - shape.dense_layers) * layers_share
+        b = moe_layers * shape.num_experts * mxfp4_expert_bytes(shape.hidden_size, shape.moe_intermediate_size // tp)
+        b += moe_layers * shape.hidden_size * shape.num_experts * weight_dtype_bytes        # router
+        b += (p["mlp"] * layers_share - moe_layers * (shape.num_experts * 3 * shape.hidden_size
+              * shape.moe_intermediate_size + shape.hidden_size * shape.num_experts)) / tp * weight_dtype_bytes
         b += p["attention"] * layers_share / tp * weight_dtype_bytes
     else:
         b = _linear_bytes((p["attention"] + p["mlp"]) * layers_share / tp, shape, weight_dtype_bytes)
@@ -753,8 +783,11 @@ def max_num_seqs_that_fit(blocks: int, max_model_len: int, block_size: int) -> i
     return max(1, blocks // cdiv(max_model_len, block_size))
 
 
+SAMPLER_BYTES_PER_ENTRY = {"native": 38, "flashinfer": 12}
+
+
 def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
-                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1") -> int:
+                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1", sampler: str = "native") -> int:
     """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).
 
     - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``) and the
@@ -762,12 +795,17 @@ def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max
     - V1 also profiles the sampler on ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
       probabilities, sorted values, int64 indices: about 38 bytes per row and vocabulary entry; real
       H100 logs show 4.76 GiB for Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B, 7.38 GiB for gpt-oss-20b at
-      1,024 sequences). The peak is the larger of the two.
+      1,024 sequences). That is PyTorch's top-k / top-p path (``forward_native``: it sorts the
+      logits). With FlashInfer installed (the vllm/vllm-openai image; ``pip install vllm[flashinfer]``)
+      and ``VLLM_USE_FLASHINFER_SAMPLER`` not 0, V1's ``TopKTopPSampler`` samples without the sort
+      (read in 0.10.1.1 and 0.11.0): about 12 bytes per entry (real A100 logs of vLLM 0.10.1.1 show
+      0.5 GiB in all for 256 x 152,064 entries). The peak is the larger of the two.
     """
     inter = shape.moe_intermediate_size * 8 if shape.num_experts else shape.intermediate_size
     forward = max_num_batched_tokens * (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
-    sampler = max_num_seqs * shape.vocab_size * 38 if engine == "v1" else max_num_seqs * (shape.vocab_size // tp) * 4
-    return max(forward, sampler)
+    sampled = (max_num_seqs * shape.vocab_size * SAMPLER_BYTES_PER_ENTRY[sampler] if engine == "v1"
+               else max_num_seqs * (shape.vocab_size // tp) * 4)
+    return max(forward, sampled)
 
 
 def non_torch_estimate(world_size: int) -> int:

@@ -790,9 +790,11 @@ def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max
                              act_dtype_bytes: int, tp: int = 1, engine: str = "v1", sampler: str = "native") -> int:
     """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).
 
-    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``) and the
-      hidden states it keeps, per batched token;
-    - V1 also profiles the sampler on ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
+    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``, alive while
+      ``SiluAndMul`` writes its ``intermediate/TP`` output) and the hidden states it keeps, per batched
+      token (a real V0 log, vLLM 0.6.4, one 20,000-token prefill of Llama-3.1-8B: 2.07 GiB, 111 KB per
+      token; this gives 2.21 GiB);
+    - the profiling run also samples ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
       probabilities, sorted values, int64 indices: about 38 bytes per row and vocabulary entry; real
       H100 logs show 4.76 GiB for Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B, 7.38 GiB for gpt-oss-20b at
       1,024 sequences). That is PyTorch's top-k / top-p path (``forward_native``: it sorts the
@@ -802,9 +804,12 @@ def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max
       0.5 GiB in all for 256 x 152,064 entries). The peak is the larger of the two.
     """
     inter = shape.moe_intermediate_size * 8 if shape.num_experts else shape.intermediate_size
-    forward = max_num_batched_tokens * (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
-    sampled = (max_num_seqs * shape.vocab_size * SAMPLER_BYTES_PER_ENTRY[sampler] if engine == "v1"
-               else max_num_seqs * (shape.vocab_size // tp) * 4)
+    forward = max_num_batched_tokens * (3 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
+    # V0 samples on the driver worker (rank 0), over the logits gathered there, and its profile run
+    # asks for top_p 0.99 and top_k vocab-1 (worker/model_runner.py profile_run), which its sampler
+    # applies by sorting: PyTorch's cost whatever is installed (a real V0 T4 log: 0.90 GiB for
+    # 192 x 128,256 entries, 37 B each)
+    sampled = max_num_seqs * shape.vocab_size * SAMPLER_BYTES_PER_ENTRY[sampler if engine == "v1" else "native"]
     return max(forward, sampled)
 
 

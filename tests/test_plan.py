@@ -647,7 +647,11 @@ def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_e
     p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
     assert p.kv_per_token["bytes_per_token"] == 32 * 2 * 8 * 128 * 2
     (enc,) = p.not_sized
-    assert enc.startswith("vision encoder and its projector (vision_config: model_type clip_vision_model, 24 layers, hidden 1024)")
+    # the CLIP ViT-L/14-336 tower vLLM builds (23 of its 24 layers: vision_feature_layer -2), the
+    # two-layer projector and LLaVA-NeXT's image_newline are in the weights; their profiling run is not
+    assert p.weights["params_by_part"]["vision_encoder"] == 311_892_992
+    assert enc.startswith("vision encoder and its projector (vision_config: 311,892,992 parameters, sized in the weights)")
+    assert "profiling run" in enc
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llava-v1.6-mistral-7b"), "--gpu-memory",
                         "80GiB", "--vllm-version", "0.11.0", "--max-model-len", "8192"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -94,6 +94,8 @@ class ModelShape:
     unsized: list[str] = field(default_factory=list)  # what cannot be sized, named
     mamba: MambaState | None = None   # the per-sequence state of the Mamba / linear-attention layers
     attn_output_gate: bool = False    # Qwen3.5 / Qwen3-Next gated attention: q_proj is twice as wide
+    encoder_params: int = 0           # vision encoder + projector parameters (where sized)
+    encoder_notes: list[str] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.layer_kinds if k == kind)
@@ -155,13 +157,83 @@ def _dialect(c: dict) -> dict:
 ENCODER_CONFIGS = ("vision_config", "audio_config", "visual", "vision_tower_config", "audio_encoder_config")
 
 
+def _qwen_vl_vision_params(v: dict, model_type: str, text_hidden: int) -> int | None:
+    """Qwen2-VL / Qwen2.5-VL vision tower and patch merger, as vLLM builds them (``qwen2_vl.py``,
+    ``qwen2_5_vl.py``, read in 0.11.0): a Conv3d patch embedding without bias (in_chans x temporal_patch
+    x patch^2 x hidden); per block two norms, qkv and proj with biases, and the MLP (Qwen2.5-VL: gated,
+    gate_up + down with biases; Qwen2-VL: fc1 / fc2 of mlp_ratio x hidden, LayerNorms with biases);
+    the merger: a norm, then Linear(hidden x merge^2, same) and Linear(hidden x merge^2, text hidden)."""
+    h = v.get("hidden_size") if model_type == "qwen2_5_vl" else v.get("embed_dim")
+    depth, patch = v.get("depth"), v.get("patch_size") or v.get("spatial_patch_size")
+    if not (isinstance(h, int) and isinstance(depth, int) and isinstance(patch, int) and min(h, depth, patch) > 0):
+        return None
+    t, m = int(v.get("temporal_patch_size") or 2), int(v.get("spatial_merge_size") or 2)
+    c = int(v.get("in_chans") or v.get("in_channels") or 3)
+    out = int(v.get("out_hidden_size") or text_hidden)
+    attn = 3 * h * h + 3 * h + h * h + h
+    if model_type == "qwen2_5_vl":
+        inter = int(v.get("intermediate_size") or 0)
+        block = 2 * h + attn + 2 * h * inter + 2 * inter + inter * h + h
+        merger = h
+    else:
+        inter = int(h * float(v.get("mlp_ratio") or 4))
+        block = 4 * h + attn + h * inter + inter + inter * h + h
+        merger = 2 * h
+    wide = h * m * m
+    return c * t * patch * patch * h + depth * block + merger + wide * wide + wide + wide * out + out
+
+
+def _clip_vision_params(v: dict, text_hidden: int, projector_layers: int = 2) -> int | None:
+    """A CLIP / SigLIP vision tower (LLaVA, LLaVA-NeXT) and LLaVA's projector, as transformers lays
+    them out and vLLM loads them (``clip.py``, ``siglip.py``, ``llava.py``): patch and position
+    embeddings (CLIP: a class token, no patch bias, a pre-layernorm), per layer two LayerNorms, q/k/v/o
+    with biases and fc1 / fc2 with biases; the projector Linear(vision, text) + GELU + Linear(text, text).
+    vLLM drops the CLIP tower's last layer where ``vision_feature_layer`` is -2 (LLaVA's default)."""
+    h, inter, n = v.get("hidden_size"), v.get("intermediate_size"), v.get("num_hidden_layers")
+    patch, image = v.get("patch_size"), v.get("image_size")
+    if not (isinstance(h, int) and isinstance(inter, int) and isinstance(n, int) and isinstance(patch, int)
+            and isinstance(image, int) and min(h, inter, n, patch, image) > 0):
+        return None
+    clip = "clip" in str(v.get("model_type", ""))
+    positions = (image // patch) ** 2 + (1 if clip else 0)
+    embed = int(v.get("num_channels") or 3) * patch * patch * h + (0 if clip else h) + positions * h + (h if clip else 0)
+    layer = 2 * 2 * h + 4 * (h * h + h) + h * inter + inter + inter * h + h
+    projector = h * text_hidden + text_hidden + (projector_layers - 1) * (text_hidden * text_hidden + text_hidden)
+    return embed + 2 * h + n * layer + projector      # + the pre- (CLIP) or post-layernorm (SigLIP)
+
+
+def encoder_params(cfg: dict, text_hidden: int) -> tuple[int, list[str]]:
+    """Parameters of the vision encoders and projectors vllm-doctor sizes, and a note for each
+    (their profiling run, one image of the largest size, stays out of the overhead estimate)."""
+    mt = str(cfg.get("model_type", ""))
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict):
+        return 0, []
+    if mt in ("qwen2_vl", "qwen2_5_vl"):
+        n = _qwen_vl_vision_params(v, mt, text_hidden)
+    elif mt in TEXT_MODEL_TYPE_DEFAULT and str(v.get("model_type", "")) in ("clip_vision_model", "siglip_vision_model"):
+        layer = cfg.get("vision_feature_layer", -2)
+        vv = dict(v)
+        if isinstance(layer, int) and layer < 0 and isinstance(v.get("num_hidden_layers"), int):
+            vv["num_hidden_layers"] = v["num_hidden_layers"] + layer + 1
+        tower = _clip_vision_params(vv, text_hidden)
+        n = None if tower is None else tower + (text_hidden if mt != "llava" else 0)   # LLaVA-NeXT: image_newline
+    else:
+        n = None
+    return (n or 0), ([] if n is None else [
+        f"vision encoder and its projector (vision_config: {n:,} parameters, sized in the weights): the "
+        "encoder's profiling run (one image of the largest size) is not in the overhead estimate; pass "
+        "--overhead with the figures of a real start-up to correct the pool"])
+
+
 def _encoders_not_sized(cfg: dict) -> list[str]:
     """The vision / audio encoders and projectors of a multimodal config, named: their weights and the
     encoder's profiling run are not counted."""
     out = []
+    sized = bool(encoder_params(cfg, 1)[1])
     for key in ENCODER_CONFIGS:
         sub = cfg.get(key)
-        if not isinstance(sub, dict):
+        if not isinstance(sub, dict) or (key == "vision_config" and sized):
             continue
         layers = sub.get("num_hidden_layers") or sub.get("depth") or sub.get("encoder_layers") or sub.get("num_layers")
         hidden = sub.get("hidden_size") or sub.get("embed_dim") or sub.get("d_model")
@@ -414,7 +486,8 @@ def model_shape(config: dict) -> ModelShape:
         kv = 1 if c.get("multi_query") else heads
     head_dim = c.get("head_dim") or (hidden // heads if heads else 0)
     kinds, unsized = _layer_kinds(c, int(n))
-    unsized = unsized + _encoders_not_sized(config)
+    enc, enc_notes = encoder_params(config, int(hidden))
+    unsized = unsized + enc_notes + _encoders_not_sized(config)
     method, bits, group = _quant(c)
     experts = (c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
                or c.get("moe_num_experts") or 0)
@@ -442,11 +515,13 @@ def model_shape(config: dict) -> ModelShape:
         kv_lora_rank=c.get("kv_lora_rank"), qk_rope_head_dim=c.get("qk_rope_head_dim"),
         qk_nope_head_dim=c.get("qk_nope_head_dim"), v_head_dim=c.get("v_head_dim"),
         q_lora_rank=c.get("q_lora_rank"),
-        attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias") or c.get("model_type") in ("qwen2", "qwen2_moe")),
+        attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias")
+                            or c.get("model_type") in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl")),
         num_experts=int(experts), moe_intermediate_size=int(moe_inter),
         shared_expert_intermediate_size=int(shared), dense_layers=dense,
         quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized, mamba=mamba,
         attn_output_gate=bool(c.get("attn_output_gate", c.get("model_type") in GATED_ATTENTION_BY_DEFAULT)),
+        encoder_params=enc, encoder_notes=enc_notes,
     )
 
 
@@ -562,6 +637,7 @@ def weight_params(shape: ModelShape) -> dict[str, int]:
         "attention": n_attn * attn + (n_state * state_mixer_params(shape.mamba, h) if shape.mamba else 0),
         "mlp": mlp,
         "norms": (2 * shape.num_layers + 1) * h,
+        **({"vision_encoder": shape.encoder_params} if shape.encoder_params else {}),
     }
 
 
@@ -631,6 +707,7 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     if pp == 1:
         b += p["lm_head"] / tp * weight_dtype_bytes
     b += p["norms"] * layers_share * weight_dtype_bytes
+    b += p.get("vision_encoder", 0) / tp * weight_dtype_bytes   # on the first stage, its linears split over TP
     return int(b)
 
 

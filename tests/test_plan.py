@@ -657,3 +657,23 @@ def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_e
     assert r.returncode == 0, r.stderr
     assert "NOT SIZED: vision encoder and its projector" in r.stdout
     assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name
+
+
+def test_kimi_linear_is_kimi_delta_attention_plus_mla_never_all_mla():
+    """Kimi-Linear-48B-A3B (its config.json verbatim from a model report, tests/fixtures/plan_accuracy):
+    vLLM 0.11.2 builds KimiDeltaAttention for the 1-indexed kda_layers (20) and KimiMLAAttention for the
+    other 7; each KDA layer keeps one state per sequence (kda_state_shape: three short-conv states of
+    3 x 4,096 / TP in the model dtype, the recurrent 32 / TP x 128 x 128 in float32). The parameters
+    counted from config.json are the checkpoint's 49,122,681,728 less its 26 e_score_correction_bias
+    vectors of 256. The setup of vllm-project/vllm#28228 (2.30 GiB of KV cache per GPU at TP 2, max model
+    len 120,000, prefix caching) starts at 2.47x; sized as MLA on all 27 layers it was a start-up
+    failure at 0.66x (issue 23: vLLM started at 2.48x)."""
+    cfg, _ = load_config(str(HERE / "fixtures" / "plan_accuracy" / "configs" / "kimi-linear-48b-a3b"))
+    s = cap.model_shape(cfg)
+    assert (s.count("mla"), s.count("linear_attention"), s.mamba.kind) == (7, 20, "kda")
+    assert sum(cap.weight_params(s).values()) == 49_122_681_728 - 26 * 256
+    assert cap.mamba_state_bytes(s.mamba, 2, tp=2, ssm_dtype_bytes=4) == 3 * 3 * 2048 * 2 + 16 * 128 * 128 * 4
+    p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.2", tensor_parallel_size=2, max_model_len=120000,
+                             enable_prefix_caching=True, kv_cache_memory_bytes=int(2.30 * cap.GiB)))
+    assert not p.startup["fails"] and p.concurrency["at_max_model_len"] == 2.47
+    assert p.settings["block_size"] == 944          # 16 x cdiv(1,085,440 B state, 16 x 1,152 B MLA per token)

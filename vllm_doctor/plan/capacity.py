@@ -249,6 +249,13 @@ def _encoders_not_sized(cfg: dict) -> list[str]:
 def _layer_kinds(c: dict, n: int) -> tuple[list[str], list[str]]:
     """Per-layer attention kind from the config's own layout fields; what is unknown is named."""
     unsized: list[str] = []
+    lin = c.get("linear_attn_config")
+    if isinstance(lin, dict) and isinstance(lin.get("kda_layers"), list) and lin["kda_layers"]:
+        # Kimi-Linear (vLLM 0.11.2 KimiLinearConfig.is_kda_layer): the 1-indexed kda_layers are Kimi
+        # delta attention (a fixed-size state per sequence), every other layer KimiMLAAttention
+        kda = {int(i) for i in lin["kda_layers"]}
+        other = "mla" if c.get("kv_lora_rank") else "full"
+        return ["linear_attention" if i + 1 in kda else other for i in range(n)], unsized
     if c.get("kv_lora_rank"):
         return ["mla"] * n, unsized
     types = c.get("layer_types")
@@ -374,12 +381,16 @@ def mamba_state(c: dict, hidden: int) -> MambaState | None:
     if st is None:
         return None
     chunk = _first(c, "mamba_chunk_size", "chunk_size") or 2048
-    return replace(st, ssm_dtype=c.get("mamba_ssm_dtype"), chunk_size=int(chunk),
+    return replace(st, ssm_dtype=st.ssm_dtype or c.get("mamba_ssm_dtype"), chunk_size=int(chunk),
                    prefix_caching_all=mt in MAMBA_PREFIX_CACHING_ALL)
 
 
 def _mamba_state_fields(c: dict, hidden: int, mt: str) -> MambaState | None:
     try:
+        lin = c.get("linear_attn_config")
+        if isinstance(lin, dict) and lin.get("kda_layers"):                   # Kimi-Linear's Kimi delta attention
+            return MambaState("kda", num_heads=int(lin["num_heads"]), head_dim=int(lin["head_dim"]),
+                              conv_kernel=int(lin.get("short_conv_kernel_size") or 4), ssm_dtype="float32")
         if c.get("linear_num_value_heads"):                                  # Qwen3-Next gated delta net
             return MambaState("gated_delta_net", num_k_heads=int(c["linear_num_key_heads"]),
                               num_v_heads=int(c["linear_num_value_heads"]), head_k_dim=int(c["linear_key_head_dim"]),
@@ -432,6 +443,9 @@ def mamba_state_shapes(m: MambaState, tp: int = 1, num_spec: int = 0) -> list[tu
     if m.kind == "gated_delta_net":
         conv_dim = m.head_k_dim * m.num_k_heads * 2 + m.head_v_dim * m.num_v_heads
         return [(m.conv_kernel - 1 + num_spec, _divide(conv_dim, tp)), (_divide(m.num_v_heads, tp), m.head_k_dim, m.head_v_dim)]
+    if m.kind == "kda":   # kda_state_shape (0.11.2): q, k, v short-conv states and the recurrent state
+        conv = (m.conv_kernel - 1, _divide(m.num_heads * m.head_dim, tp))
+        return [conv, conv, conv, (_divide(m.num_heads, tp), m.head_dim, m.head_dim)]
     return [(m.num_heads // tp, m.head_dim, m.head_dim)]                       # linear attention
 
 
@@ -442,8 +456,8 @@ def mamba_state_bytes(m: MambaState, state_dtype_bytes: int, tp: int = 1, ssm_dt
     ``--mamba-ssm-cache-dtype`` (or, for Qwen3.5, the config's ``mamba_ssm_dtype``) says otherwise."""
     shapes = mamba_state_shapes(m, tp, num_spec)
     sizes = [math.prod(s) for s in shapes]
-    if len(sizes) == 2:
-        return sizes[0] * state_dtype_bytes + sizes[1] * (ssm_dtype_bytes or state_dtype_bytes)
+    if len(sizes) >= 2:   # conv state(s) in the state dtype, the temporal / recurrent state last
+        return sum(sizes[:-1]) * state_dtype_bytes + sizes[-1] * (ssm_dtype_bytes or state_dtype_bytes)
     return sum(sizes) * state_dtype_bytes
 
 
@@ -493,8 +507,8 @@ def model_shape(config: dict) -> ModelShape:
                or c.get("moe_num_experts") or 0)
     moe_inter = c.get("moe_intermediate_size") or (c.get("intermediate_size") if experts else 0) or 0
     shared = c.get("shared_expert_intermediate_size") or 0
-    if not shared and c.get("n_shared_experts"):
-        shared = int(c["n_shared_experts"]) * int(moe_inter)
+    if not shared and (c.get("n_shared_experts") or c.get("num_shared_experts")):
+        shared = int(c.get("n_shared_experts") or c["num_shared_experts"]) * int(moe_inter)
     dense = int(c.get("first_k_dense_replace") or 0)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
     mamba = None
@@ -648,6 +662,10 @@ def state_mixer_params(m: MambaState, h: int) -> int:
         qkv = 2 * m.num_k_heads * m.head_k_dim + m.num_v_heads * m.head_v_dim
         return (h * (qkv + m.num_v_heads * m.head_v_dim + 2 * m.num_v_heads) + qkv * m.conv_kernel
                 + 2 * m.num_v_heads + m.head_v_dim + m.num_v_heads * m.head_v_dim * h)
+    if m.kind == "kda":   # KimiDeltaAttention: q/k/v projections and short convs, the f and g low-rank
+        p = m.num_heads * m.head_dim      # gates (rank = head_dim), b_proj, A_log, dt_bias, o_norm, o_proj
+        return (3 * h * p + 3 * p * m.conv_kernel + 2 * (m.head_dim * h + p * m.head_dim) + m.num_heads * h
+                + m.num_heads + p + m.head_dim + p * h)
     if m.kind == "mamba2":
         conv = m.intermediate_size + 2 * m.n_groups * m.state_size
         return (h * (m.intermediate_size + conv + m.num_heads) + conv * (m.conv_kernel + 1)

@@ -677,3 +677,20 @@ def test_kimi_linear_is_kimi_delta_attention_plus_mla_never_all_mla():
                              enable_prefix_caching=True, kv_cache_memory_bytes=int(2.30 * cap.GiB)))
     assert not p.startup["fails"] and p.concurrency["at_max_model_len"] == 2.47
     assert p.settings["block_size"] == 944          # 16 x cdiv(1,085,440 B state, 16 x 1,152 B MLA per token)
+
+
+def test_default_batch_follows_the_entrypoint_and_the_gpu():
+    """V1's defaults by usage context (EngineArgs, read in 0.10.1.1 and 0.11.0): vllm serve gets
+    max_num_batched_tokens 8192 on a GPU of 70 GiB or more and 2048 below; the offline LLM() class
+    16384 and 8192; an A100 80GB stays at the small GPU's values (256 sequences) whatever its memory."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+
+    def batch(gib, name=None, entrypoint="server"):
+        p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.0", gpu_memory_bytes=int(gib * cap.GiB), gpu_name=name,
+                                 entrypoint=entrypoint, max_model_len=8192))
+        return p.settings["max_num_batched_tokens"], p.settings["max_num_seqs"]
+    assert batch(79.18, "NVIDIA H100 80GB HBM3") == (8192, 1024)
+    assert batch(79.18, "NVIDIA H100 80GB HBM3", "llm") == (16384, 1024)
+    assert batch(79.15, "NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert batch(79.15, "NVIDIA A100-SXM4-80GB", "llm") == (8192, 256)
+    assert batch(23.58, None, "llm") == (8192, 256) and batch(23.58) == (2048, 256)

@@ -448,6 +448,10 @@ def plan(
         help="V1's top-k/top-p sampler, whose profiling run is most of the activation peak: native (PyTorch; "
              "pip install vllm) or flashinfer (FlashInfer installed, as in the vllm/vllm-openai image; about a "
              "third of the memory).")] = "native",
+    entrypoint: Annotated[str, typer.Option(
+        "--entrypoint", metavar="server|llm",
+        help="How vLLM is started: server (vllm serve) or llm (the offline LLM() class, whose V1 default "
+             "max_num_batched_tokens is larger: 16384 / 8192 against 8192 / 2048).")] = "server",
     engine: Annotated[str | None, typer.Option("--engine", metavar="v0|v1", help="The engine the server runs (default: VLLM_USE_V1 if set, else the version's: V0 before 0.8.0, V1 from 0.8.0, the only one from 0.11.0).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
@@ -480,7 +484,8 @@ def plan(
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
             target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus,
-            engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None, sampler=sampler))
+            engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None, sampler=sampler,
+            entrypoint=entrypoint))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

@@ -53,6 +53,7 @@ class PlanInputs:
     gpu_count: int | None = None              # GPUs the operator has: caps a recommended TP x PP; None: unknown
     engine: str | None = None                 # v0 | v1; None: from the version and VLLM_USE_V1
     sampler: str = "native"                   # V1's top-k/top-p profile: native (PyTorch) | flashinfer
+    entrypoint: str = "server"                # server (vllm serve) | llm (the offline LLM() class): V1 defaults differ
     vllm_use_v1: str | None = None            # the VLLM_USE_V1 the server runs with ("0" / "1"), when given
 
 
@@ -342,10 +343,13 @@ def _mamba_cache_mode(version: str, shape, prefix_caching: bool | None) -> tuple
         "two state blocks per request" if mode == "align" else "one state block per Mamba block of tokens") + ")")
 
 
-def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool) -> int:
+def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool,
+                            a100: bool = False, entrypoint: str = "server") -> int:
     """vLLM's default max_num_batched_tokens (vllm-flags.md, defaults table): V0 max(max_model_len,
     2048), or 2048 when chunked prefill is on (auto-enabled from 0.5.4 when max_model_len > 32768);
-    V1 8192 on GPUs of >= 70 GiB, else 2048 (the CPU backend: 4096)."""
+    V1 by usage context (``EngineArgs._set_default_args``, read in 0.10.1.1 and 0.11.0): the server
+    8192 on GPUs of >= 70 GiB other than an A100, else 2048; the offline ``LLM()`` class 16384 and
+    8192 (the CPU backend: 4096)."""
     if engine == "v0":
         pv = parse_version(version)
         if pv is not None and pv >= Version("0.5.4") and mml > 32768:
@@ -353,7 +357,10 @@ def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int 
         return max(mml, 2048)
     if cpu:
         return 4096
-    return 8192 if gpu_bytes and gpu_bytes >= 70 * cap.GiB else 2048
+    big = bool(gpu_bytes and gpu_bytes >= 70 * cap.GiB) and not a100
+    if entrypoint == "llm":
+        return 16384 if big else 8192
+    return 8192 if big else 2048
 
 
 def _a100_defaults(version: str, engine: str, gpu_name: str | None, cpu: bool) -> bool:
@@ -428,13 +435,16 @@ def make_plan(inp: PlanInputs) -> Plan:
     block_size = inp.block_size or (128 if cpu else int(dflt.get("block_size") or 16))
     mml = inp.max_model_len or shape.max_position_embeddings or 2048
     util = inp.gpu_memory_utilization if inp.gpu_memory_utilization is not None else float(dflt.get("gpu_memory_utilization") or 0.9)
+    if inp.entrypoint not in ("server", "llm"):
+        raise InputError(f"unknown entrypoint {inp.entrypoint!r}: server or llm")
     a100 = _a100_defaults(version, engine, inp.gpu_name, cpu)
     max_num_seqs = inp.max_num_seqs or (256 if a100 else int(dflt.get("max_num_seqs") or 256))
-    mnbt = inp.max_num_batched_tokens or (2048 if a100 else _default_batched_tokens(version, engine, mml,
-                                                                                   inp.gpu_memory_bytes, cpu))
+    mnbt = inp.max_num_batched_tokens or _default_batched_tokens(version, engine, mml, inp.gpu_memory_bytes, cpu,
+                                                                 a100, inp.entrypoint)
     if a100 and not (inp.max_num_seqs and inp.max_num_batched_tokens):
         notes.append(f"{inp.gpu_name}: vLLM {version} keeps an A100's defaults at max_num_seqs 256 and "
-                     "max_num_batched_tokens 2048 whatever its memory (EngineArgs, vllm-project/vllm#17885)")
+                     f"max_num_batched_tokens {2048 if inp.entrypoint == 'server' else 8192} whatever its memory "
+                     "(EngineArgs, vllm-project/vllm#17885)")
     settings = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "dtype": model_dtype,
                 "kv_cache_dtype": kv_dtype, "quantization": shape.quant_method, "block_size": block_size,
                 "max_model_len": mml, "gpu_memory_utilization": util, "max_num_seqs": max_num_seqs,

@@ -477,14 +477,21 @@ if __name__ == "__main__":
 
 
 def test_gpu_memory_through_nvml(monkeypatch):
-    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source."""
+    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source, as CUDA
+    reports it to vLLM: NVML's total less what the driver reserves (an H200: 150,754,820,096 - 644,939,776 B
+    = 150,109,880,320 B, torch.cuda.mem_get_info's total, measured on one); a driver without memory info
+    version 2 gives NVML's total."""
     import fake_nvml
 
     from vllm_doctor.errors import InputError
     from vllm_doctor.plan.planner import nvml_total_memory
     from vllm_doctor.ingest import nvml
-    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(total=85_520_809_984)])
-    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake)
+    h200 = fake_nvml.FakeGpu(total=150_754_820_096, reserved=644_939_776)   # the H200's own NVML v2 figures
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml([h200]))
+    assert nvml_total_memory() == 150_109_880_320
+    old = fake_nvml.FakeGpu(total=85_520_809_984)
+    old.supported = set(old.supported) - {"memory_v2"}
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml([old]))
     assert nvml_total_memory() == 85_520_809_984
     monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml(fail_init=fake_nvml.FakeNvmlError(12)))
     with pytest.raises(InputError, match="give --gpu-memory"):

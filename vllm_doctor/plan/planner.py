@@ -220,14 +220,25 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
 
 
 def nvml_total_memory(index: int = 0) -> int:
-    """Total memory of GPU ``index`` through NVML (the project's NVML source's loader)."""
+    """Total memory of GPU ``index`` as CUDA reports it to vLLM (``torch.cuda.mem_get_info``'s total,
+    which vLLM multiplies by gpu_memory_utilization), through NVML (the project's NVML source's loader):
+    NVML's total less the memory the driver reserves (``nvmlDeviceGetMemoryInfo`` version 2; on an
+    H200, 150,754,820,096 - 644,939,776 B = 150,109,880,320 B, torch's figure exactly, measured). Drivers without
+    version 2: NVML's total."""
     from vllm_doctor.ingest.nvml import load_pynvml
 
     try:
         nv = load_pynvml()
         nv.nvmlInit()
         try:
-            return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).total)
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+            if hasattr(nv, "nvmlMemory_v2"):
+                try:
+                    m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                    return int(m.total) - int(m.reserved)
+                except (nv.NVMLError, TypeError, AttributeError):
+                    pass
+            return int(nv.nvmlDeviceGetMemoryInfo(h).total)
         finally:
             nv.nvmlShutdown()
     except Exception as e:  # noqa: BLE001 - no driver, no library, no GPU: one line for the user

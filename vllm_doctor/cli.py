@@ -448,6 +448,10 @@ def plan(
         help="V1's top-k/top-p sampler, whose profiling run is most of the activation peak: native (PyTorch; "
              "pip install vllm) or flashinfer (FlashInfer installed, as in the vllm/vllm-openai image; about a "
              "third of the memory).")] = "native",
+    disable_custom_all_reduce: Annotated[bool, typer.Option(
+        "--disable-custom-all-reduce",
+        help="vLLM's flag (or GPUs without P2P / on other nodes, where vLLM turns it off itself): no custom "
+             "all-reduce buffers in the non-torch estimate with TP.")] = False,
     entrypoint: Annotated[str, typer.Option(
         "--entrypoint", metavar="server|llm",
         help="How vLLM is started: server (vllm serve) or llm (the offline LLM() class, whose V1 default "
@@ -485,7 +489,7 @@ def plan(
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
             target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus,
             engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None, sampler=sampler,
-            entrypoint=entrypoint))
+            entrypoint=entrypoint, disable_custom_all_reduce=disable_custom_all_reduce))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

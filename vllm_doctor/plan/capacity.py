@@ -908,7 +908,11 @@ def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max
     return max(forward, sampled)
 
 
-def non_torch_estimate(world_size: int) -> int:
+def non_torch_estimate(world_size: int, custom_all_reduce: bool = True) -> int:
     """An ESTIMATE of non-torch memory (NCCL buffers, cuBLAS workspaces): 0.13-0.35 GiB on one GPU,
-    0.25-0.55 GiB with tensor parallelism in real logs."""
-    return int((0.3 if world_size == 1 else 0.55) * GiB)
+    0.55 GiB with tensor parallelism in real logs where vLLM's custom all-reduce keeps its IPC buffers
+    (llm-d's TP 2 H100 run), about 0.2 GiB where it is off (two real A100 TP 2 logs that print "Custom
+    allreduce is disabled": no P2P, or nodes apart; ``--disable-custom-all-reduce``)."""
+    if world_size == 1:
+        return int(0.3 * GiB)
+    return int((0.55 if custom_all_reduce else 0.2) * GiB)

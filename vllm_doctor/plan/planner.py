@@ -54,6 +54,7 @@ class PlanInputs:
     engine: str | None = None                 # v0 | v1; None: from the version and VLLM_USE_V1
     sampler: str = "native"                   # V1's top-k/top-p profile: native (PyTorch) | flashinfer
     entrypoint: str = "server"                # server (vllm serve) | llm (the offline LLM() class): V1 defaults differ
+    disable_custom_all_reduce: bool = False   # --disable-custom-all-reduce (or no P2P between the GPUs)
     vllm_use_v1: str | None = None            # the VLLM_USE_V1 the server runs with ("0" / "1"), when given
 
 
@@ -546,7 +547,7 @@ def make_plan(inp: PlanInputs) -> Plan:
         if inp.sampler not in cap.SAMPLER_BYTES_PER_ENTRY:
             raise InputError(f"unknown sampler {inp.sampler!r}: native or flashinfer")
         act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp, engine, inp.sampler)
-        non_torch = cap.non_torch_estimate(tp * pp)
+        non_torch = cap.non_torch_estimate(tp * pp, not inp.disable_custom_all_reduce)
         sampler_note = (f" (the larger of one step's MLP activations over {mnbt:,} batched tokens and the {inp.sampler} "
                         f"sampler's profile: {max_num_seqs:,} sequences x {shape.vocab_size:,} vocabulary x "
                         f"{cap.SAMPLER_BYTES_PER_ENTRY[inp.sampler]} B)" if engine == "v1" else "")

@@ -477,14 +477,21 @@ if __name__ == "__main__":
 
 
 def test_gpu_memory_through_nvml(monkeypatch):
-    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source."""
+    """Without --gpu-memory, plan reads GPU 0's total memory through the project's NVML source, as CUDA
+    reports it to vLLM: NVML's total less what the driver reserves (an H200: 150,754,820,096 - 644,939,776 B
+    = 150,109,880,320 B, torch.cuda.mem_get_info's total, measured on one); a driver without memory info
+    version 2 gives NVML's total."""
     import fake_nvml
 
     from vllm_doctor.errors import InputError
     from vllm_doctor.plan.planner import nvml_total_memory
     from vllm_doctor.ingest import nvml
-    fake = fake_nvml.FakeNvml([fake_nvml.FakeGpu(total=85_520_809_984)])
-    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake)
+    h200 = fake_nvml.FakeGpu(total=150_754_820_096, reserved=644_939_776)   # the H200's own NVML v2 figures
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml([h200]))
+    assert nvml_total_memory() == 150_109_880_320
+    old = fake_nvml.FakeGpu(total=85_520_809_984)
+    old.supported = set(old.supported) - {"memory_v2"}
+    monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml([old]))
     assert nvml_total_memory() == 85_520_809_984
     monkeypatch.setattr(nvml, "load_pynvml", lambda: fake_nvml.FakeNvml(fail_init=fake_nvml.FakeNvmlError(12)))
     with pytest.raises(InputError, match="give --gpu-memory"):
@@ -647,9 +654,50 @@ def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_e
     p = make_plan(PlanInputs(config=cfg, gpu_memory_bytes=80 * cap.GiB, vllm_version="0.11.0", max_model_len=8192))
     assert p.kv_per_token["bytes_per_token"] == 32 * 2 * 8 * 128 * 2
     (enc,) = p.not_sized
-    assert enc.startswith("vision encoder and its projector (vision_config: model_type clip_vision_model, 24 layers, hidden 1024)")
+    # the CLIP ViT-L/14-336 tower vLLM builds (23 of its 24 layers: vision_feature_layer -2), the
+    # two-layer projector and LLaVA-NeXT's image_newline are in the weights; their profiling run is not
+    assert p.weights["params_by_part"]["vision_encoder"] == 311_892_992
+    assert enc.startswith("vision encoder and its projector (vision_config: 311,892,992 parameters, sized in the weights)")
+    assert "profiling run" in enc
     r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "llava-v1.6-mistral-7b"), "--gpu-memory",
                         "80GiB", "--vllm-version", "0.11.0", "--max-model-len", "8192"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "NOT SIZED: vision encoder and its projector" in r.stdout
     assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name
+
+
+def test_kimi_linear_is_kimi_delta_attention_plus_mla_never_all_mla():
+    """Kimi-Linear-48B-A3B (its config.json verbatim from a model report, tests/fixtures/plan_accuracy):
+    vLLM 0.11.2 builds KimiDeltaAttention for the 1-indexed kda_layers (20) and KimiMLAAttention for the
+    other 7; each KDA layer keeps one state per sequence (kda_state_shape: three short-conv states of
+    3 x 4,096 / TP in the model dtype, the recurrent 32 / TP x 128 x 128 in float32). The parameters
+    counted from config.json are the checkpoint's 49,122,681,728 less its 26 e_score_correction_bias
+    vectors of 256. The setup of vllm-project/vllm#28228 (2.30 GiB of KV cache per GPU at TP 2, max model
+    len 120,000, prefix caching) starts at 2.47x; sized as MLA on all 27 layers it was a start-up
+    failure at 0.66x (issue 23: vLLM started at 2.48x)."""
+    cfg, _ = load_config(str(HERE / "fixtures" / "plan_accuracy" / "configs" / "kimi-linear-48b-a3b"))
+    s = cap.model_shape(cfg)
+    assert (s.count("mla"), s.count("linear_attention"), s.mamba.kind) == (7, 20, "kda")
+    assert sum(cap.weight_params(s).values()) == 49_122_681_728 - 26 * 256
+    assert cap.mamba_state_bytes(s.mamba, 2, tp=2, ssm_dtype_bytes=4) == 3 * 3 * 2048 * 2 + 16 * 128 * 128 * 4
+    p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.2", tensor_parallel_size=2, max_model_len=120000,
+                             enable_prefix_caching=True, kv_cache_memory_bytes=int(2.30 * cap.GiB)))
+    assert not p.startup["fails"] and p.concurrency["at_max_model_len"] == 2.47
+    assert p.settings["block_size"] == 944          # 16 x cdiv(1,085,440 B state, 16 x 1,152 B MLA per token)
+
+
+def test_default_batch_follows_the_entrypoint_and_the_gpu():
+    """V1's defaults by usage context (EngineArgs, read in 0.10.1.1 and 0.11.0): vllm serve gets
+    max_num_batched_tokens 8192 on a GPU of 70 GiB or more and 2048 below; the offline LLM() class
+    16384 and 8192; an A100 80GB stays at the small GPU's values (256 sequences) whatever its memory."""
+    cfg, _ = load_config(str(MODELS / "llama-3.1-8b"))
+
+    def batch(gib, name=None, entrypoint="server"):
+        p = make_plan(PlanInputs(config=cfg, vllm_version="0.11.0", gpu_memory_bytes=int(gib * cap.GiB), gpu_name=name,
+                                 entrypoint=entrypoint, max_model_len=8192))
+        return p.settings["max_num_batched_tokens"], p.settings["max_num_seqs"]
+    assert batch(79.18, "NVIDIA H100 80GB HBM3") == (8192, 1024)
+    assert batch(79.18, "NVIDIA H100 80GB HBM3", "llm") == (16384, 1024)
+    assert batch(79.15, "NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert batch(79.15, "NVIDIA A100-SXM4-80GB", "llm") == (8192, 256)
+    assert batch(23.58, None, "llm") == (8192, 256) and batch(23.58) == (2048, 256)

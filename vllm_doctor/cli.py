@@ -420,6 +420,9 @@ def _warn_newer(version: str | None) -> None:
 def plan(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="config.json, a model directory or a Hugging Face cache directory (never downloads).")],
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", metavar="SIZE", help="Memory of one GPU (80GiB, 24G, 81559MiB). Default: read through NVML.")] = None,
+    gpu_name: Annotated[str | None, typer.Option(
+        "--gpu-name", metavar="NAME",
+        help="The GPU's name (A100, H100, ...): vLLM's defaults differ by GPU. Default: NVML's, where NVML is read.")] = None,
     vllm_version: Annotated[str, typer.Option("--vllm-version", metavar="X.Y.Z", help="vLLM version whose accounting and defaults to use.")] = "0.33.0",
     device: Annotated[str, typer.Option("--device", metavar="cuda|cpu", help="cuda or cpu (the CPU backend: block size 128, KV cache from --kv-cache-memory-bytes).")] = "cuda",
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", metavar="N", min=1, help="GPUs per pipeline stage.")] = 1,
@@ -440,6 +443,19 @@ def plan(
     target_concurrency: Annotated[int | None, typer.Option("--target-concurrency", metavar="N", min=1, help="Requests at max_model_len to hold at once.")] = None,
     mean_request_tokens: Annotated[int | None, typer.Option("--mean-request-tokens", metavar="TOKENS", min=1, help="Mean prompt + output tokens of a request.")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", metavar="N", min=1, help="GPUs there are: a recommended TP x PP stays within them (default: TP up to 16 is tried).")] = None,
+    sampler: Annotated[str, typer.Option(
+        "--sampler", metavar="native|flashinfer",
+        help="V1's top-k/top-p sampler, whose profiling run is most of the activation peak: native (PyTorch; "
+             "pip install vllm) or flashinfer (FlashInfer installed, as in the vllm/vllm-openai image; about a "
+             "third of the memory).")] = "native",
+    disable_custom_all_reduce: Annotated[bool, typer.Option(
+        "--disable-custom-all-reduce",
+        help="vLLM's flag (or GPUs without P2P / on other nodes, where vLLM turns it off itself): no custom "
+             "all-reduce buffers in the non-torch estimate with TP.")] = False,
+    entrypoint: Annotated[str, typer.Option(
+        "--entrypoint", metavar="server|llm",
+        help="How vLLM is started: server (vllm serve) or llm (the offline LLM() class, whose V1 default "
+             "max_num_batched_tokens is larger: 16384 / 8192 against 8192 / 2048).")] = "server",
     engine: Annotated[str | None, typer.Option("--engine", metavar="v0|v1", help="The engine the server runs (default: VLLM_USE_V1 if set, else the version's: V0 before 0.8.0, V1 from 0.8.0, the only one from 0.11.0).")] = None,
     format: Annotated[str, typer.Option("--format", "-f", metavar="text|json|markdown", help="Output format.")] = "text",
 ) -> None:
@@ -460,8 +476,10 @@ def plan(
         cfg, name = planmod.load_config(model)
         kvb = planmod.parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None
         mem = planmod.parse_size(gpu_memory) if gpu_memory else (None if kvb is not None else planmod.nvml_total_memory())
+        if gpu_name is None and not gpu_memory and kvb is None:
+            gpu_name = planmod.nvml_gpu_name()
         p = planmod.make_plan(planmod.PlanInputs(
-            config=cfg, model=name, gpu_memory_bytes=mem, vllm_version=vllm_version, device=device,
+            config=cfg, model=name, gpu_memory_bytes=mem, gpu_name=gpu_name, vllm_version=vllm_version, device=device,
             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
             quantization=quantization, kv_cache_dtype=kv_cache_dtype, mamba_cache_dtype=mamba_cache_dtype,
             mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, enable_prefix_caching=enable_prefix_caching,
@@ -470,7 +488,8 @@ def plan(
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kvb,
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
             target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus,
-            engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None))
+            engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None, sampler=sampler,
+            entrypoint=entrypoint, disable_custom_all_reduce=disable_custom_all_reduce))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

@@ -94,6 +94,8 @@ class ModelShape:
     unsized: list[str] = field(default_factory=list)  # what cannot be sized, named
     mamba: MambaState | None = None   # the per-sequence state of the Mamba / linear-attention layers
     attn_output_gate: bool = False    # Qwen3.5 / Qwen3-Next gated attention: q_proj is twice as wide
+    encoder_params: int = 0           # vision encoder + projector parameters (where sized)
+    encoder_notes: list[str] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.layer_kinds if k == kind)
@@ -155,13 +157,83 @@ def _dialect(c: dict) -> dict:
 ENCODER_CONFIGS = ("vision_config", "audio_config", "visual", "vision_tower_config", "audio_encoder_config")
 
 
+def _qwen_vl_vision_params(v: dict, model_type: str, text_hidden: int) -> int | None:
+    """Qwen2-VL / Qwen2.5-VL vision tower and patch merger, as vLLM builds them (``qwen2_vl.py``,
+    ``qwen2_5_vl.py``, read in 0.11.0): a Conv3d patch embedding without bias (in_chans x temporal_patch
+    x patch^2 x hidden); per block two norms, qkv and proj with biases, and the MLP (Qwen2.5-VL: gated,
+    gate_up + down with biases; Qwen2-VL: fc1 / fc2 of mlp_ratio x hidden, LayerNorms with biases);
+    the merger: a norm, then Linear(hidden x merge^2, same) and Linear(hidden x merge^2, text hidden)."""
+    h = v.get("hidden_size") if model_type == "qwen2_5_vl" else v.get("embed_dim")
+    depth, patch = v.get("depth"), v.get("patch_size") or v.get("spatial_patch_size")
+    if not (isinstance(h, int) and isinstance(depth, int) and isinstance(patch, int) and min(h, depth, patch) > 0):
+        return None
+    t, m = int(v.get("temporal_patch_size") or 2), int(v.get("spatial_merge_size") or 2)
+    c = int(v.get("in_chans") or v.get("in_channels") or 3)
+    out = int(v.get("out_hidden_size") or text_hidden)
+    attn = 3 * h * h + 3 * h + h * h + h
+    if model_type == "qwen2_5_vl":
+        inter = int(v.get("intermediate_size") or 0)
+        block = 2 * h + attn + 2 * h * inter + 2 * inter + inter * h + h
+        merger = h
+    else:
+        inter = int(h * float(v.get("mlp_ratio") or 4))
+        block = 4 * h + attn + h * inter + inter + inter * h + h
+        merger = 2 * h
+    wide = h * m * m
+    return c * t * patch * patch * h + depth * block + merger + wide * wide + wide + wide * out + out
+
+
+def _clip_vision_params(v: dict, text_hidden: int, projector_layers: int = 2) -> int | None:
+    """A CLIP / SigLIP vision tower (LLaVA, LLaVA-NeXT) and LLaVA's projector, as transformers lays
+    them out and vLLM loads them (``clip.py``, ``siglip.py``, ``llava.py``): patch and position
+    embeddings (CLIP: a class token, no patch bias, a pre-layernorm), per layer two LayerNorms, q/k/v/o
+    with biases and fc1 / fc2 with biases; the projector Linear(vision, text) + GELU + Linear(text, text).
+    vLLM drops the CLIP tower's last layer where ``vision_feature_layer`` is -2 (LLaVA's default)."""
+    h, inter, n = v.get("hidden_size"), v.get("intermediate_size"), v.get("num_hidden_layers")
+    patch, image = v.get("patch_size"), v.get("image_size")
+    if not (isinstance(h, int) and isinstance(inter, int) and isinstance(n, int) and isinstance(patch, int)
+            and isinstance(image, int) and min(h, inter, n, patch, image) > 0):
+        return None
+    clip = "clip" in str(v.get("model_type", ""))
+    positions = (image // patch) ** 2 + (1 if clip else 0)
+    embed = int(v.get("num_channels") or 3) * patch * patch * h + (0 if clip else h) + positions * h + (h if clip else 0)
+    layer = 2 * 2 * h + 4 * (h * h + h) + h * inter + inter + inter * h + h
+    projector = h * text_hidden + text_hidden + (projector_layers - 1) * (text_hidden * text_hidden + text_hidden)
+    return embed + 2 * h + n * layer + projector      # + the pre- (CLIP) or post-layernorm (SigLIP)
+
+
+def encoder_params(cfg: dict, text_hidden: int) -> tuple[int, list[str]]:
+    """Parameters of the vision encoders and projectors vllm-doctor sizes, and a note for each
+    (their profiling run, one image of the largest size, stays out of the overhead estimate)."""
+    mt = str(cfg.get("model_type", ""))
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict):
+        return 0, []
+    if mt in ("qwen2_vl", "qwen2_5_vl"):
+        n = _qwen_vl_vision_params(v, mt, text_hidden)
+    elif mt in TEXT_MODEL_TYPE_DEFAULT and str(v.get("model_type", "")) in ("clip_vision_model", "siglip_vision_model"):
+        layer = cfg.get("vision_feature_layer", -2)
+        vv = dict(v)
+        if isinstance(layer, int) and layer < 0 and isinstance(v.get("num_hidden_layers"), int):
+            vv["num_hidden_layers"] = v["num_hidden_layers"] + layer + 1
+        tower = _clip_vision_params(vv, text_hidden)
+        n = None if tower is None else tower + (text_hidden if mt != "llava" else 0)   # LLaVA-NeXT: image_newline
+    else:
+        n = None
+    return (n or 0), ([] if n is None else [
+        f"vision encoder and its projector (vision_config: {n:,} parameters, sized in the weights): the "
+        "encoder's profiling run (one image of the largest size) is not in the overhead estimate; pass "
+        "--overhead with the figures of a real start-up to correct the pool"])
+
+
 def _encoders_not_sized(cfg: dict) -> list[str]:
     """The vision / audio encoders and projectors of a multimodal config, named: their weights and the
     encoder's profiling run are not counted."""
     out = []
+    sized = bool(encoder_params(cfg, 1)[1])
     for key in ENCODER_CONFIGS:
         sub = cfg.get(key)
-        if not isinstance(sub, dict):
+        if not isinstance(sub, dict) or (key == "vision_config" and sized):
             continue
         layers = sub.get("num_hidden_layers") or sub.get("depth") or sub.get("encoder_layers") or sub.get("num_layers")
         hidden = sub.get("hidden_size") or sub.get("embed_dim") or sub.get("d_model")
@@ -177,6 +249,13 @@ def _encoders_not_sized(cfg: dict) -> list[str]:
 def _layer_kinds(c: dict, n: int) -> tuple[list[str], list[str]]:
     """Per-layer attention kind from the config's own layout fields; what is unknown is named."""
     unsized: list[str] = []
+    lin = c.get("linear_attn_config")
+    if isinstance(lin, dict) and isinstance(lin.get("kda_layers"), list) and lin["kda_layers"]:
+        # Kimi-Linear (vLLM 0.11.2 KimiLinearConfig.is_kda_layer): the 1-indexed kda_layers are Kimi
+        # delta attention (a fixed-size state per sequence), every other layer KimiMLAAttention
+        kda = {int(i) for i in lin["kda_layers"]}
+        other = "mla" if c.get("kv_lora_rank") else "full"
+        return ["linear_attention" if i + 1 in kda else other for i in range(n)], unsized
     if c.get("kv_lora_rank"):
         return ["mla"] * n, unsized
     types = c.get("layer_types")
@@ -302,12 +381,16 @@ def mamba_state(c: dict, hidden: int) -> MambaState | None:
     if st is None:
         return None
     chunk = _first(c, "mamba_chunk_size", "chunk_size") or 2048
-    return replace(st, ssm_dtype=c.get("mamba_ssm_dtype"), chunk_size=int(chunk),
+    return replace(st, ssm_dtype=st.ssm_dtype or c.get("mamba_ssm_dtype"), chunk_size=int(chunk),
                    prefix_caching_all=mt in MAMBA_PREFIX_CACHING_ALL)
 
 
 def _mamba_state_fields(c: dict, hidden: int, mt: str) -> MambaState | None:
     try:
+        lin = c.get("linear_attn_config")
+        if isinstance(lin, dict) and lin.get("kda_layers"):                   # Kimi-Linear's Kimi delta attention
+            return MambaState("kda", num_heads=int(lin["num_heads"]), head_dim=int(lin["head_dim"]),
+                              conv_kernel=int(lin.get("short_conv_kernel_size") or 4), ssm_dtype="float32")
         if c.get("linear_num_value_heads"):                                  # Qwen3-Next gated delta net
             return MambaState("gated_delta_net", num_k_heads=int(c["linear_num_key_heads"]),
                               num_v_heads=int(c["linear_num_value_heads"]), head_k_dim=int(c["linear_key_head_dim"]),
@@ -360,6 +443,9 @@ def mamba_state_shapes(m: MambaState, tp: int = 1, num_spec: int = 0) -> list[tu
     if m.kind == "gated_delta_net":
         conv_dim = m.head_k_dim * m.num_k_heads * 2 + m.head_v_dim * m.num_v_heads
         return [(m.conv_kernel - 1 + num_spec, _divide(conv_dim, tp)), (_divide(m.num_v_heads, tp), m.head_k_dim, m.head_v_dim)]
+    if m.kind == "kda":   # kda_state_shape (0.11.2): q, k, v short-conv states and the recurrent state
+        conv = (m.conv_kernel - 1, _divide(m.num_heads * m.head_dim, tp))
+        return [conv, conv, conv, (_divide(m.num_heads, tp), m.head_dim, m.head_dim)]
     return [(m.num_heads // tp, m.head_dim, m.head_dim)]                       # linear attention
 
 
@@ -370,8 +456,8 @@ def mamba_state_bytes(m: MambaState, state_dtype_bytes: int, tp: int = 1, ssm_dt
     ``--mamba-ssm-cache-dtype`` (or, for Qwen3.5, the config's ``mamba_ssm_dtype``) says otherwise."""
     shapes = mamba_state_shapes(m, tp, num_spec)
     sizes = [math.prod(s) for s in shapes]
-    if len(sizes) == 2:
-        return sizes[0] * state_dtype_bytes + sizes[1] * (ssm_dtype_bytes or state_dtype_bytes)
+    if len(sizes) >= 2:   # conv state(s) in the state dtype, the temporal / recurrent state last
+        return sum(sizes[:-1]) * state_dtype_bytes + sizes[-1] * (ssm_dtype_bytes or state_dtype_bytes)
     return sum(sizes) * state_dtype_bytes
 
 
@@ -414,14 +500,15 @@ def model_shape(config: dict) -> ModelShape:
         kv = 1 if c.get("multi_query") else heads
     head_dim = c.get("head_dim") or (hidden // heads if heads else 0)
     kinds, unsized = _layer_kinds(c, int(n))
-    unsized = unsized + _encoders_not_sized(config)
+    enc, enc_notes = encoder_params(config, int(hidden))
+    unsized = unsized + enc_notes + _encoders_not_sized(config)
     method, bits, group = _quant(c)
     experts = (c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
                or c.get("moe_num_experts") or 0)
     moe_inter = c.get("moe_intermediate_size") or (c.get("intermediate_size") if experts else 0) or 0
     shared = c.get("shared_expert_intermediate_size") or 0
-    if not shared and c.get("n_shared_experts"):
-        shared = int(c["n_shared_experts"]) * int(moe_inter)
+    if not shared and (c.get("n_shared_experts") or c.get("num_shared_experts")):
+        shared = int(c.get("n_shared_experts") or c["num_shared_experts"]) * int(moe_inter)
     dense = int(c.get("first_k_dense_replace") or 0)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
     mamba = None
@@ -442,11 +529,13 @@ def model_shape(config: dict) -> ModelShape:
         kv_lora_rank=c.get("kv_lora_rank"), qk_rope_head_dim=c.get("qk_rope_head_dim"),
         qk_nope_head_dim=c.get("qk_nope_head_dim"), v_head_dim=c.get("v_head_dim"),
         q_lora_rank=c.get("q_lora_rank"),
-        attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias") or c.get("model_type") in ("qwen2", "qwen2_moe")),
+        attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias")
+                            or c.get("model_type") in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl")),
         num_experts=int(experts), moe_intermediate_size=int(moe_inter),
         shared_expert_intermediate_size=int(shared), dense_layers=dense,
         quant_method=method, quant_bits=bits, quant_group_size=group, unsized=unsized, mamba=mamba,
         attn_output_gate=bool(c.get("attn_output_gate", c.get("model_type") in GATED_ATTENTION_BY_DEFAULT)),
+        encoder_params=enc, encoder_notes=enc_notes,
     )
 
 
@@ -562,6 +651,7 @@ def weight_params(shape: ModelShape) -> dict[str, int]:
         "attention": n_attn * attn + (n_state * state_mixer_params(shape.mamba, h) if shape.mamba else 0),
         "mlp": mlp,
         "norms": (2 * shape.num_layers + 1) * h,
+        **({"vision_encoder": shape.encoder_params} if shape.encoder_params else {}),
     }
 
 
@@ -572,6 +662,10 @@ def state_mixer_params(m: MambaState, h: int) -> int:
         qkv = 2 * m.num_k_heads * m.head_k_dim + m.num_v_heads * m.head_v_dim
         return (h * (qkv + m.num_v_heads * m.head_v_dim + 2 * m.num_v_heads) + qkv * m.conv_kernel
                 + 2 * m.num_v_heads + m.head_v_dim + m.num_v_heads * m.head_v_dim * h)
+    if m.kind == "kda":   # KimiDeltaAttention: q/k/v projections and short convs, the f and g low-rank
+        p = m.num_heads * m.head_dim      # gates (rank = head_dim), b_proj, A_log, dt_bias, o_norm, o_proj
+        return (3 * h * p + 3 * p * m.conv_kernel + 2 * (m.head_dim * h + p * m.head_dim) + m.num_heads * h
+                + m.num_heads + p + m.head_dim + p * h)
     if m.kind == "mamba2":
         conv = m.intermediate_size + 2 * m.n_groups * m.state_size
         return (h * (m.intermediate_size + conv + m.num_heads) + conv * (m.conv_kernel + 1)
@@ -583,6 +677,31 @@ def state_mixer_params(m: MambaState, h: int) -> int:
     return 4 * h * m.num_heads * m.head_dim          # linear attention: q, k, v, o projections
 
 
+def mxfp4_expert_bytes(hidden: int, intermediate: int) -> int:
+    """Bytes of one MXFP4 expert on one GPU as vLLM holds it for the fused-MoE kernel on Hopper, its
+    default CUDA path (vLLM 0.11 ``get_mxfp4_backend``: the Triton backend on capability 9.x):
+    ``Mxfp4MoEMethod.create_weights`` rounds the intermediate size per GPU up to 64, then
+    ``process_weights_after_loading`` swizzles the experts into triton_kernels' Hopper value layout,
+    which pads the packed 4-bit values (two per byte) to 64 along K and 256 along N, the e8m0 scales
+    (one per 32 values) to 256 rows, and keeps the expert biases in fp32. gpt-oss-20b: 14,030,080 B per
+    expert against the checkpoint's 13,236,480 (+0.57 GiB over its 768 experts). Other backends pad
+    differently (Marlin on Ampere / Ada to 128 / 256: about 2 % more in all; FlashInfer on Blackwell
+    to 128: about 1 % less)."""
+    inter = round_up(intermediate, 64)
+
+    def values(k: int, n: int) -> int:      # a K x N weight: K/2 packed bytes per row of N
+        return round_up(k // 2, 64) * round_up(n, 256)
+
+    def scales(k: int, n: int) -> int:
+        return round_up(n, 256) * cdiv(k, 32)
+    w13, w2 = (hidden, 2 * inter), (inter, hidden)
+    return values(*w13) + values(*w2) + scales(*w13) + scales(*w2) + (2 * inter + hidden) * 4
+
+
+def round_up(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
 def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
     """Weight bytes on the busiest GPU (PP rank 0, which also holds the embedding; with pp=1 the
     lm_head too). Linear layers and the vocabulary are split over TP; norms are replicated.
@@ -592,8 +711,13 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     layers_share = 1 / pp
     if shape.quant_method == "mxfp4" and shape.num_experts:
         # vLLM's Mxfp4Config quantizes the fused MoE experts only; attention (and the checkpoints'
-        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype
-        b = _linear_bytes(p["mlp"] * layers_share / tp, shape, weight_dtype_bytes)
+        # modules_to_not_convert: self_attn, router, embed_tokens, lm_head) stay in the model dtype.
+        # The experts are held in the layout the MoE kernel needs, larger than the checkpoint's
+        moe_layers = (shape.num_layers - shape.dense_layers) * layers_share
+        b = moe_layers * shape.num_experts * mxfp4_expert_bytes(shape.hidden_size, shape.moe_intermediate_size // tp)
+        b += moe_layers * shape.hidden_size * shape.num_experts * weight_dtype_bytes        # router
+        b += (p["mlp"] * layers_share - moe_layers * (shape.num_experts * 3 * shape.hidden_size
+              * shape.moe_intermediate_size + shape.hidden_size * shape.num_experts)) / tp * weight_dtype_bytes
         b += p["attention"] * layers_share / tp * weight_dtype_bytes
     else:
         b = _linear_bytes((p["attention"] + p["mlp"]) * layers_share / tp, shape, weight_dtype_bytes)
@@ -601,6 +725,7 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     if pp == 1:
         b += p["lm_head"] / tp * weight_dtype_bytes
     b += p["norms"] * layers_share * weight_dtype_bytes
+    b += p.get("vision_encoder", 0) / tp * weight_dtype_bytes   # on the first stage, its linears split over TP
     return int(b)
 
 
@@ -753,24 +878,41 @@ def max_num_seqs_that_fit(blocks: int, max_model_len: int, block_size: int) -> i
     return max(1, blocks // cdiv(max_model_len, block_size))
 
 
+SAMPLER_BYTES_PER_ENTRY = {"native": 38, "flashinfer": 12}
+
+
 def activation_peak_estimate(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
-                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1") -> int:
+                             act_dtype_bytes: int, tp: int = 1, engine: str = "v1", sampler: str = "native") -> int:
     """An ESTIMATE of the profiling run's activation peak (vLLM measures it; we cannot).
 
-    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``) and the
-      hidden states it keeps, per batched token;
-    - V1 also profiles the sampler on ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
+    - the forward pass of one step: the MLP intermediate (gate+up, ``2 x intermediate/TP``, alive while
+      ``SiluAndMul`` writes its ``intermediate/TP`` output) and the hidden states it keeps, per batched
+      token (a real V0 log, vLLM 0.6.4, one 20,000-token prefill of Llama-3.1-8B: 2.07 GiB, 111 KB per
+      token; this gives 2.21 GiB);
+    - the profiling run also samples ``max_num_seqs`` rows of full-vocabulary fp32 logits (logits,
       probabilities, sorted values, int64 indices: about 38 bytes per row and vocabulary entry; real
       H100 logs show 4.76 GiB for Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B, 7.38 GiB for gpt-oss-20b at
-      1,024 sequences). The peak is the larger of the two.
+      1,024 sequences). That is PyTorch's top-k / top-p path (``forward_native``: it sorts the
+      logits). With FlashInfer installed (the vllm/vllm-openai image; ``pip install vllm[flashinfer]``)
+      and ``VLLM_USE_FLASHINFER_SAMPLER`` not 0, V1's ``TopKTopPSampler`` samples without the sort
+      (read in 0.10.1.1 and 0.11.0): about 12 bytes per entry (real A100 logs of vLLM 0.10.1.1 show
+      0.5 GiB in all for 256 x 152,064 entries). The peak is the larger of the two.
     """
     inter = shape.moe_intermediate_size * 8 if shape.num_experts else shape.intermediate_size
-    forward = max_num_batched_tokens * (2 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
-    sampler = max_num_seqs * shape.vocab_size * 38 if engine == "v1" else max_num_seqs * (shape.vocab_size // tp) * 4
-    return max(forward, sampler)
+    forward = max_num_batched_tokens * (3 * inter // tp + 4 * shape.hidden_size) * act_dtype_bytes
+    # V0 samples on the driver worker (rank 0), over the logits gathered there, and its profile run
+    # asks for top_p 0.99 and top_k vocab-1 (worker/model_runner.py profile_run), which its sampler
+    # applies by sorting: PyTorch's cost whatever is installed (a real V0 T4 log: 0.90 GiB for
+    # 192 x 128,256 entries, 37 B each)
+    sampled = max_num_seqs * shape.vocab_size * SAMPLER_BYTES_PER_ENTRY[sampler if engine == "v1" else "native"]
+    return max(forward, sampled)
 
 
-def non_torch_estimate(world_size: int) -> int:
+def non_torch_estimate(world_size: int, custom_all_reduce: bool = True) -> int:
     """An ESTIMATE of non-torch memory (NCCL buffers, cuBLAS workspaces): 0.13-0.35 GiB on one GPU,
-    0.25-0.55 GiB with tensor parallelism in real logs."""
-    return int((0.3 if world_size == 1 else 0.55) * GiB)
+    0.55 GiB with tensor parallelism in real logs where vLLM's custom all-reduce keeps its IPC buffers
+    (llm-d's TP 2 H100 run), about 0.2 GiB where it is off (two real A100 TP 2 logs that print "Custom
+    allreduce is disabled": no P2P, or nodes apart; ``--disable-custom-all-reduce``)."""
+    if world_size == 1:
+        return int(0.3 * GiB)
+    return int((0.55 if custom_all_reduce else 0.2) * GiB)

@@ -30,6 +30,7 @@ class PlanInputs:
     config: dict
     model: str = "?"
     gpu_memory_bytes: int | None = None
+    gpu_name: str | None = None               # e.g. NVML's "NVIDIA A100-SXM4-80GB": vLLM's defaults differ by GPU
     vllm_version: str = _NEWEST
     device: str = "cuda"                      # cuda | cpu
     tensor_parallel_size: int = 1
@@ -51,6 +52,9 @@ class PlanInputs:
     mean_request_tokens: int | None = None
     gpu_count: int | None = None              # GPUs the operator has: caps a recommended TP x PP; None: unknown
     engine: str | None = None                 # v0 | v1; None: from the version and VLLM_USE_V1
+    sampler: str = "native"                   # V1's top-k/top-p profile: native (PyTorch) | flashinfer
+    entrypoint: str = "server"                # server (vllm serve) | llm (the offline LLM() class): V1 defaults differ
+    disable_custom_all_reduce: bool = False   # --disable-custom-all-reduce (or no P2P between the GPUs)
     vllm_use_v1: str | None = None            # the VLLM_USE_V1 the server runs with ("0" / "1"), when given
 
 
@@ -217,18 +221,45 @@ def validate_config(cfg: object, where: str = "config.json", depth: int = 0) -> 
 
 
 def nvml_total_memory(index: int = 0) -> int:
-    """Total memory of GPU ``index`` through NVML (the project's NVML source's loader)."""
+    """Total memory of GPU ``index`` as CUDA reports it to vLLM (``torch.cuda.mem_get_info``'s total,
+    which vLLM multiplies by gpu_memory_utilization), through NVML (the project's NVML source's loader):
+    NVML's total less the memory the driver reserves (``nvmlDeviceGetMemoryInfo`` version 2; on an
+    H200, 150,754,820,096 - 644,939,776 B = 150,109,880,320 B, torch's figure exactly, measured). Drivers without
+    version 2: NVML's total."""
     from vllm_doctor.ingest.nvml import load_pynvml
 
     try:
         nv = load_pynvml()
         nv.nvmlInit()
         try:
-            return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).total)
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+            if hasattr(nv, "nvmlMemory_v2"):
+                try:
+                    m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                    return int(m.total) - int(m.reserved)
+                except (nv.NVMLError, TypeError, AttributeError):
+                    pass
+            return int(nv.nvmlDeviceGetMemoryInfo(h).total)
         finally:
             nv.nvmlShutdown()
     except Exception as e:  # noqa: BLE001 - no driver, no library, no GPU: one line for the user
         raise InputError(f"cannot read GPU memory through NVML ({type(e).__name__}: {e}); give --gpu-memory") from None
+
+
+def nvml_gpu_name(index: int = 0) -> str | None:
+    """Name of GPU ``index`` through NVML ("NVIDIA A100-SXM4-80GB"), or None where NVML cannot say."""
+    from vllm_doctor.ingest.nvml import load_pynvml
+
+    try:
+        nv = load_pynvml()
+        nv.nvmlInit()
+        try:
+            name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(index))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            nv.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - the name only refines a default; plan goes on without it
+        return None
 
 
 def parse_size(text: str) -> int:
@@ -324,10 +355,13 @@ def _mamba_cache_mode(version: str, shape, prefix_caching: bool | None) -> tuple
         "two state blocks per request" if mode == "align" else "one state block per Mamba block of tokens") + ")")
 
 
-def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool) -> int:
+def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int | None, cpu: bool,
+                            a100: bool = False, entrypoint: str = "server") -> int:
     """vLLM's default max_num_batched_tokens (vllm-flags.md, defaults table): V0 max(max_model_len,
     2048), or 2048 when chunked prefill is on (auto-enabled from 0.5.4 when max_model_len > 32768);
-    V1 8192 on GPUs of >= 70 GiB, else 2048 (the CPU backend: 4096)."""
+    V1 by usage context (``EngineArgs._set_default_args``, read in 0.10.1.1 and 0.11.0): the server
+    8192 on GPUs of >= 70 GiB other than an A100, else 2048; the offline ``LLM()`` class 16384 and
+    8192 (the CPU backend: 4096)."""
     if engine == "v0":
         pv = parse_version(version)
         if pv is not None and pv >= Version("0.5.4") and mml > 32768:
@@ -335,7 +369,19 @@ def _default_batched_tokens(version: str, engine: str, mml: int, gpu_bytes: int 
         return max(mml, 2048)
     if cpu:
         return 4096
-    return 8192 if gpu_bytes and gpu_bytes >= 70 * cap.GiB else 2048
+    big = bool(gpu_bytes and gpu_bytes >= 70 * cap.GiB) and not a100
+    if entrypoint == "llm":
+        return 16384 if big else 8192
+    return 8192 if big else 2048
+
+
+def _a100_defaults(version: str, engine: str, gpu_name: str | None, cpu: bool) -> bool:
+    """V1 from 0.9: ``EngineArgs._set_default_args`` gives GPUs of >= 70 GiB max_num_seqs 1024 and
+    max_num_batched_tokens 8192 (the server) "and 'a100' not in device_name": an A100 80GB keeps 256 and
+    2048 (read in 0.10.1.1 and 0.11.0; vllm-project/vllm#17885: larger batches cut an A100's throughput)."""
+    pv = parse_version(version)
+    return (not cpu and engine == "v1" and bool(gpu_name) and "a100" in str(gpu_name).lower()
+            and pv is not None and pv >= Version("0.9.0"))
 
 
 @functools.cache
@@ -401,8 +447,16 @@ def make_plan(inp: PlanInputs) -> Plan:
     block_size = inp.block_size or (128 if cpu else int(dflt.get("block_size") or 16))
     mml = inp.max_model_len or shape.max_position_embeddings or 2048
     util = inp.gpu_memory_utilization if inp.gpu_memory_utilization is not None else float(dflt.get("gpu_memory_utilization") or 0.9)
-    max_num_seqs = inp.max_num_seqs or int(dflt.get("max_num_seqs") or 256)
-    mnbt = inp.max_num_batched_tokens or _default_batched_tokens(version, engine, mml, inp.gpu_memory_bytes, cpu)
+    if inp.entrypoint not in ("server", "llm"):
+        raise InputError(f"unknown entrypoint {inp.entrypoint!r}: server or llm")
+    a100 = _a100_defaults(version, engine, inp.gpu_name, cpu)
+    max_num_seqs = inp.max_num_seqs or (256 if a100 else int(dflt.get("max_num_seqs") or 256))
+    mnbt = inp.max_num_batched_tokens or _default_batched_tokens(version, engine, mml, inp.gpu_memory_bytes, cpu,
+                                                                 a100, inp.entrypoint)
+    if a100 and not (inp.max_num_seqs and inp.max_num_batched_tokens):
+        notes.append(f"{inp.gpu_name}: vLLM {version} keeps an A100's defaults at max_num_seqs 256 and "
+                     f"max_num_batched_tokens {2048 if inp.entrypoint == 'server' else 8192} whatever its memory "
+                     "(EngineArgs, vllm-project/vllm#17885)")
     settings = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "dtype": model_dtype,
                 "kv_cache_dtype": kv_dtype, "quantization": shape.quant_method, "block_size": block_size,
                 "max_model_len": mml, "gpu_memory_utilization": util, "max_num_seqs": max_num_seqs,
@@ -490,10 +544,16 @@ def make_plan(inp: PlanInputs) -> Plan:
     elif inp.overhead_bytes is not None:
         overhead, overhead_src = inp.overhead_bytes, "given"
     else:
-        act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp, engine)
-        non_torch = cap.non_torch_estimate(tp * pp)
-        overhead, overhead_src = act + non_torch, (f"ESTIMATE: activation peak {_gib(act)} + non-torch {_gib(non_torch)}; "
-                                                   "vLLM measures this in its profiling run; pass --overhead to use a measured value")
+        if inp.sampler not in cap.SAMPLER_BYTES_PER_ENTRY:
+            raise InputError(f"unknown sampler {inp.sampler!r}: native or flashinfer")
+        act = cap.activation_peak_estimate(shape, mnbt, max_num_seqs, wbytes, tp, engine, inp.sampler)
+        non_torch = cap.non_torch_estimate(tp * pp, not inp.disable_custom_all_reduce)
+        sampler_note = (f" (the larger of one step's MLP activations over {mnbt:,} batched tokens and the {inp.sampler} "
+                        f"sampler's profile: {max_num_seqs:,} sequences x {shape.vocab_size:,} vocabulary x "
+                        f"{cap.SAMPLER_BYTES_PER_ENTRY[inp.sampler]} B)" if engine == "v1" else "")
+        overhead, overhead_src = act + non_torch, (f"ESTIMATE: activation peak {_gib(act)}{sampler_note} + non-torch "
+                                                   f"{_gib(non_torch)}; vLLM measures this in its profiling run; pass "
+                                                   "--overhead to use a measured value")
     avail = cap.available_kv_memory(inp.gpu_memory_bytes or 0, util, w, overhead, 0, inp.kv_cache_memory_bytes)
     if inp.kv_cache_memory_bytes is not None:
         avail_arith = f"--kv-cache-memory-bytes {inp.kv_cache_memory_bytes:,} B (the profiling formula is skipped)"
@@ -550,6 +610,15 @@ def make_plan(inp: PlanInputs) -> Plan:
     # start-up
     startup = _startup(inp, shape, pool_groups, avail, block_bytes, mml, block_size, mnbt, engine, version, blocks,
                        mamba_mode, wbytes)
+    if (startup["fails"] and startup["stage"] == "kv_cache" and engine == "v1" and inp.sampler == "native"
+            and inp.overhead_bytes is None and inp.kv_cache_memory_bytes is None):
+        lean = make_plan(_replace(inp, sampler="flashinfer", target_concurrency=None))
+        if not lean.startup["fails"]:   # the verdict hangs on an estimate: say which install it holds for
+            startup["messages"].append(
+                f"This failure rests on the ESTIMATED profile of PyTorch's sampler ({_gib(overhead)} overhead). With "
+                f"FlashInfer installed (the vllm/vllm-openai image), its sampler profiles about a third of that "
+                f"({_gib(lean.pool['overhead_bytes'])}) and vLLM starts with {lean.pool['kv_cache_tokens']:,} KV cache "
+                "tokens (--sampler flashinfer); pass --overhead with a measured value to decide.")
     fixes = _fixes(inp, shape, pool_groups, w, overhead, block_bytes, blocks, req_blocks, mml, block_size, max_num_seqs,
                    startup, version, util, wbytes)
     if shape.quant_method and not shape.quant_bits:

@@ -107,7 +107,7 @@ def test_workloads_fixed_sharegpt_profile_and_prefix():
 def test_an_adaptive_level_stops_when_every_interval_is_decided():
     obj = Objectives(ttft_p99_ms=500, itl_p99_ms=None)
     far = {"ttft_ms": [0.05 + 0.001 * i for i in range(20)]}            # 50-69 ms: far under 500
-    assert interval_enough(far, obj, 0.1, 0).startswith("intervals decided: TTFT p99")
+    assert interval_enough(far, obj, 0.1, 0).startswith("its intervals were decided: TTFT p99")
     near = {"ttft_ms": [0.1] * 19 + [0.9]}                               # one slow request in 20: [100-900] straddles 500
     assert interval_enough(near, obj, 0.1, 0) is None
     assert interval_enough({"ttft_ms": []}, obj, 0.1, 0) is None

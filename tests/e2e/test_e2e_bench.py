@@ -119,7 +119,7 @@ def test_ladder_reads_the_kv_cache_and_recommends_within_it(ladder_run):
     assert rec["value"] not in levels or levels[rec["value"]].get("meets_objectives") == "PASS", levels
     assert any("KV cache: 4,096 tokens" in line for line in rec["arithmetic"])
     page = (ladder_run["dir"] / "ladder.html").read_text()
-    assert page.count('class="point-throughput"') == len(LEVELS)
+    assert page.count('class="point-throughput"') == 2 * len(LEVELS)   # the wide chart and the narrow one (phones)
 
 
 def test_diagnose_cites_the_ladder_level(ladder_run):

@@ -126,17 +126,17 @@ def objectives_table(result: dict) -> str:
     lines = [f"Objectives: {obj.describe()} (p99 [95 % bootstrap interval]; UNDECIDED: the interval "
              f"straddles the objective)"]
     rate = any(lv.get("request_rate") is not None for lv in result["levels"])
-    lines.append(f"{'rate/s' if rate else 'conc':>6} " + " ".join(f"{METRICS[n][2]:>28}" for n in names) + f" {'level':>10}")
+    lines.append(f"{'rate/s' if rate else 'conc':>6} " + " ".join(f"{METRICS[n][2]:>30}" for n in names) + f" {'level':>10}")
     for lv in result["levels"]:
         cells = []
         for n in names:
             v = (lv.get("objectives") or {}).get(n) or {}
             if v.get("value_ms") is None:
-                cells.append(f"{'–':>28}")
+                cells.append(f"{'–':>30}")
                 continue
             ci = ("" if v.get("ci_low_ms") is None else
                   f" [{v['ci_low_ms']:,.0f}-{v['ci_high_ms']:,.0f}]")
-            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(28))
+            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(30))
         lines.append(f"{_place(lv):>6} " + " ".join(cells) + f" {lv.get('meets_objectives') or '–':>10}")
     return "\n".join(lines)
 
@@ -214,7 +214,7 @@ def _run_and_print(cfg, output: Path | None, chart: Path | None, format: OutForm
         print("\n" + server_table(result))
         for lv_ in result["levels"]:
             if lv_.get("stop_reason"):
-                print(f"  {level_name(lv_)}: stopped after {lv_['requests']} requests: {lv_['stop_reason']}")
+                print(f"  {level_name(lv_)}: stopped sending after {lv_['requests']} measured requests: {lv_['stop_reason']}")
         for lv_ in result["levels"]:
             if lv_["errors"]:
                 print(f"  {level_name(lv_)}: {lv_['errors']} of {lv_['requests']} failed: "

@@ -526,7 +526,7 @@ def interval_enough(values: dict[str, list[float]], obj: Objectives, tolerance: 
             said.append(f"{what} [{lo:,.0f}-{hi:,.0f}] ms within {tolerance * 100:.0f} % of its p99")
         else:
             return None
-    return "intervals decided: " + "; ".join(said)
+    return "its intervals were decided: " + "; ".join(said)
 
 
 async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, level: int,

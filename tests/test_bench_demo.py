@@ -118,6 +118,10 @@ def test_the_limit_of_a_level_from_the_servers_metrics():
     assert limit_of({"preemptions": 0, "max_kv_cache_usage_ratio": 0.4, "max_waiting": 5, "max_running": 8})[0] == "queue"
     assert limit_of({"preemptions": 0, "max_kv_cache_usage_ratio": 0.4, "max_waiting": 0, "max_running": 4})[0] == "compute"
     assert limit_of({"preemptions": None, "max_kv_cache_usage_ratio": None, "max_waiting": None}) == (None, None)
+    # one request that waited for an instant (1 sample in 20) is no queue; waiting in half the samples is
+    blip = {"preemptions": 0, "max_kv_cache_usage_ratio": 0.45, "max_waiting": 1, "max_running": 7}
+    assert limit_of({**blip, "waiting_sample_ratio": 0.05})[0] == "compute"
+    assert limit_of({**blip, "waiting_sample_ratio": 0.5})[0] == "queue"
 
 
 # ---- the ladder against the simulated server ---------------------------------------------------------

@@ -91,7 +91,7 @@ def ladder_svg(result: dict, width: int = W) -> str:
     title_h = 30
     legend_h = 18 * len(rows) + 6
     T = title_h + legend_h + 24
-    gap = 34
+    gap = 40
     H = T + len(panels) * (PANEL_H + gap) + 30
 
     def x_at(i: int) -> float:

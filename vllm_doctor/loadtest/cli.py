@@ -222,7 +222,7 @@ def _run_and_print(cfg, output: Path | None, chart: Path | None, format: OutForm
         if result.get("stopped"):
             print(f"Ladder {result['stopped']}")
         k = result["knee"]
-        where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
+        where = "none" if k["concurrency"] is None else (f"{k['concurrency']:g}" if k.get("found") else f">= {k['concurrency']:g}")
         print(f"\nKnee: {where}: {k['reason']} (a separate fact: the recommendation follows the objectives)")
         rec = result["recommendation"]
         if rec["value"] is not None and rec["flag"]:

@@ -126,6 +126,8 @@ class MetricsWindow:
     max_waiting: float | None = None
     max_kv_cache_usage_ratio: float | None = None
     samples: int = 0
+    waiting_samples: int = 0      # samples in which requests waited
+    waiting_known: int = 0        # samples that carried the waiting gauge
     counters_before: dict[str, float | None] = field(default_factory=dict)
     counters_after: dict[str, float | None] = field(default_factory=dict)
 
@@ -141,6 +143,9 @@ class MetricsWindow:
 
     def add(self, s) -> None:
         self.samples += 1
+        if s.num_waiting is not None:
+            self.waiting_samples += 1 if s.num_waiting > 0 else 0
+            self.waiting_known += 1
         for attr, val in (("max_running", s.num_running), ("max_waiting", s.num_waiting),
                           ("max_kv_cache_usage_ratio", s.kv_cache_usage_ratio)):
             if val is not None:
@@ -183,6 +188,7 @@ class LevelResult:
     limited_by: str | None = None               # kv-cache | queue | compute (from /metrics), see limit_of
     limited_why: str | None = None
     sent: int = 0                               # requests sent, warm-up included
+    waiting_sample_ratio: float | None = None   # share of the /metrics samples in which requests waited
 
 
 def summarise(level: int, results: list[RequestResult], started: float, ended: float,
@@ -230,6 +236,7 @@ def summarise(level: int, results: list[RequestResult], started: float, ended: f
         prefix_cache_queries=window.delta("prefix_cache_queries_total"),
         prefix_cache_hits=window.delta("prefix_cache_hits_total"),
         prompt_tokens_recomputed=window.delta(RECOMPUTED),
+        waiting_sample_ratio=round(window.waiting_samples / window.waiting_known, 3) if window.waiting_known else None,
     )
 
 
@@ -254,8 +261,8 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
 
     - ``kv-cache``: vLLM preempted sequences, or the KV cache was full (rules/thresholds.yaml
       ``kv_cache_full_ratio``) while requests waited;
-    - ``queue``: requests waited while the KV cache had room: the scheduler admitted no more
-      (``--max-num-seqs`` or ``--max-num-batched-tokens``);
+    - ``queue``: requests waited (in at least QUEUE_SAMPLE_RATIO of the samples) while the KV cache
+      had room: the scheduler admitted no more (``--max-num-seqs`` or ``--max-num-batched-tokens``);
     - ``compute``: every request ran at once, nothing waited nor was preempted: latency is the
       engine's step time for that batch.
 
@@ -268,16 +275,23 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
         return None, None
     full = load_thresholds()["kv_cache_full_ratio"]
     kv_s = "unknown" if kv is None else f"{kv * 100:.0f} %"
-    if pre or (kv is not None and kv >= full and wait):
+    share = lv.get("waiting_sample_ratio")
+    # a queue is requests waiting in at least QUEUE_SAMPLE_RATIO of the samples (a request that arrived
+    # between two engine steps waits for an instant: one sample of it is no queue)
+    queued = bool(wait) and (share is None or share >= QUEUE_SAMPLE_RATIO)
+    waited = "" if share is None else f" in {share * 100:.0f} % of the samples"
+    if pre or (kv is not None and kv >= full and queued):
         return "kv-cache", (f"{pre or 0} preemptions ({V.num_preemptions_total}), KV cache up to {kv_s} used, "
-                            f"up to {wait or 0:.0f} waiting")
-    if wait:
-        return "queue", (f"up to {wait:.0f} requests waited while the KV cache had room (up to {kv_s} used) "
-                         f"and {run or 0:.0f} ran: the scheduler admitted no more")
-    return "compute", (f"nothing waited nor was preempted (up to {run or 0:.0f} running, KV cache up to {kv_s}): "
+                            f"up to {wait or 0:.0f} waiting{waited}")
+    if queued:
+        return "queue", (f"up to {wait:.0f} waiting{waited} while the KV cache had room (up to {kv_s} used) "
+                         f"and up to {run or 0:.0f} ran: the scheduler admitted no more")
+    what = "nothing waited" if not wait else f"up to {wait:.0f} waiting only{waited}"
+    return "compute", (f"{what}, nothing was preempted (up to {run or 0:.0f} running, KV cache up to {kv_s}): "
                        f"the latency is the engine's step time for that batch")
 
 
+QUEUE_SAMPLE_RATIO = 0.2
 LIMIT_WORDS = {"kv-cache": "the KV cache", "queue": "the queue", "compute": "compute"}
 
 

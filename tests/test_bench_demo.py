@@ -205,3 +205,11 @@ def test_compare_warns_on_unlike_rates_and_workloads_and_reports_every_p99_with_
     r = doctor("bench", "compare", base, base, "--level", "4", "--format", "json")
     checks = {c["indicator"]: c for c in json.loads(r.stdout)["checks"]}
     assert checks["ITL p99"]["change"].startswith("no measurable change") and checks["ITL p99"]["status"] == "INFO"
+
+
+def test_diagnose_bench_names_a_rate_ladders_level_by_its_rate():
+    from vllm_doctor.loadtest.annotate import began_at
+
+    res = {"levels": [{"concurrency": 256, "request_rate": 4.0, "preemptions": 2},
+                      {"concurrency": 256, "request_rate": 1.0, "preemptions": 0}]}
+    assert began_at(res, "preemption-storm", None) == "bench ladder: began at 4 req/s (first level with preemptions (2))"

@@ -98,7 +98,7 @@ def test_workloads_fixed_sharegpt_profile_and_prefix():
     pre = Workload(input_len=100, prefix_ratio=0.5)
     a, b = pre.request(1)[0].split(), pre.request(2)[0].split()
     assert a[:50] == b[:50] and a[50] == "1" and b[50] == "2" and len(a) == 100
-    with pytest.raises(ValueError, match="prefix ratio"):
+    with pytest.raises(ValueError, match="--prefix-ratio applies to synthetic prompts"):
         Workload(prefix_ratio=0.2, prompts=("a real prompt",))
 
 
@@ -213,3 +213,12 @@ def test_diagnose_bench_names_a_rate_ladders_level_by_its_rate():
     res = {"levels": [{"concurrency": 256, "request_rate": 4.0, "preemptions": 2},
                       {"concurrency": 256, "request_rate": 1.0, "preemptions": 0}]}
     assert began_at(res, "preemption-storm", None) == "bench ladder: began at 4 req/s (first level with preemptions (2))"
+
+
+@pytest.mark.parametrize("args,said", [(("--lengths", "foo"), "--lengths 'foo': one of fixed, sharegpt"),
+                                       (("--profile", "x"), "--profile 'x': one of 512-1024-2048"),
+                                       (("--rates", "1,x"), "--rates '1,x': comma-separated positive request rates"),
+                                       (("--prefix-ratio", "1.5"), "--prefix-ratio: a ratio from 0 to below 1")])
+def test_bad_workload_options_are_one_line_exit_2(args, said):
+    r = doctor("bench", "ladder", "--url", "http://127.0.0.1:9", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr

@@ -553,7 +553,7 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     base = cfg.url.rstrip("/")
     url = base + ("/v1/chat/completions" if cfg.chat else "/v1/completions")
     n_target = cfg.requests_for(level if rate is None else max(1, math.ceil(rate)))
-    warmup = cfg.warmup_for(level if rate is None else max(1, math.ceil(rate)))
+    warmup = cfg.warmup_for(level if rate is None else max(1, math.ceil(rate)))   # the first wave / second
     soft: float = cfg.level_timeout_seconds
     if n_target is None and cfg.duration_seconds is not None:
         soft = cfg.duration_seconds
@@ -575,7 +575,8 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     stop_reason: str | None = None
     measured_ok: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "tpot_ms": [], "e2el_ms": []}
     checked = 0
-    min_n = cfg.min_requests_for(level if rate is None else max(1, math.ceil(rate)))
+    eff = level if rate is None else max(1, math.ceil(rate))   # a rate ladder: about a second of arrivals
+    min_n = cfg.min_requests_for(eff)
 
     async def sampler():
         while not stop.is_set():
@@ -611,7 +612,7 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
         """An adaptive level's stop: its intervals are decided (checked every few completions)."""
         nonlocal checked
         n = len(measured_ok["e2el_ms"])
-        if n < min_n or n - checked < max(4, level // 2):
+        if n < min_n or n - checked < max(4, eff // 2):
             return None
         checked = n
         return interval_enough(measured_ok, cfg.objectives, cfg.ci_tolerance, cfg.seed * 1000003 + level)

@@ -56,13 +56,13 @@ class Workload:
 
     def __post_init__(self):
         if self.lengths not in LENGTHS:
-            raise ValueError(f"lengths {self.lengths!r}: one of {', '.join(LENGTHS)}")
+            raise ValueError(f"--lengths {self.lengths!r}: one of {', '.join(LENGTHS)}")
         if self.profile is not None and self.profile not in PROFILES:
-            raise ValueError(f"profile {self.profile!r}: one of {', '.join(PROFILES)}")
+            raise ValueError(f"--profile {self.profile!r}: one of {', '.join(PROFILES)}")
         if not 0.0 <= self.prefix_ratio < 1.0:
-            raise ValueError("prefix ratio: from 0 to below 1")
+            raise ValueError("--prefix-ratio: a ratio from 0 to below 1")
         if self.prefix_ratio and self.prompts:
-            raise ValueError("a prefix ratio applies to synthetic prompts, not to a file of real prompts")
+            raise ValueError("--prefix-ratio applies to synthetic prompts, not to a file of real prompts (--prompts)")
 
     @cached_property
     def _shared(self) -> list[str]:

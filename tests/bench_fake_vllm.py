@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import socket
-import time
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from vllm_doctor.loadtest.simulated import openai_routes, start_in_child
 
 
 class FakeVllm:
@@ -114,39 +114,15 @@ class FakeVllm:
                 return JSONResponse({"error": "this stand-in only streams"}, status_code=400)
             return StreamingResponse(generate(body, chat), media_type="text/event-stream")
 
-        @app.post("/v1/completions")
-        async def completions(request: Request):
-            return await handle(request, False)
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request):
-            return await handle(request, True)
-
+        openai_routes(app, handle)
         return app
 
     def _serve(self, sock: socket.socket) -> None:
         uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off")).run(sockets=[sock])
 
     def __enter__(self) -> FakeVllm:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        self.port = sock.getsockname()[1]
-        self.proc = multiprocessing.get_context("fork").Process(target=self._serve, args=(sock,), daemon=True)
-        self.proc.start()
-        sock.close()
-        import httpx
-
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("fake vLLM did not start")
-            time.sleep(0.05)
+        self.proc, self.port = start_in_child(self._serve, ())
+        return self
 
     @property
     def url(self) -> str:

@@ -119,7 +119,9 @@ def test_cli_writes_result_chart_and_escapes_the_model_name(tmp_path):
     page = (tmp_path / "c.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
     pts = re.search(r'class="series-throughput" points="([^"]*)"', page).group(1).split()
-    assert len(pts) == 3 and page.count('class="point-ttft"') == 3
+    svgs = re.findall(r"<svg.*?</svg>", page, re.S)
+    assert len(svgs) == 2          # the wide chart and the narrow one (a phone's screen), one shown at a time
+    assert len(pts) == 3 and all(svg.count('class="point-ttft"') == 3 for svg in svgs)
 
 
 def test_unreachable_server_is_one_line_exit_2():
@@ -475,7 +477,10 @@ def test_compare_reports_each_change_with_its_interval_in_aligned_columns(tmp_pa
     lines = r.stdout.splitlines()
     head = lines.index(next(x for x in lines if x.startswith("indicator")))
     rows = [x for x in lines[head + 1:] if x and not x.startswith(("  ", "Verdict"))]
-    assert [x.split()[0] for x in rows] == ["TTFT", "TPOT", "output", "preemptions"]
+    assert [" ".join(x.split()[:2]) for x in rows] == ["TTFT p99", "TPOT mean", "output throughput", "preemptions 0",
+                                                       "ITL p99", "TPOT p99", "E2E p99"]
+    # the last three are reported, each with its interval
+    assert all("overlap" in x for x in rows[4:]) and all(x.rstrip().endswith("INFO") for x in rows[4:])
     assert len({x.index("->") for x in rows}) == 1                   # the arrows, hence the columns, line up
     for col in ("change", "target", "result"):
         assert len({x.index(col) for x in [lines[head]]}) == 1
@@ -506,10 +511,11 @@ def test_bench_chart_rerenders_a_saved_ladder_with_legend_objective_and_preempti
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "ladder.html").read_text()
     assert r.stdout.strip() == str(tmp_path / "ladder.html")
-    assert page.count('class="legend"') == 1
-    assert 'class="objective"' in page and "TTFT p99 objective 500 ms" in page
-    assert 'class="preemption"' in page and "preemption begins: 8" in page
-    assert page.count('class="point-throughput"') == 4
+    for svg in re.findall(r"<svg.*?</svg>", page, re.S):    # the wide and the narrow chart
+        assert svg.count('class="legend"') == 1
+        assert 'class="objective"' in svg and "TTFT p99 objective 500 ms" in svg
+        assert 'class="preemption"' in svg and "preemption from 8" in svg
+        assert svg.count('class="point-throughput"') == 4
     r = doctor("bench", "chart", str(src), "-o", str(tmp_path / "c.svg"))
     assert r.returncode == 0 and (tmp_path / "c.svg").read_text().startswith("<svg")
     for bad, why in ((FIX / "vllm-0.32-cpu-bench-serve-c4.json", "not a vllm-doctor bench ladder result"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vllm_doctor.loadtest.ladder import RESULT_KIND
+from vllm_doctor.loadtest.ladder import RESULT_KIND, level_key, level_name
 
 _SLACK_SECONDS = 15.0  # vLLM logs its stats every 10 s: a line may trail its level a little
 
@@ -62,21 +62,29 @@ def _by_measure(name: str, levels: list[dict], slo_ttft_ms: float) -> tuple[dict
     return None
 
 
+def _order(lv: dict) -> float:
+    """A level's place (its rate on a rate ladder); 0 for a level that does not say (a hand-made file)."""
+    try:
+        return level_key(lv)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def began_at(result: dict, name: str, first_seen: float | None) -> str | None:
     """The note for one finding, or None when the ladder says nothing about it."""
     levels = sorted((lv for lv in result.get("levels", []) if isinstance(lv, dict)),
-                    key=lambda lv: lv.get("concurrency", 0))
+                    key=_order)
     if first_seen is not None:
         for lv in levels:
             s, e = lv.get("started_at"), lv.get("ended_at")
             if isinstance(s, (int, float)) and isinstance(e, (int, float)) and s <= first_seen <= e + _SLACK_SECONDS:
-                return (f"bench ladder: began during the level of {lv['concurrency']} concurrent requests "
+                return (f"bench ladder: began during the level of {level_name(lv)} "
                         f"(first seen inside that level's run)")
     slo = (result.get("config") or {}).get("slo_ttft_ms") or 500.0  # the ladder's own TTFT SLO
     hit = _by_measure(name, levels, float(slo))
     if hit:
         lv, why = hit
-        return f"bench ladder: began at {lv['concurrency']} concurrent requests ({why})"
+        return f"bench ladder: began at {level_name(lv)} ({why})"
     return None
 
 

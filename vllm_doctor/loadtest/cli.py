@@ -46,6 +46,16 @@ def _levels(text: str) -> list[int]:
     return out
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        out = []
+    if not out or any(not (0 < r < 1e6) for r in out):
+        _fail(f"--rates {text!r}: comma-separated positive request rates (per second), e.g. 1,2,4,8")
+    return out
+
+
 def _prompts(path: Path) -> list[str]:
     try:
         text = path.read_text("utf-8")
@@ -80,20 +90,31 @@ def _fmt(v, spec="{:,.1f}") -> str:
 
 
 def ladder_table(result: dict) -> str:
-    head = (f"{'conc':>5} {'done':>9} {'out tok/s':>10} {'req/s':>7} {'goodput':>8} {'TTFT p99':>9} "
+    rate = any(lv.get("request_rate") is not None for lv in result["levels"])
+    head = (f"{'rate/s' if rate else 'conc':>6} {'done':>9} {'out tok/s':>10} {'req/s':>7} {'goodput':>8} {'TTFT p99':>9} "
             f"{'TPOT':>7} {'ITL p99':>8} {'E2E p99':>8} {'preempt':>8} {'KV max':>7} {'run':>5} {'wait':>5}")
     rows = [head]
     for lv in result["levels"]:
         kv = lv["max_kv_cache_usage_ratio"]
         rows.append(
-            f"{lv['concurrency']:>5} {lv['completed']:>4}/{lv['requests']:<4} {_fmt(lv['output_throughput']):>10} "
+            f"{_place(lv):>6} {lv['completed']:>4}/{lv['requests']:<4} {_fmt(lv['output_throughput']):>10} "
             f"{_fmt(lv['request_throughput'], '{:.2f}'):>7} {_fmt(lv['goodput'], '{:.2f}'):>8} "
             f"{_fmt(lv['ttft_ms']['p99'], '{:,.0f}'):>6} ms {_fmt(lv['tpot_ms']['mean']):>4} ms "
             f"{_fmt(lv['itl_ms']['p99'], '{:,.0f}'):>5} ms {_fmt(lv['e2el_ms']['p99'], '{:,.0f}'):>5} ms "
             f"{'unknown' if lv['preemptions'] is None else lv['preemptions']:>8} "
             f"{'–' if kv is None else f'{kv * 100:.0f} %':>7} {_fmt(lv['max_running'], '{:.0f}'):>5} "
-            f"{_fmt(lv['max_waiting'], '{:.0f}'):>5}")
+            f"{_fmt(lv['max_waiting'], '{:.0f}'):>5} {_limit(lv):>8}")
+    rows[0] += f" {'limit':>8}"
     return "\n".join(rows)
+
+
+def _place(lv: dict) -> str:
+    rate = lv.get("request_rate")
+    return f"{rate:g}" if rate is not None else str(lv["concurrency"])
+
+
+def _limit(lv: dict) -> str:
+    return {"kv-cache": "KV cache", "queue": "queue", "compute": "compute"}.get(lv.get("limited_by") or "", "–")
 
 
 def objectives_table(result: dict) -> str:
@@ -104,18 +125,132 @@ def objectives_table(result: dict) -> str:
     names = [n for n, _ in obj.items()]
     lines = [f"Objectives: {obj.describe()} (p99 [95 % bootstrap interval]; UNDECIDED: the interval "
              f"straddles the objective)"]
-    lines.append(f"{'conc':>5} " + " ".join(f"{METRICS[n][2]:>28}" for n in names) + f" {'level':>10}")
+    rate = any(lv.get("request_rate") is not None for lv in result["levels"])
+    lines.append(f"{'rate/s' if rate else 'conc':>6} " + " ".join(f"{METRICS[n][2]:>30}" for n in names) + f" {'level':>10}")
     for lv in result["levels"]:
         cells = []
         for n in names:
             v = (lv.get("objectives") or {}).get(n) or {}
             if v.get("value_ms") is None:
-                cells.append(f"{'–':>28}")
+                cells.append(f"{'–':>30}")
                 continue
             ci = ("" if v.get("ci_low_ms") is None else
                   f" [{v['ci_low_ms']:,.0f}-{v['ci_high_ms']:,.0f}]")
-            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(28))
-        lines.append(f"{lv['concurrency']:>5} " + " ".join(cells) + f" {lv.get('meets_objectives') or '–':>10}")
+            cells.append(f"{v['value_ms']:,.0f}{ci} ms {v['status']:<9}".rjust(30))
+        lines.append(f"{_place(lv):>6} " + " ".join(cells) + f" {lv.get('meets_objectives') or '–':>10}")
+    return "\n".join(lines)
+
+
+def _run_and_print(cfg, output: Path | None, chart: Path | None, format: OutFormat) -> None:
+    """Run the ladder, write the result and chart, print the tables and the recommendation; exit."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vllm_doctor.loadtest.chart import html_page, ladder_svg
+    from vllm_doctor.loadtest.ladder import BenchError, level_name, run_ladder
+    from vllm_doctor.loadtest.simulated import SIMULATION_NOTE
+
+    total = sum(cfg.requests_for(int(c)) or 0 for c in cfg.level_values())
+    if total > MAX_TOTAL_REQUESTS:
+        _fail(f"{total:,} requests in all is over the limit of {MAX_TOTAL_REQUESTS:,}")
+    err = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=err,
+                        disable=not err.is_terminal)  # not a terminal (CI): one plain line per level
+    state: dict = {}
+
+    def start(c: float, n: int | None):
+        what = f"rate {c:>5g}/s" if cfg.rates else f"concurrency {c:>4g}"
+        state["task"] = progress.add_task(what, total=n, status="")
+        state["errors"] = 0
+
+    def one(res):
+        if not res.ok:
+            state["errors"] += 1
+        progress.update(state["task"], advance=1,
+                        status=f"[red]{state['errors']} failed" if state["errors"] else "")
+
+    def done(level):
+        p99 = level.ttft_ms.get("p99")
+        status = (f"{level.output_throughput:,.0f} tok/s, TTFT p99 {'–' if p99 is None else f'{p99:,.0f} ms'}, "
+                  f"preemptions {'unknown' if level.preemptions is None else level.preemptions}")
+        progress.update(state["task"], status=status)
+        if progress.disable:
+            print(f"vllm-doctor bench: {level_name(level)}: {level.completed}/{level.requests} "
+                  f"completed, {status}" + (f" ({level.stop_reason})" if level.stop_reason else ""),
+                  file=sys.stderr, flush=True)
+
+    try:
+        with progress:
+            result = asyncio.run(run_ladder(cfg, start, one, done))
+    except BenchError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    text = json.dumps(result, indent=1)
+    for path, body in ((output, text + "\n"), (chart, None)):
+        if path is None:
+            continue
+        if body is None:
+            body = ladder_svg(result) if path.suffix.lower() == ".svg" else html_page(result)
+        try:
+            path.write_text(body)
+        except OSError as e:
+            _fail(f"{path}: cannot write: {e.strerror}")
+    if format == OutFormat.json:
+        sys.stdout.write(text + "\n")
+    else:
+        if result.get("simulated"):
+            print(SIMULATION_NOTE)
+        print(f"vllm-doctor bench ladder: {result['url']} model {result['model']}")
+        print(f"Workload: {result.get('workload')}; warm-up left out: the first requests of each level "
+              f"({', '.join(str(lv_.get('warmup_requests', 0)) for lv_ in result['levels'])})")
+        if result.get("kv_cache_tokens"):
+            print(f"KV cache: {result['kv_cache_tokens']:,} tokens ({V.cache_config_info})")
+        if result.get("metrics_error"):
+            print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
+        print(ladder_table(result))
+        print("\n" + objectives_table(result))
+        print("\n" + server_table(result))
+        for lv_ in result["levels"]:
+            if lv_.get("stop_reason"):
+                print(f"  {level_name(lv_)}: stopped sending after {lv_['requests']} measured requests: {lv_['stop_reason']}")
+        for lv_ in result["levels"]:
+            if lv_["errors"]:
+                print(f"  {level_name(lv_)}: {lv_['errors']} of {lv_['requests']} failed: "
+                      + "; ".join(lv_["error_examples"]))
+        if result.get("stopped"):
+            print(f"Ladder {result['stopped']}")
+        k = result["knee"]
+        where = "none" if k["concurrency"] is None else (f"{k['concurrency']:g}" if k.get("found") else f">= {k['concurrency']:g}")
+        print(f"\nKnee: {where}: {k['reason']} (a separate fact: the recommendation follows the objectives)")
+        rec = result["recommendation"]
+        if rec["value"] is not None and rec["flag"]:
+            print(f"Do this: {rec['flag']} {rec['value']:g}\n  why: {rec['why']}")
+        elif rec["value"] is not None:
+            print(f"Capacity: {rec['value']:g} requests/s\n  why: {rec['why']}")
+        else:
+            print(f"No recommendation: {rec['why']}")
+        for line in rec["arithmetic"]:
+            print(f"  how: {line}")
+        if result.get("simulated"):
+            print(SIMULATION_NOTE)
+    failed = sum(lv_["errors"] for lv_ in result["levels"])
+    raise typer.Exit(EXIT_FINDINGS if failed else EXIT_OK)
+
+
+def server_table(result: dict) -> str:
+    """The server's own view per level, from its /metrics: what limited it, and the counters'
+    deltas (preemptions, prefix cache hits, recomputed prompt tokens)."""
+    rate = any(lv.get("request_rate") is not None for lv in result["levels"])
+    lines = [f"Server's own view (/metrics; {V.num_preemptions_total}, {V.prefix_cache_hits_total}, "
+             f"{V.prompt_tokens_recomputed_total} deltas per level)",
+             f"{'rate/s' if rate else 'conc':>6} {'limit':>8} {'prefix hits':>11} {'recomputed':>10}  why"]
+    for lv in result["levels"]:
+        q, h = lv.get("prefix_cache_queries"), lv.get("prefix_cache_hits")
+        hits = "–" if not q or h is None else f"{h / q * 100:.0f} %"
+        rc = lv.get("prompt_tokens_recomputed")
+        lines.append(f"{_place(lv):>6} {_limit(lv):>8} {hits:>11} {_fmt(rc, '{:,.0f}'):>10}  {lv.get('limited_why') or '–'}")
     return "\n".join(lines)
 
 
@@ -147,14 +282,27 @@ def ladder(
     itl_p99_ms: Annotated[float, typer.Option("--itl-p99-ms", metavar="MS", help="Objective: p99 inter-token latency at or under this (0: none).")] = 100.0,
     tpot_p99_ms: Annotated[float, typer.Option("--tpot-p99-ms", metavar="MS", help="Objective: p99 TPOT at or under this (0: none).")] = 0.0,
     e2e_p99_ms: Annotated[float, typer.Option("--e2e-p99-ms", metavar="MS", help="Objective: p99 end-to-end latency at or under this (0: none).")] = 0.0,
+    rates: Annotated[str | None, typer.Option("--rates", metavar="R,R,...", help=(
+        "A rate ladder instead: Poisson arrivals at each rate (requests/s), at most --max-concurrency in flight."))] = None,
+    max_concurrency: Annotated[int, typer.Option("--max-concurrency", metavar="N",
+                                                  help="A rate ladder's cap on requests in flight.")] = 256,
+    lengths: Annotated[str, typer.Option("--lengths", metavar="fixed|sharegpt", help=(
+        "Prompt/output lengths: fixed (--input-len, --output-len) or ShareGPT-like synthetic (log-normal with those means)."))] = "fixed",
+    profile: Annotated[str | None, typer.Option("--profile", metavar="NAME", help=(
+        "A named prompt set: 512-1024-2048 (prompts of 512, 1024 and 2048 words in turn)."))] = None,
+    prefix_ratio: Annotated[float, typer.Option("--prefix-ratio", metavar="RATIO", help=(
+        "Share of each synthetic prompt that is one prefix common to all requests (0: none)."))] = 0.0,
+    warmup: Annotated[int | None, typer.Option("--warmup", metavar="N", help=(
+        "Warm-up requests per level, sent first and left out of every figure (default: the level's concurrency)."))] = None,
+    adaptive: Annotated[bool | None, typer.Option("--adaptive/--fixed-count", help=(
+        "Send until every objective's p99 interval is decided or within --ci-tolerance, at least --requests, at most "
+        "--duration s (default 120) per level (default: adaptive unless --requests or --duration is given)."))] = None,
+    ci_tolerance: Annotated[float, typer.Option("--ci-tolerance", metavar="RATIO", help=(
+        "Adaptive: an interval narrower than this x its p99 is tight enough."))] = 0.10,
 ) -> None:
     """Run a concurrency ladder against a live vLLM: TTFT/TPOT/ITL/E2E, goodput, errors and
     vLLM's own preemptions per level; find the knee and recommend --max-num-seqs."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from vllm_doctor.loadtest.chart import html_page, ladder_svg
-    from vllm_doctor.loadtest.ladder import BenchError, LadderConfig, run_ladder
+    from vllm_doctor.loadtest.ladder import LadderConfig
     from vllm_doctor.loadtest.objectives import Objectives
 
     lv = _levels(levels)
@@ -171,7 +319,21 @@ def ladder(
     if min(ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms) < 0:
         _fail("objectives (--ttft-p99-ms, --itl-p99-ms, --tpot-p99-ms, --e2e-p99-ms) are milliseconds >= 0")
     objectives = Objectives(*(v or None for v in (ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms)))
-    cfg = LadderConfig(url=url, levels=lv, model=model, requests_per_level=requests, duration_seconds=duration,
+    rate_list = _rates(rates) if rates else None
+    if warmup is not None and warmup < 0:
+        _fail("--warmup must be 0 or more")
+    if max_concurrency < 1:
+        _fail("--max-concurrency must be at least 1")
+    if not 0 < ci_tolerance < 1:
+        _fail("--ci-tolerance is a ratio between 0 and 1, e.g. 0.1")
+    if adaptive is None:
+        adaptive = requests is None and duration is None
+    if adaptive and duration is None:
+        duration = 120.0
+    cfg = LadderConfig(rates=rate_list, max_concurrency=max_concurrency, lengths=lengths, profile=profile,
+                       prefix_ratio=prefix_ratio, warmup_requests=warmup, adaptive=adaptive, ci_tolerance=ci_tolerance,
+                       max_requests_per_level=max(1, min(10_000, MAX_TOTAL_REQUESTS // len(rate_list or lv))),
+                       url=url, levels=lv, model=model, requests_per_level=requests, duration_seconds=duration,
                        input_len=input_len, output_len=output_len, prompts=_prompts(prompts) if prompts else None,
                        request_rate=request_rate, chat=chat, ignore_eos=ignore_eos,
                        request_timeout_seconds=timeout, level_timeout_seconds=level_timeout,
@@ -179,77 +341,48 @@ def ladder(
                        metrics_url="" if (metrics_url or "").lower() == "none" else metrics_url,
                        knee_gain=knee_gain, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, seed=seed,
                        objectives=objectives)
-    total = sum(cfg.requests_for(c) or 0 for c in lv)
-    if total > MAX_TOTAL_REQUESTS:
-        _fail(f"{total:,} requests in all is over the limit of {MAX_TOTAL_REQUESTS:,}")
-    err = Console(stderr=True)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=err,
-                        disable=not err.is_terminal)  # not a terminal (CI): one plain line per level
-    state: dict = {}
-
-    def start(c: int, n: int | None):
-        state["task"] = progress.add_task(f"concurrency {c:>4}", total=n, status="")
-        state["errors"] = 0
-
-    def one(res):
-        if not res.ok:
-            state["errors"] += 1
-        progress.update(state["task"], advance=1,
-                        status=f"[red]{state['errors']} failed" if state["errors"] else "")
-
-    def done(level):
-        p99 = level.ttft_ms.get("p99")
-        status = (f"{level.output_throughput:,.0f} tok/s, TTFT p99 {'–' if p99 is None else f'{p99:,.0f} ms'}, "
-                  f"preemptions {'unknown' if level.preemptions is None else level.preemptions}")
-        progress.update(state["task"], status=status)
-        if progress.disable:
-            print(f"vllm-doctor bench: concurrency {level.concurrency}: {level.completed}/{level.requests} "
-                  f"completed, {status}", file=sys.stderr, flush=True)
-
     try:
-        with progress:
-            result = asyncio.run(run_ladder(cfg, start, one, done))
-    except BenchError as e:
+        cfg.workload()
+    except ValueError as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
-    text = json.dumps(result, indent=1)
-    for path, body in ((output, text + "\n"), (chart, None)):
-        if path is None:
-            continue
-        if body is None:
-            body = ladder_svg(result) if path.suffix.lower() == ".svg" else html_page(result)
-        try:
-            path.write_text(body)
-        except OSError as e:
-            _fail(f"{path}: cannot write: {e.strerror}")
-    if format == OutFormat.json:
-        sys.stdout.write(text + "\n")
-    else:
-        print(f"vllm-doctor bench ladder: {result['url']} model {result['model']}")
-        if result.get("kv_cache_tokens"):
-            print(f"KV cache: {result['kv_cache_tokens']:,} tokens ({V.cache_config_info})")
-        if result.get("metrics_error"):
-            print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
-        print(ladder_table(result))
-        print("\n" + objectives_table(result))
-        for lv_ in result["levels"]:
-            if lv_["errors"]:
-                print(f"  concurrency {lv_['concurrency']}: {lv_['errors']} of {lv_['requests']} failed: "
-                      + "; ".join(lv_["error_examples"]))
-        if result.get("stopped"):
-            print(f"Ladder {result['stopped']}")
-        k = result["knee"]
-        where = "none" if k["concurrency"] is None else (k["concurrency"] if k.get("found") else f">= {k['concurrency']}")
-        print(f"\nKnee: {where}: {k['reason']} (a separate fact: the recommendation follows the objectives)")
-        rec = result["recommendation"]
-        if rec["value"] is not None:
-            print(f"Do this: {rec['flag']} {rec['value']}\n  why: {rec['why']}")
-            for line in rec["arithmetic"]:
-                print(f"  how: {line}")
-    failed = sum(lv_["errors"] for lv_ in result["levels"])
-    raise typer.Exit(EXIT_FINDINGS if failed else EXIT_OK)
+    _run_and_print(cfg, output, chart, format)
+
+
+@bench_app.command()
+def demo(
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE.json", help="Write the JSON result here.")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", metavar="FILE", help="Draw the chart: .svg or .html.")] = None,
+    levels: Annotated[str, typer.Option("--levels", metavar="N,N,...", help="Concurrency levels.")] = "1,2,4,8,16",
+    level_seconds: Annotated[float, typer.Option("--level-seconds", metavar="SECONDS", help=(
+        "Time bound of each level (adaptive: it stops earlier once its intervals are decided)."))] = 8.0,
+    format: Annotated[OutFormat, typer.Option("--format", "-f", help="text or json on stdout.")] = OutFormat.text,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the prompts and arrivals.")] = 0,
+) -> None:
+    """Try the ladder without a GPU: run it against a bundled SIMULATED server (a cost model of
+    vLLM's scheduler with a 1,536-token KV cache: preemption begins when it is full). Never a
+    measurement of vLLM: every output says so. About 30-50 s."""
+    from vllm_doctor.loadtest.ladder import LadderConfig
+    from vllm_doctor.loadtest.objectives import Objectives
+    from vllm_doctor.loadtest.simulated import SIMULATION_NOTE, SimulatedServer
+
+    lv = _levels(levels)
+    if not 0 < level_seconds <= 600:
+        _fail("--level-seconds: from 0 to 600")
+    if chart is not None and chart.suffix.lower() not in (".svg", ".html", ".htm"):
+        _fail(f"--chart {chart}: give a .svg or .html file")
+    print(SIMULATION_NOTE, file=sys.stderr, flush=True)
+    try:
+        server = SimulatedServer().__enter__()
+    except (OSError, RuntimeError) as e:
+        _fail(f"the simulated server did not start: {e}")
+    try:
+        cfg = LadderConfig(url=server.url, levels=lv, input_len=160, output_len=48, adaptive=True,
+                           duration_seconds=level_seconds, level_timeout_seconds=level_seconds + 30,
+                           request_timeout_seconds=30, seed=seed, metrics_interval_seconds=0.25,
+                           objectives=Objectives(ttft_p99_ms=500, itl_p99_ms=100))
+        _run_and_print(cfg, output, chart, format)
+    finally:
+        server.__exit__()
 
 
 @bench_app.command()

@@ -32,12 +32,10 @@ from vllm_doctor.ingest.scrape import parse_metrics
 from vllm_doctor.state.core import State
 from vllm_doctor.loadtest.client import MAX_RESPONSE_BYTES, RequestResult, request_body, stream_one
 from vllm_doctor.loadtest.objectives import Objectives, highest_meeting, judge, level_status, percentile_ci
-
-WORDS = ("engine cache block token request queue server model memory page batch prefill decode "
-         "scheduler sequence latency throughput kernel tensor layer attention window context "
-         "replica cluster metric signal budget").split()
+from vllm_doctor.loadtest.workload import Workload
 
 RESULT_KIND = "vllm-doctor-bench-ladder"
+RECOMPUTED = V.prompt_tokens_recomputed_total   # vLLM 0.16-0.19 export it (prompt tokens computed again); else unknown
 RESULT_VERSION = 1
 
 
@@ -68,11 +66,40 @@ class LadderConfig:
     slo_tpot_ms: float | None = None
     seed: int = 0
     objectives: Objectives = field(default_factory=Objectives)   # the recommendation meets every one
+    # what is sent: prompt / output length distribution, shared prefix (input_len, output_len and
+    # prompts above are its fixed lengths and real prompts)
+    lengths: str = "fixed"                     # fixed | sharegpt (workload.LENGTHS)
+    profile: str | None = None                 # a named prompt set (workload.PROFILES)
+    prefix_ratio: float = 0.0
+    warmup_requests: int | None = None         # per level, sent first and left out of every figure; None: the level
+    # adaptive: send until every objective's p99 interval is decided or narrow enough, within duration_seconds
+    adaptive: bool = False
+    ci_tolerance: float = 0.10                 # "narrow enough": interval width <= this x the p99
+    max_requests_per_level: int = 10_000
+    rates: list[float] | None = None           # a rate ladder: one level per Poisson arrival rate (req/s)
+    max_concurrency: int = 256                 # a rate ladder's cap on requests in flight
 
     def requests_for(self, level: int) -> int | None:
-        if self.duration_seconds is not None and self.requests_per_level is None:
+        """Measured requests of a level (warm-up not counted); None: as many as its time allows."""
+        if self.adaptive or (self.duration_seconds is not None and self.requests_per_level is None):
             return None
         return self.requests_per_level or max(8, 4 * level)
+
+    def min_requests_for(self, level: int) -> int:
+        """An adaptive level's least number of measured requests."""
+        return self.requests_per_level or max(8, 2 * level)
+
+    def warmup_for(self, level: int) -> int:
+        return level if self.warmup_requests is None else self.warmup_requests
+
+    def workload(self) -> Workload:
+        return Workload(input_len=self.input_len, output_len=self.output_len, lengths=self.lengths,
+                        profile=self.profile, prefix_ratio=self.prefix_ratio, seed=self.seed,
+                        prompts=tuple(self.prompts or ()))
+
+    def level_values(self) -> list[float]:
+        """The ladder's levels: concurrencies, or request rates (a rate ladder)."""
+        return list(self.rates) if self.rates else [float(c) for c in self.levels]
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -99,6 +126,10 @@ class MetricsWindow:
     max_waiting: float | None = None
     max_kv_cache_usage_ratio: float | None = None
     samples: int = 0
+    waiting_samples: int = 0      # samples in which requests waited
+    waiting_known: int = 0        # samples that carried the waiting gauge
+    counters_before: dict[str, float | None] = field(default_factory=dict)
+    counters_after: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def preemptions(self) -> int | None:
@@ -106,8 +137,15 @@ class MetricsWindow:
             return None
         return max(0, int(round(self.preemptions_after - self.preemptions_before)))
 
+    def delta(self, name: str) -> float | None:
+        b, a = self.counters_before.get(name), self.counters_after.get(name)
+        return None if a is None or b is None else max(0.0, a - b)
+
     def add(self, s) -> None:
         self.samples += 1
+        if s.num_waiting is not None:
+            self.waiting_samples += 1 if s.num_waiting > 0 else 0
+            self.waiting_known += 1
         for attr, val in (("max_running", s.num_running), ("max_waiting", s.num_waiting),
                           ("max_kv_cache_usage_ratio", s.kv_cache_usage_ratio)):
             if val is not None:
@@ -141,10 +179,23 @@ class LevelResult:
     max_kv_cache_usage_ratio: float | None
     error_examples: list[str] = field(default_factory=list)
     mean_tokens_per_request: float | None = None
+    warmup_requests: int = 0                    # sent first, left out of every figure above
+    request_rate: float | None = None           # a rate ladder's Poisson arrival rate (req/s)
+    stop_reason: str | None = None              # why an adaptive level stopped sending
+    prefix_cache_queries: float | None = None   # vllm:prefix_cache_queries_total delta (tokens)
+    prefix_cache_hits: float | None = None      # vllm:prefix_cache_hits_total delta (tokens)
+    prompt_tokens_recomputed: float | None = None   # vllm:prompt_tokens_recomputed_total delta
+    limited_by: str | None = None               # kv-cache | queue | compute (from /metrics), see limit_of
+    limited_why: str | None = None
+    sent: int = 0                               # requests sent, warm-up included
+    waiting_sample_ratio: float | None = None   # share of the /metrics samples in which requests waited
 
 
 def summarise(level: int, results: list[RequestResult], started: float, ended: float,
-              window: MetricsWindow, cfg: LadderConfig) -> LevelResult:
+              window: MetricsWindow, cfg: LadderConfig, warmup: int = 0, rate: float | None = None,
+              stop_reason: str | None = None) -> LevelResult:
+    """One level's figures from its measured requests (``results``: the warm-up already left out;
+    ``started``: when the first measured request was sent)."""
     ok = [r for r in results if r.ok]
     dur = max(ended - started, 1e-9)
     ttft = [r.ttft_seconds for r in ok if r.ttft_seconds is not None]
@@ -181,7 +232,67 @@ def summarise(level: int, results: list[RequestResult], started: float, ended: f
         max_waiting=window.max_waiting, max_kv_cache_usage_ratio=window.max_kv_cache_usage_ratio,
         error_examples=sorted(set(errors))[:3],
         mean_tokens_per_request=round(sum(per_req) / len(per_req), 1) if per_req else None,
+        warmup_requests=warmup, request_rate=rate, stop_reason=stop_reason,
+        prefix_cache_queries=window.delta("prefix_cache_queries_total"),
+        prefix_cache_hits=window.delta("prefix_cache_hits_total"),
+        prompt_tokens_recomputed=window.delta(RECOMPUTED),
+        waiting_sample_ratio=round(window.waiting_samples / window.waiting_known, 3) if window.waiting_known else None,
     )
+
+
+def level_key(lv) -> float:
+    """A level's place on the ladder: its request rate (a rate ladder) or its concurrency."""
+    get = lv.get if isinstance(lv, dict) else lambda k: getattr(lv, k)
+    rate = get("request_rate")
+    return float(rate) if rate is not None else float(get("concurrency") or 0)
+
+
+def level_name(lv, short: bool = False) -> str:
+    """"8 concurrent requests" / "2 req/s" (``short``: "8" / "2/s")."""
+    get = lv.get if isinstance(lv, dict) else lambda k: getattr(lv, k)
+    rate = get("request_rate")
+    if rate is not None:
+        return f"{rate:g}/s" if short else f"{rate:g} req/s"
+    return f"{get('concurrency')}" if short else f"{get('concurrency')} concurrent requests"
+
+
+def limit_of(lv: dict) -> tuple[str | None, str | None]:
+    """Which resource limited a level, from the server's own /metrics around it:
+
+    - ``kv-cache``: vLLM preempted sequences, or the KV cache was full (rules/thresholds.yaml
+      ``kv_cache_full_ratio``) while requests waited;
+    - ``queue``: requests waited (in at least QUEUE_SAMPLE_RATIO of the samples) while the KV cache
+      had room: the scheduler admitted no more (``--max-num-seqs`` or ``--max-num-batched-tokens``);
+    - ``compute``: every request ran at once, nothing waited nor was preempted: latency is the
+      engine's step time for that batch.
+
+    (None, None) when /metrics was not read."""
+    from vllm_doctor.monitoring.bundle import load_thresholds
+
+    pre, kv, wait, run = (lv.get("preemptions"), lv.get("max_kv_cache_usage_ratio"), lv.get("max_waiting"),
+                          lv.get("max_running"))
+    if pre is None and kv is None and wait is None:
+        return None, None
+    full = load_thresholds()["kv_cache_full_ratio"]
+    kv_s = "unknown" if kv is None else f"{kv * 100:.0f} %"
+    share = lv.get("waiting_sample_ratio")
+    # a queue is requests waiting in at least QUEUE_SAMPLE_RATIO of the samples (a request that arrived
+    # between two engine steps waits for an instant: one sample of it is no queue)
+    queued = bool(wait) and (share is None or share >= QUEUE_SAMPLE_RATIO)
+    waited = "" if share is None else f" in {share * 100:.0f} % of the samples"
+    if pre or (kv is not None and kv >= full and queued):
+        return "kv-cache", (f"{pre or 0} preemptions ({V.num_preemptions_total}), KV cache up to {kv_s} used, "
+                            f"up to {wait or 0:.0f} waiting{waited}")
+    if queued:
+        return "queue", (f"up to {wait:.0f} waiting{waited} while the KV cache had room (up to {kv_s} used) "
+                         f"and up to {run or 0:.0f} ran: the scheduler admitted no more")
+    what = "nothing waited" if not wait else f"up to {wait:.0f} waiting only{waited}"
+    return "compute", (f"{what}, nothing was preempted (up to {run or 0:.0f} running, KV cache up to {kv_s}): "
+                       f"the latency is the engine's step time for that batch")
+
+
+QUEUE_SAMPLE_RATIO = 0.2
+LIMIT_WORDS = {"kv-cache": "the KV cache", "queue": "the queue", "compute": "compute"}
 
 
 @dataclass
@@ -192,9 +303,10 @@ class Knee:
 
 
 def find_knee(levels: list[LevelResult], gain: float) -> Knee:
-    """The last level worth its concurrency: the step up from it gains < ``gain`` throughput while
-    p99 TTFT grows. No such step: the highest level tried (the knee lies beyond the ladder)."""
-    usable = [lv for lv in sorted(levels, key=lambda x: x.concurrency) if lv.completed > 0]
+    """The last level worth its load: the step up from it gains < ``gain`` throughput while
+    p99 TTFT grows. No such step: the highest level tried (the knee lies beyond the ladder).
+    ``Knee.concurrency`` is the level's place (its request rate on a rate ladder)."""
+    usable = [lv for lv in sorted(levels, key=level_key) if lv.completed > 0]
     if not usable:
         return Knee(None, "no level completed a request")
     for prev, cur in zip(usable, usable[1:]):
@@ -203,29 +315,54 @@ def find_knee(levels: list[LevelResult], gain: float) -> Knee:
         g = cur.output_throughput / prev.output_throughput - 1.0
         p_prev, p_cur = prev.ttft_ms.get("p99"), cur.ttft_ms.get("p99")
         if g < gain and p_prev is not None and p_cur is not None and p_cur > p_prev:
-            return Knee(prev.concurrency,
-                        f"from {prev.concurrency} to {cur.concurrency} concurrent requests output throughput "
+            return Knee(_place(prev),
+                        f"from {level_name(prev, short=True)} to {level_name(cur)} output throughput "
                         f"changed by {g * 100:+.1f} % ({prev.output_throughput:.1f} -> {cur.output_throughput:.1f} "
                         f"tokens/s, under {gain * 100:.0f} %) while p99 TTFT grew {p_prev:.0f} -> {p_cur:.0f} ms",
                         found=True)
     last = usable[-1]
-    return Knee(last.concurrency, f"throughput still grew by {gain * 100:.0f} % or more at every step: "
-                                  f"the knee is at or above {last.concurrency}; extend --levels to find it")
+    return Knee(_place(last), f"throughput still grew by {gain * 100:.0f} % or more at every step: "
+                              f"the knee is at or above {level_name(last)}; extend the ladder to find it")
+
+
+def _place(lv):
+    """A level's place as stored: its concurrency (an int), or its request rate."""
+    return lv.concurrency if lv.request_rate is None else lv.request_rate
 
 
 @dataclass
 class Recommendation:
     flag: str
-    value: int | None
+    value: float | None
     why: str
     arithmetic: list[str]
+    limited_by: str | None = None     # kv-cache | queue | compute: what limits the load past the recommendation
+    limited_why: str | None = None
+
+
+def _limit_line(levels: list[LevelResult], above: float | None) -> tuple[str | None, str | None, str | None]:
+    """What limits the first level past ``above`` (None: the first level), from its /metrics."""
+    past = [lv for lv in sorted(levels, key=level_key) if above is None or level_key(lv) > above]
+    if not past:
+        return None, None, None
+    lv = past[0]
+    what, why = lv.limited_by, lv.limited_why
+    if what is None:
+        what, why = limit_of(asdict(lv))
+    if what is None:
+        return None, None, None
+    return what, why, f"limited by {LIMIT_WORDS[what]} at {level_name(lv)}: {why}"
 
 
 def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None,
               objectives: Objectives | None = None) -> Recommendation:
     """``--max-num-seqs``: the highest level that met every latency objective, capped by what the
     KV cache holds and by the preemption-free levels. The knee is a separate fact, never the answer
-    on its own (a knee can lie far past the objective)."""
+    on its own (a knee can lie far past the objective). On a rate ladder: the highest request rate
+    that met every objective (a capacity, not a flag). Each says which resource limits the next
+    level up (KV cache, the queue or compute), from the server's /metrics."""
+    if any(lv.request_rate is not None for lv in levels):
+        return _recommend_rate(levels, knee, objectives)
     lines: list[str] = []
     candidates: list[tuple[int, str, str]] = []   # (value, what, why)
     if knee.concurrency is not None:
@@ -234,9 +371,12 @@ def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None
         top, why_top = highest_meeting([asdict(lv) for lv in levels], objectives)
         lines.append(why_top)
         if top is None:
+            what, lwhy, line = _limit_line(levels, None)
+            if line:
+                lines.append(line)
             return Recommendation("--max-num-seqs", None, why_top + "; nothing to recommend: try lower levels "
-                                  "or more requests per level (--requests) to decide UNDECIDED ones", lines)
-        candidates.append((top, "the highest level that met every objective",
+                                  "or more requests per level (--requests) to decide UNDECIDED ones", lines, what, lwhy)
+        candidates.append((int(top), "the highest level that met every objective",
                            f"above it the latency objectives ({objectives.describe()}) were not met"))
     per_req = [lv.mean_tokens_per_request for lv in levels if lv.mean_tokens_per_request]
     if kv_cache_tokens and per_req:
@@ -263,18 +403,38 @@ def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None
         return Recommendation("--max-num-seqs", None, "no level completed: nothing to recommend", lines)
     value, what, reason = min(candidates, key=lambda c: c[0])  # a tie: the first named (knee, KV, preemption)
     lines.append(f"--max-num-seqs = min({', '.join(f'{v} ({w})' for v, w, _ in candidates)}) = {value}")
+    limit, lwhy, line = _limit_line(levels, value)
+    if line:
+        lines.append(line)
     why = f"Admit at most {value} sequences ({what}): {reason}."
-    return Recommendation("--max-num-seqs", value, why, lines)
+    if limit:
+        why += f" What limits more load: {LIMIT_WORDS[limit]}."
+    return Recommendation("--max-num-seqs", value, why, lines, limit, lwhy)
 
 
-def synthetic_prompt(n_words: int, rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(max(1, n_words)))
+def _recommend_rate(levels: list[LevelResult], knee: Knee, objectives: Objectives | None) -> Recommendation:
+    lines: list[str] = []
+    if knee.concurrency is not None:
+        lines.append(f"knee (a separate fact): {knee.concurrency:g} req/s ({knee.reason})")
+    if objectives is None or not objectives.items():
+        return Recommendation("", None, "no objective given: nothing to recommend", lines)
+    top, why_top = highest_meeting([asdict(lv) for lv in levels], objectives)
+    lines.append(why_top)
+    limit, lwhy, line = _limit_line(levels, top)
+    if line:
+        lines.append(line)
+    if top is None:
+        return Recommendation("", None, why_top + "; nothing to recommend: try lower rates", lines, limit, lwhy)
+    why = (f"This server meets every objective ({objectives.describe()}) up to {top:g} requests/s of this workload"
+           + (f"; past it {LIMIT_WORDS[limit]} limits it." if limit else "."))
+    return Recommendation("", top, why, lines, limit, lwhy)
 
 
 class _MetricsReader:
     def __init__(self, client: httpx.AsyncClient, url: str | None, timeout_seconds: float = 10.0):
         self.client, self.url, self.timeout = client, url, min(10.0, timeout_seconds)
         self.error: str | None = None
+        self.last_text: str | None = None
 
     async def read(self):
         if not self.url:
@@ -285,6 +445,7 @@ class _MetricsReader:
             if r.status_code != 200:
                 self.error = f"{self.url}: HTTP {r.status_code}"
                 return None
+            self.last_text = r.text
             return parse_metrics(r.text, source=self.url)
         except (httpx.HTTPError, TimeoutError) as e:
             self.error = f"{self.url}: {type(e).__name__}"
@@ -330,25 +491,92 @@ async def _server_version(client: httpx.AsyncClient, base: str, timeout_seconds:
     return v if isinstance(v, str) and len(v) <= 64 else None
 
 
+def _counters(parsed, text: str | None) -> dict[str, float | None]:
+    """The counters read before and after a level (besides preemptions)."""
+    out: dict[str, float | None] = {}
+    if parsed is not None:
+        out["prefix_cache_queries_total"] = parsed.sample.prefix_cache_queries_total
+        out["prefix_cache_hits_total"] = parsed.sample.prefix_cache_hits_total
+    out[RECOMPUTED] = _series_sum(text or "", RECOMPUTED)
+    return out
+
+
+def _series_sum(text: str, name: str) -> float | None:
+    """The sum over labels of one series of a /metrics text (prometheus-client's parser); None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if name not in text:
+        return None
+    total = None
+    try:
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name == name and math.isfinite(smp.value):
+                    total = (total or 0.0) + smp.value
+    except ValueError:
+        return None
+    return total
+
+
+def interval_enough(values: dict[str, list[float]], obj: Objectives, tolerance: float, seed: int) -> str | None:
+    """Why an adaptive level may stop: every objective's p99 interval is decided (wholly on one side
+    of the objective) or narrower than ``tolerance`` x its p99. None: keep sending."""
+    from vllm_doctor.loadtest.objectives import METRICS
+
+    names = [n for n, _ in obj.items()] or ["ttft_p99_ms", "itl_p99_ms"]
+    said = []
+    for name in names:
+        v = values.get(METRICS[name][0]) or []
+        ci = percentile_ci(v, 99, seed=seed)
+        if ci is None:
+            return None
+        lo, hi = ci[0] * 1000, ci[1] * 1000
+        p99 = (_pct(v, 99) or 0.0) * 1000
+        limit = getattr(obj, name)
+        what = METRICS[name][2]
+        if limit is not None and (hi <= limit or lo > limit):
+            said.append(f"{what} [{lo:,.0f}-{hi:,.0f}] ms {'within' if hi <= limit else 'over'} {limit:,.0f} ms")
+        elif p99 > 0 and hi - lo <= tolerance * p99:
+            said.append(f"{what} [{lo:,.0f}-{hi:,.0f}] ms within {tolerance * 100:.0f} % of its p99")
+        else:
+            return None
+    return "its intervals were decided: " + "; ".join(said)
+
+
 async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, level: int,
-                    prompts: list[str], metrics: _MetricsReader,
-                    on_request: Callable[[RequestResult], None] | None = None) -> LevelResult:
+                    prompts: Workload, metrics: _MetricsReader,
+                    on_request: Callable[[RequestResult], None] | None = None,
+                    rate: float | None = None, first_index: int = 0) -> LevelResult:
+    """One level: ``level`` requests in flight at most (a concurrency ladder), or Poisson arrivals
+    at ``rate`` per second capped at ``level`` in flight (a rate ladder). The first
+    ``cfg.warmup_for(level)`` requests are warm-up: sent, never counted."""
     base = cfg.url.rstrip("/")
     url = base + ("/v1/chat/completions" if cfg.chat else "/v1/completions")
-    n_target = cfg.requests_for(level)
-    deadline = time.monotonic() + (cfg.duration_seconds if n_target is None else cfg.level_timeout_seconds)
+    n_target = cfg.requests_for(level if rate is None else max(1, math.ceil(rate)))
+    warmup = cfg.warmup_for(level if rate is None else max(1, math.ceil(rate)))   # the first wave / second
+    soft: float = cfg.level_timeout_seconds
+    if n_target is None and cfg.duration_seconds is not None:
+        soft = cfg.duration_seconds
+    deadline = time.monotonic() + soft
     hard_deadline = time.monotonic() + cfg.level_timeout_seconds
-    rng = random.Random(cfg.seed * 1000003 + level)
+    rng = random.Random(cfg.seed * 1000003 + level + int((rate or 0) * 1000))
+    arrival_rate = rate if rate is not None else cfg.request_rate
     window = MetricsWindow()
     before = await metrics.read()
     if before is not None:
         window.preemptions_before = before.sample.num_preemptions_total
-    results: list[RequestResult] = []
+        window.counters_before = _counters(before, metrics.last_text)
+    results: list[tuple[int, RequestResult]] = []
+    sent_at: dict[int, float] = {}
     issued = 0
     next_arrival = time.monotonic()
     sem = asyncio.Semaphore(level)
-    lock = asyncio.Lock()
     stop = asyncio.Event()
+    stop_reason: str | None = None
+    measured_ok: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "tpot_ms": [], "e2el_ms": []}
+    checked = 0
+    eff = level if rate is None else max(1, math.ceil(rate))   # a rate ladder: about a second of arrivals
+    min_n = cfg.min_requests_for(eff)
 
     async def sampler():
         while not stop.is_set():
@@ -362,37 +590,61 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
 
     async def one(i: int):
         try:
-            prompt = prompts[i % len(prompts)]
-            res = await stream_one(client, url, request_body(model, prompt, cfg.output_len, cfg.chat,
+            prompt, max_tokens = prompts.request(first_index + i)   # unique in the ladder: no level reuses a prompt
+            sent_at[i] = time.time()
+            res = await stream_one(client, url, request_body(model, prompt, max_tokens, cfg.chat,
                                                              cfg.ignore_eos), cfg.chat,
                                    min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())),
                                    cfg.max_response_bytes)
-            results.append(res)
+            results.append((i, res))
+            if i >= warmup and res.ok:
+                for key, v in (("ttft_ms", res.ttft_seconds), ("tpot_ms", res.tpot_seconds),
+                               ("e2el_ms", res.e2e_seconds)):
+                    if v is not None:
+                        measured_ok[key].append(v)
+                measured_ok["itl_ms"].extend(res.itl_seconds)
             if on_request:
                 on_request(res)
         finally:
             sem.release()
 
+    def enough() -> str | None:
+        """An adaptive level's stop: its intervals are decided (checked every few completions)."""
+        nonlocal checked
+        n = len(measured_ok["e2el_ms"])
+        if n < min_n or n - checked < max(4, eff // 2):
+            return None
+        checked = n
+        return interval_enough(measured_ok, cfg.objectives, cfg.ci_tolerance, cfg.seed * 1000003 + level)
+
     started = time.time()
     sample_task = asyncio.create_task(sampler())
     tasks = []
     while True:
-        if n_target is not None and issued >= n_target:
+        if n_target is not None and issued >= warmup + n_target:
             break
+        if cfg.adaptive:
+            if issued >= warmup + cfg.max_requests_per_level:
+                stop_reason = f"{cfg.max_requests_per_level:,} requests sent (the most per level)"
+                break
+            stop_reason = enough()
+            if stop_reason:
+                break
         if time.monotonic() >= deadline or time.monotonic() >= hard_deadline:
+            if cfg.adaptive:
+                stop_reason = f"time bound of {soft:g} s reached before the intervals were decided"
             break
         try:   # a slot frees when a request ends; a server that never ends one must not hold the level open
-            await asyncio.wait_for(sem.acquire(), max(0.001, hard_deadline - time.monotonic()))
+            await asyncio.wait_for(sem.acquire(), max(0.001, min(deadline, hard_deadline) - time.monotonic()))
         except asyncio.TimeoutError:
-            break
-        if cfg.request_rate:
-            next_arrival += rng.expovariate(cfg.request_rate)
+            continue
+        if arrival_rate:
+            next_arrival = max(next_arrival, time.monotonic() - 1.0) + rng.expovariate(arrival_rate)
             delay = next_arrival - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-        async with lock:
-            idx = issued
-            issued += 1
+        idx = issued
+        issued += 1
         tasks.append(asyncio.create_task(one(idx)))
     if tasks:
         await asyncio.wait(tasks, timeout=max(1.0, hard_deadline - time.monotonic() + 5))
@@ -405,30 +657,37 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     after = await metrics.read()
     if after is not None:
         window.preemptions_after = after.sample.num_preemptions_total
+        window.counters_after = _counters(after, metrics.last_text)
         window.add(after.sample)
-    return summarise(level, results, started, ended, window, cfg)
+    measured = [r for i, r in sorted(results, key=lambda x: x[0]) if i >= warmup]
+    first_measured = min((t for i, t in sent_at.items() if i >= warmup), default=started)
+    out = summarise(level, measured, first_measured, ended, window, cfg, warmup=min(warmup, issued),
+                    rate=rate, stop_reason=stop_reason)
+    out.sent = issued
+    return out
 
 
-async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | None], None] | None = None,
+async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[float, int | None], None] | None = None,
                      on_request: Callable[[RequestResult], None] | None = None,
                      on_level_done: Callable[[LevelResult], None] | None = None) -> dict:
     """Run every level in order; returns the JSON-ready result (see :func:`result_dict`)."""
-    if not cfg.levels or any(c < 1 for c in cfg.levels):
+    if cfg.rates:
+        if any(not (r > 0) for r in cfg.rates):
+            raise BenchError("--rates must be positive request rates, e.g. 1,2,4,8")
+    elif not cfg.levels or any(c < 1 for c in cfg.levels):
         raise BenchError("--levels must be positive integers, e.g. 8,16,32")
     base = cfg.url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise BenchError(f"--url must be an http(s) URL, got {cfg.url!r}")
-    limits = httpx.Limits(max_connections=max(cfg.levels) + 4, max_keepalive_connections=max(cfg.levels) + 4)
+    try:
+        workload = cfg.workload()
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    top = cfg.max_concurrency if cfg.rates else max(cfg.levels)
+    limits = httpx.Limits(max_connections=top + 4, max_keepalive_connections=top + 4)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
         model = cfg.model or await _resolve_model(client, base)
         vllm_version = await _server_version(client, base, cfg.request_timeout_seconds)
-        rng = random.Random(cfg.seed)
-        n_prompts = max(cfg.requests_for(c) or 64 for c in cfg.levels)
-        if cfg.prompts:
-            prompts = list(cfg.prompts)
-        else:
-            # A distinct first word per request keeps vLLM's prefix cache from serving them for free.
-            prompts = [f"{i} " + synthetic_prompt(cfg.input_len - 1, rng) for i in range(n_prompts)]
         murl = (base + "/metrics") if cfg.metrics_url is None else cfg.metrics_url
         metrics = _MetricsReader(client, murl, cfg.request_timeout_seconds)
         first = await metrics.read()
@@ -437,21 +696,29 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[int, int | Non
         kv_tokens = _cache_tokens(first)
         levels: list[LevelResult] = []
         stopped = None
-        for c in cfg.levels:
+        steps = [(cfg.max_concurrency, r) for r in cfg.rates] if cfg.rates else [(c, None) for c in cfg.levels]
+        sent = 0
+        for n, (c, rate) in enumerate(steps):
             if on_level_start:
-                on_level_start(c, cfg.requests_for(c))
-            lv = await run_level(client, cfg, model, c, prompts, metrics, on_request)
+                on_level_start(c if rate is None else rate,
+                               cfg.requests_for(c if rate is None else max(1, math.ceil(rate))))
+            lv = await run_level(client, cfg, model, c, workload, metrics, on_request, rate=rate, first_index=sent)
+            sent += lv.sent
             levels.append(lv)
             if on_level_done:
                 on_level_done(lv)
-            if lv.completed == 0 and c != cfg.levels[-1]:
-                stopped = (f"stopped after concurrency {c}: none of its {lv.requests} requests completed "
+            if lv.completed == 0 and n != len(steps) - 1:
+                stopped = (f"stopped after {level_name(asdict(lv))}: none of its {lv.requests} requests completed "
                            f"({'; '.join(lv.error_examples) or 'no answer'}); higher levels would only wait longer")
                 break
+    for lv in levels:
+        lv.limited_by, lv.limited_why = limit_of(asdict(lv))
     knee = find_knee(levels, cfg.knee_gain)
     rec = recommend(levels, knee, kv_tokens, cfg.objectives)
     out = result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
     out["vllm_version"] = vllm_version   # `bench compare` refuses runs of different versions
+    out["simulated"] = bool(vllm_version and "simulated" in vllm_version)
+    out["workload"] = workload.describe()
     out["stopped"] = stopped
     return out
 

@@ -92,14 +92,26 @@ def level_status(verdicts: dict) -> str:
     return "PASS"
 
 
-def highest_meeting(levels: list[dict], obj: Objectives) -> tuple[int | None, str]:
-    """The highest level (concurrency) that meets EVERY objective, and why; None when none does."""
-    judged = [(lv["concurrency"], level_status(judge(lv, obj))) for lv in levels if lv.get("completed")]
-    ok = [c for c, s in judged if s == "PASS"]
+def _key(lv: dict) -> float:
+    rate = lv.get("request_rate")
+    return float(rate) if rate is not None else float(lv["concurrency"])
+
+
+def _name(lv: dict) -> str:
+    rate = lv.get("request_rate")
+    return f"{rate:g} req/s" if rate is not None else f"{lv['concurrency']} concurrent requests"
+
+
+def highest_meeting(levels: list[dict], obj: Objectives) -> tuple[float | None, str]:
+    """The highest level (concurrency, or request rate on a rate ladder) that meets EVERY
+    objective, and why; None when none does."""
+    judged = [(_key(lv), lv, level_status(judge(lv, obj))) for lv in levels if lv.get("completed")]
+    ok = [(k, lv) for k, lv, s in judged if s == "PASS"]
     if ok:
-        top = max(ok)
-        above = [f"{c} {s}" for c, s in judged if c > top]
-        return top, (f"{top} concurrent requests is the highest level that met every objective ({obj.describe()})"
-                     + (f"; above it: {', '.join(above)}" if above else ""))
+        top, lv = max(ok, key=lambda x: x[0])
+        above = [f"{k:g} {s}" for k, _, s in judged if k > top]
+        return (lv.get("request_rate") if lv.get("request_rate") is not None else lv["concurrency"],
+                f"{_name(lv)} is the highest level that met every objective ({obj.describe()})"
+                + (f"; above it: {', '.join(above)}" if above else ""))
     return None, ("no level met every objective (" + obj.describe() + "): "
-                  + ", ".join(f"{c} {s}" for c, s in judged))
+                  + ", ".join(f"{k:g} {s}" for k, _, s in judged))

@@ -48,6 +48,10 @@ class RunFigures:
     mean_output_tokens: float | None = None
     vllm_version: str | None = None
     ttft_p99_ci_ms: tuple[float, float] | None = None   # 95 % interval (ladder results carry one)
+    request_rate: float | None = None  # a rate ladder's level (requests/s)
+    workload: str | None = None        # what the ladder sent, in words
+    # more p99s with their 95 % intervals (ladder results): name -> (p99, low, high)
+    p99s: dict[str, tuple[float, float, float]] | None = None
 
 
 def _num(x) -> float | None:
@@ -81,12 +85,19 @@ def _from_ladder(doc: dict, src: str, level: int | None) -> list[RunFigures]:
         if not isinstance(lv, dict):
             continue
         lo, hi = _num(_dig(lv, "ttft_ms", "p99_ci_low")), _num(_dig(lv, "ttft_ms", "p99_ci_high"))
+        p99s: dict[str, tuple[float, float, float]] = {}
+        for key, name in (("itl_ms", "ITL p99"), ("tpot_ms", "TPOT p99"), ("e2el_ms", "E2E p99")):
+            p, plo, phi = (_num(_dig(lv, key, k)) for k in ("p99", "p99_ci_low", "p99_ci_high"))
+            if p is not None and plo is not None and phi is not None:
+                p99s[name] = (p, plo, phi)
+        rate = _num(lv.get("request_rate"))
         out.append(RunFigures(
+            request_rate=rate, workload=_str(doc.get("workload")), p99s=p99s or None,
             model=_str(doc.get("model")), vllm_version=_str(doc.get("vllm_version")),
             mean_input_tokens=_per(lv.get("prompt_tokens"), lv.get("completed")),
             mean_output_tokens=_per(lv.get("output_tokens"), lv.get("completed")),
             ttft_p99_ci_ms=None if lo is None or hi is None else (lo, hi),
-            source=src, format="vllm-doctor-ladder", concurrency=_num(lv.get("concurrency")),
+            source=src, format="vllm-doctor-ladder", concurrency=None if rate is not None else _num(lv.get("concurrency")),
             ttft_p99_ms=_num(_dig(lv, "ttft_ms", "p99")), tpot_mean_ms=_num(_dig(lv, "tpot_ms", "mean")),
             output_throughput=_num(lv.get("output_throughput")),
             request_throughput=_num(lv.get("request_throughput")),
@@ -168,17 +179,19 @@ def pick(runs: list[RunFigures], level: float | None, other: list[RunFigures]) -
     else the file's only (or last) run."""
     if level is not None:
         for r in runs:
-            if r.concurrency == level:
+            if r.concurrency == level or (r.concurrency is None and r.request_rate == level):
                 return r
-        have = ", ".join(str(int(r.concurrency)) for r in runs if r.concurrency is not None) or "none"
+        have = ", ".join(f"{r.concurrency:g}" if r.concurrency is not None else f"{r.request_rate:g} req/s"
+                         for r in runs if r.concurrency is not None or r.request_rate is not None) or "none"
         raise ResultError(f"{runs[0].source}: no run at concurrency {level:g} (it has: {have})")
     if len(runs) == 1:
         return runs[0]
-    common = {r.concurrency for r in runs} & {o.concurrency for o in other}
+    common = {r.concurrency if r.concurrency is not None else r.request_rate for r in runs} & \
+        {o.concurrency if o.concurrency is not None else o.request_rate for o in other}
     common.discard(None)
     if common:
         top = max(common)
-        return next(r for r in runs if r.concurrency == top)
+        return next(r for r in runs if top in (r.concurrency, r.request_rate))
     return runs[-1]
 
 
@@ -191,8 +204,14 @@ def unlike(before: RunFigures, after: RunFigures) -> list[str]:
     out = []
     if before.concurrency is not None and after.concurrency is not None and before.concurrency != after.concurrency:
         out.append(f"concurrency {before.concurrency:g} vs {after.concurrency:g}")
+    if before.request_rate != after.request_rate:
+        rb = "closed loop" if before.request_rate is None else f"{before.request_rate:g} req/s"
+        ra = "closed loop" if after.request_rate is None else f"{after.request_rate:g} req/s"
+        out.append(f"request rate {rb} vs {ra}")
     if before.format != after.format:
         out.append(f"tool {before.format} vs {after.format}")
+    if before.workload and after.workload and before.workload != after.workload:
+        out.append(f"workload: {before.workload!r} vs {after.workload!r}")
     if before.model and after.model and before.model != after.model:
         out.append(f"model {before.model} vs {after.model}")
     for what, b, a in (("prompt", before.mean_input_tokens, after.mean_input_tokens),
@@ -274,6 +293,12 @@ def compare(before: RunFigures, after: RunFigures, t: Targets) -> list[Check]:
     out.append(Check("preemptions", "", None if before.preemptions is None else float(before.preemptions),
                      None if a is None else float(a), f"<= {t.max_preemptions}",
                      judge(a, lambda v: v <= t.max_preemptions), note))
+    # the other p99s the ladder measured, each with its interval: reported, no target
+    for name, (bv, blo, bhi) in (before.p99s or {}).items():
+        if name in (after.p99s or {}):
+            av, alo, ahi = (after.p99s or {})[name]
+            out.append(Check(name, "ms", bv, av, "none (reported)", "INFO",
+                             change=change(bv, av, (blo, bhi), (alo, ahi))))
     # A run whose requests failed proves nothing about the four figures: failures are judged too.
     if after.errors or before.errors:
         out.append(Check("failed requests", "", None if before.errors is None else float(before.errors),

@@ -1026,7 +1026,8 @@ FLAG_KEYWORDS = tuple(FAKE_FLAGS)
 # entrypoints/openai/serving_*.py). A frame may tell the phase (what the engine was doing), the
 # process (which process runs that code) and whether it is the top of its process (an uncaught
 # exception reached it, or the process's own last handler logged it and exited).
-PHASES = ("output-handler", "serving-loop", "graph-capture", "kv-cache", "profiling", "loading", "startup", "serving-step")
+PHASES = ("output-handler", "serving-loop", "graph-capture", "kv-cache", "profiling", "loading", "startup", "serving-step",
+          "worker-rpc")
 _PHASE_FRAMES = {
     # V1's output handler (AsyncLLM, in the API server process) and its output processing
     "output-handler": ("output_handler", "_run_output_handler", "process_outputs"),
@@ -1050,11 +1051,18 @@ _PHASE_FRAMES = {
     # a model step for requests; these also run inside a start-up step (V0's profile_run calls execute_model)
     "serving-step": ("step", "execute_model", "execute_model_spmd", "_execute_model_spmd", "generate", "_process_model_outputs",
                      "execute_model_async", "sample_tokens"),
+    # the executor's call to its workers, waiting for their replies (v1/executor: collective_rpc,
+    # multiproc's get_response and FutureWrapper._wait_for_response): the engine core waited on a
+    # worker's step; which step, only a frame further in tells (those phases come first)
+    "worker-rpc": ("collective_rpc", "_wait_for_response", "get_response"),
 }
 _PROCESS_FRAMES = {
     "engine-core": ("run_engine_core", "run_busy_loop", "run_mp_engine", "run_engine_loop", "engine_step", "step_async",
                     "_process_engine_step", "step_with_batch_queue", "run_engine_busy_loop", "_log_task_completion",
-                    "_raise_exception_on_finish"),
+                    "_raise_exception_on_finish",
+                    # V1's multiproc executor waits for its workers' replies in the engine core's process
+                    # (collective_rpc is not here: the API server's AsyncLLM and core client have one too)
+                    "_wait_for_response", "get_response"),
     "worker": ("worker_main", "worker_busy_loop", "_run_worker_process", "execute_method", "_worker_loop"),
     "ray-actor": ("ray",),  # "ray._raylet.execute_task" (a Ray actor's task)
     "api-server": ("create_chat_completion", "create_completion", "chat_completion_stream_generator",
@@ -1067,8 +1075,12 @@ _PROCESS_FRAMES = {
 # V0's run_mp_engine, "WorkerProc failed to start").
 TOP_FRAMES = frozenset(("<module>", "_run_module_as_main", "_bootstrap", "spawn_main", "run_engine_core", "run_mp_engine",
                         "worker_main", "run_engine_busy_loop"))
+# Handlers of V1's engine core (v1/engine/core.py, 0.8-0.33) that log an exception at ERROR and
+# carry on: a utility call's failure ("Invocation of %s method failed", _handle_client_request) and
+# a request's pre-processing error (process_input_sockets -> _handle_request_preproc_error).
+CAUGHT_FRAMES = ("_handle_client_request", "process_input_sockets", "_handle_request_preproc_error", "preprocess_add_request")
 FRAME_MARKS: dict[str, tuple[str, ...]] = {}
-for _tag, _names in [*_PHASE_FRAMES.items(), *(("p:" + k, v) for k, v in _PROCESS_FRAMES.items())]:
+for _tag, _names in [*_PHASE_FRAMES.items(), *(("p:" + k, v) for k, v in _PROCESS_FRAMES.items()), ("caught", CAUGHT_FRAMES)]:
     for _n in _names:
         FRAME_MARKS[_n] = FRAME_MARKS.get(_n, ()) + (_tag,)
 for _n in TOP_FRAMES:
@@ -1082,17 +1094,25 @@ RUNTIME_FRAMES = frozenset(n for p in RUNTIME_PHASES for n in _PHASE_FRAMES[p]) 
 # A process prefix's name (``(EngineCore_DP0 pid=N)``) and the logger's file tell the process too.
 _PROCESS_PREFIX = (("EngineCore", "engine-core"), ("APIServer", "api-server"), ("ApiServer", "api-server"),
                    ("RayWorker", "ray-actor"), ("Worker", "worker"))
+# V1's engine core module (the only core.py in vLLM): its handlers that log a traceback at ERROR are
+# the fatal ones ("EngineCore failed to start." / "EngineCore encountered a fatal error.", which
+# end the process) and the two of CAUGHT_FRAMES
+_CORE_SRC = re.compile(r"^(?:.*/)?core\.py:")
 _PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
 
 
-def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str) -> tuple[str | None, str | None, bool]:
+def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str,
+                       level: str | None = None) -> tuple[str | None, str | None, bool]:
     """(process, phase, ended) of a traceback from the marks of its frames (:data:`FRAME_MARKS`),
     the process prefix of its lines and the logger's file. The phase is the first of
     :data:`PHASES` its frames hold: the loops that run only while serving decide over start-up
     frames (V1's busy loop runs dummy batches through ``_dummy_run``), start-up steps over a bare
     model step (V0's profiling run calls ``execute_model``). The process: from the frames of the
     code that raised (an engine loop's step re-raised by an HTTP handler was raised by the
-    engine), else the prefix, else the file that logged it."""
+    engine), else the prefix, else the file that logged it. Ended: its frames reach the top of
+    the process, or the engine core's own module logged it at ERROR (``level``) from a handler
+    that is not one of :data:`CAUGHT_FRAMES`: V1's fatal handlers, whose line ("EngineCore failed
+    to start.") and outer frames an excerpt often cuts off."""
     phase = next((p for p in PHASES if p in marks), None)
     if phase == "serving-loop":
         phase = "serving-step"
@@ -1108,6 +1128,9 @@ def classify_traceback(marks: set, process: str | None, src: str | None, exc_typ
         if m:
             proc = "api-server" if m["api"] else "engine-core" if m["core"] else "worker"
     ended = "top" in marks or exc_type.rpartition(".")[2] == "SystemExit"
+    if (not ended and level == "ERROR" and proc == "engine-core" and src and _CORE_SRC.match(src)
+            and "caught" not in marks):
+        ended = True
     return proc, phase, ended
 
 
@@ -1339,7 +1362,7 @@ class RecordParser:
             start, frames, marks, _ = self._tb.pop(key if key in self._tb else self._orphan(key), (rec.lineno, [], _NO_MARKS, None))
             tmeta = meta if start == rec.lineno else ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
             exc_type = msg[t0:t1]
-            proc, phase, ended = classify_traceback(marks, rec.process, rec.src, exc_type)
+            proc, phase, ended = classify_traceback(marks, rec.process, rec.src, exc_type, rec.level)
             out.append(ev.ExceptionRaised(tmeta, exc_type, msg[m_span[0] : m_span[1]][:400] if m_span else "",
                                           tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
             tb_phase = phase
@@ -1523,7 +1546,7 @@ class RecordParser:
         for start, frames, marks, first in self._tb.values():
             if not marks:
                 continue
-            proc, phase, ended = classify_traceback(marks, first.process, first.src, "")
+            proc, phase, ended = classify_traceback(marks, first.process, first.src, "", first.level)
             out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
                                                   "Traceback (most recent call last):"),
                                           CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))

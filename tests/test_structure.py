@@ -155,6 +155,49 @@ def test_engine_death_on_a_cut_traceback_says_so_without_an_empty_message():
     assert not any('search vLLM\'s issues for "(traceback cut' in c for c in f.checks)
 
 
+# V0 MQLLMEngine (0.6.3 engine/multiprocessing/engine.py start(): logger.exception(repr(e))) logs the
+# exception's repr at ERROR when its engine loop ends; AsyncLLMEngine's only ERROR traceback is
+# _log_task_completion's "Engine background task failed"
+@pytest.mark.parametrize("text", [
+    "ERROR 03-02 08:10:11 [engine.py:160] KeyError('seq-17')",
+    "\n".join([
+        "ERROR 03-02 08:10:11 [async_llm_engine.py:66]   File \"/opt/vllm/worker/model_runner.py\", line 1650, in execute_model",
+        "ERROR 03-02 08:10:11 [async_llm_engine.py:66] RuntimeError: CUDA error: unspecified launch failure",
+    ]),
+    # a hard wrap inside the frame line cuts its function name off; the excerpt ends in the traceback
+    "\n".join([
+        "(EngineCore_0 pid=9) ERROR 09-08 09:02:44 [core.py:718]   File \"/usr/lib/vllm/executor/uniproc_executor.py\", line 4",
+        "9, in _init_executor",
+    ]),
+])
+def test_the_v0_engine_modules_and_a_cut_core_traceback_are_the_engine_ending(text):
+    rep, evs = run(text)
+    (e,) = excs(evs)
+    assert (e.raised_in, e.ended) == ("engine-core", True)
+    assert names(rep) == {"engine-dead"}
+
+
+def test_a_logging_config_format_with_level_pid_and_file_is_read():
+    rep, evs = run("\n".join([
+        "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64]   File \"/opt/vllm/worker/worker_base.py\", line 327, in execute_model",
+        "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: "
+        "CUDA error: an illegal memory access was encountered",
+    ]))
+    (e,) = excs(evs)
+    assert (e.meta.level, e.raised_in, e.phase, e.ended) == ("ERROR", "engine-core", "serving-step", True)
+    (f,) = rep.findings
+    assert f.name == "engine-dead" and f.values["cause"] == "illegal-memory-access"
+
+
+def test_the_model_length_a_rejection_states_is_a_fact():
+    rep, _ = run("vllm.exceptions.VLLMValidationError: This model's maximum context length is 131072 tokens. However, you requested 0 "
+                 "output tokens and your prompt contains at least 131073 input tokens, for a total of at least 131073 tokens.")
+    assert names(rep) == {"request-too-long"} and rep.facts["max_model_len"] == 131072
+    # V0's scheduler limit may be max_num_batched_tokens: not the model's length
+    rep, _ = run("WARNING 02-13 07:19:11 scheduler.py:949] Input prompt (32889 tokens) is too long and exceeds limit of 2048")
+    assert rep.facts["max_model_len"] != 2048
+
+
 def test_an_error_no_rule_explains_is_never_an_all_clear():
     rep, _ = run("\n".join([
         "INFO 09-02 06:44:03 [__init__.py:245] No platform detected, vLLM is running on UnspecifiedPlatform",

@@ -960,13 +960,19 @@ def _too_long(m, meta):
 
 _KV_XFER = [
     ("nixl", "transfer-failed", r"NIXL transfer failure: |NIXLConnectorWorker gets |NIXL_ERR_\w+"),
-    ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)"),
+    # (0.11.1+ "Handshake failed for request %s, marking blocks as invalid"; the handshake's own
+    # RuntimeError "Remote NIXL agent engine ID mismatch", 0.10-0.33)
+    ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)|Handshake failed for request\b"
+                                 r"|Remote NIXL agent engine ID mismatch"),
     # the head alone: the request id and count that follow may be hard-wrapped onto the next line
     ("nixl", "expired", r"Releasing expired KV blocks for request\b|Potentially invalid KV blocks for unrecognized request\b"),
     ("nixl", "unavailable", r"NIXL is not available"),
     ("kv-connector", "load-failed", r"Failing (?P<n>\d+) request\(s\) due to KV load failure|Recovered from KV load failure: (?P<r>\d+) request\(s\) rescheduled"),
     ("p2pnccl", "transfer-failed", r"P2pNcclEngine\w* .{0,80}(?:failed|timed out|[Ee]rror)"),
     ("lmcache", "transfer-failed", r"LMCache (?:ERROR|error)\b|LMCacheConnector.{0,60}(?:failed|[Ee]rror)"),
+    # LMCache's own warning when its buffer cannot take a request's KV cache (v1 cache_engine.py,
+    # "Failed to allocate memory for the KV cache.\nThe KV cache will not be stored."): not offloaded
+    ("lmcache", "store-failed", r"LMCache WARNING: Failed to allocate memory for the KV cache"),
     ("mooncake", "transfer-failed", r"Mooncake\w* .{0,80}(?:transfer failed|[Tt]ransfer (?:error|timed out))"),
 ]
 _KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate(_KV_XFER)))
@@ -974,12 +980,17 @@ _KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate
 
 @matcher("kv-transfer-failure", _KV_XFER_RE.pattern, search=True,
          exc_types=frozenset(("RuntimeError", "TimeoutError", "nixlBackendError", "NixlError", "KeyError")) | ENGINE_DEAD_TYPES,
-         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ', 'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available', 'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
+         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ',
+                   'Handshake failed for request', 'Remote NIXL agent engine ID mismatch',
+                   'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available',
+                   'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
          versions='0.9-0.33 (V1 KV connectors)', source='distributed/kv_transfer/kv_connector/v1/nixl_connector.py (0.9-0.1x), nixl/base_worker.py (0.2x+), v1/core/sched/scheduler.py (KV load failure policy), p2p_nccl_engine.py, lmcache_connector.py, mooncake',
          examples=(
              '(EngineCore_DP0 pid=123) ERROR 10-17 08:12:41 [nixl_connector.py:1412] NIXL transfer failure: NIXL_ERR_BACKEND | Context: {}',
              '(EngineCore_DP0 pid=88) WARNING 09-29 13:05:10 [nixl_connector.py:1063] Releasing expired KV blocks for request cmpl-1 which were retrieved by 0 decode worker(s) within 120 seconds.',
              '(EngineCore_DP0 pid=88) ERROR 09-29 13:05:12 [scheduler.py:1612] Failing 3 request(s) due to KV load failure (failure_policy=fail, 4096 tokens affected). Request IDs: {}',
+             '(Worker_TP0 pid=91) ERROR 11-03 10:21:07 [nixl_connector.py:1111] Handshake failed for request cmpl-1',
+             '[2025-07-03 12:45:27,563] LMCache WARNING: Failed to allocate memory for the KV cache.',
          ))
 def _kv_xfer(m, meta):
     for i, (conn, kind, _) in enumerate(_KV_XFER):
@@ -1013,7 +1024,11 @@ def _gpu_unsupported(m, meta):
 
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
-FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+|<module>)')
+# (a frame line hard-wrapped after its line number still opens or continues a traceback: no function name)
+# V0 MQLLMEngine's ``logger.exception(repr(e))``: the exception's repr as the message (``KeyError('x')``),
+# read as the exception where the engine's own module logged it at ERROR (a literal ``^M`` a paste kept)
+EXC_REPR_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception))\((?P<m>.*)\)(?:\^M)?\s*$")
+FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+(?:, in (?P<f>\w+|<module>))?')
 # What the traceback joiner and the unknown-flag scan read, besides the matcher table.
 TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
 FLAG_KEYWORDS = tuple(FAKE_FLAGS)
@@ -1094,11 +1109,15 @@ RUNTIME_FRAMES = frozenset(n for p in RUNTIME_PHASES for n in _PHASE_FRAMES[p]) 
 # A process prefix's name (``(EngineCore_DP0 pid=N)``) and the logger's file tell the process too.
 _PROCESS_PREFIX = (("EngineCore", "engine-core"), ("APIServer", "api-server"), ("ApiServer", "api-server"),
                    ("RayWorker", "ray-actor"), ("Worker", "worker"))
-# V1's engine core module (the only core.py in vLLM): its handlers that log a traceback at ERROR are
-# the fatal ones ("EngineCore failed to start." / "EngineCore encountered a fatal error.", which
-# end the process) and the two of CAUGHT_FRAMES
-_CORE_SRC = re.compile(r"^(?:.*/)?core\.py:")
-_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
+# The engine process's own module: V1's core.py (the only core.py in vLLM), whose handlers that log
+# a traceback at ERROR are the fatal ones ("EngineCore failed to start." / "EngineCore encountered a
+# fatal error.", which end the process) and the two of CAUGHT_FRAMES; V0's MQLLMEngine
+# engine/multiprocessing/engine.py (0.6-0.10, the only engine.py), which logs one only where its
+# engine loop or process ended (``start``: ``logger.exception(repr(e))``, ``run_mp_engine``); V0's
+# AsyncLLMEngine (engine/async_llm_engine.py, 0.2-0.10), whose only one is its background loop's end
+# ("Engine background task failed", _log_task_completion)
+_CORE_SRC = re.compile(r"^(?:.*/)?(?:core|engine|async_llm_engine)\.py:")
+_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine|async_llm_engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
 
 
 def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str,
@@ -1128,8 +1147,7 @@ def classify_traceback(marks: set, process: str | None, src: str | None, exc_typ
         if m:
             proc = "api-server" if m["api"] else "engine-core" if m["core"] else "worker"
     ended = "top" in marks or exc_type.rpartition(".")[2] == "SystemExit"
-    if (not ended and level == "ERROR" and proc == "engine-core" and src and _CORE_SRC.match(src)
-            and "caught" not in marks):
+    if not ended and level == "ERROR" and src and _CORE_SRC.match(src) and "caught" not in marks:
         ended = True
     return proc, phase, ended
 
@@ -1347,13 +1365,16 @@ class RecordParser:
                 tb = self._tb[key] = (rec.lineno, [], set(), rec)
             if tb is not None:
                 f = FRAME_RE.match(msg).group("f")
-                tb[1].append(f)
-                marks = FRAME_MARKS.get(f)
-                if marks:  # what the frame tells, kept for the whole traceback (bounded: a few tags)
-                    tb[2].update(marks)
+                if f is not None:
+                    tb[1].append(f)
+                    marks = FRAME_MARKS.get(f)
+                    if marks:  # what the frame tells, kept for the whole traceback (bounded: a few tags)
+                        tb[2].update(marks)
                 if len(tb[1]) > 2 * MAX_FRAMES:
                     del tb[1][: len(tb[1]) - MAX_FRAMES]
-        if exc_line is None and not matchers and not self._held and not flag_text and unread is None:
+        repr_exc = (EXC_REPR_RE.match(msg) if exc_line is None and rec.level == "ERROR" and rec.src
+                    and _CORE_SRC.match(rec.src) and msg[-1:] in ")M " else None)
+        if exc_line is None and not matchers and not self._held and not flag_text and unread is None and repr_exc is None:
             return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         tb_phase = None
@@ -1366,6 +1387,10 @@ class RecordParser:
             out.append(ev.ExceptionRaised(tmeta, exc_type, msg[m_span[0] : m_span[1]][:400] if m_span else "",
                                           tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
             tb_phase = phase
+        elif repr_exc is not None:
+            exc_type = repr_exc["t"]
+            proc, phase, ended = classify_traceback(set(), rec.process, rec.src, exc_type, rec.level)
+            out.append(ev.ExceptionRaised(meta, exc_type, repr_exc["m"][:400], (), proc, phase, ended))
         for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
@@ -1544,9 +1569,9 @@ class RecordParser:
         :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``."""
         out = []
         for start, frames, marks, first in self._tb.values():
-            if not marks:
-                continue
             proc, phase, ended = classify_traceback(marks, first.process, first.src, "", first.level)
+            if not marks and not ended:  # (ended: the engine process's own module logged it)
+                continue
             out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
                                                   "Traceback (most recent call last):"),
                                           CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))

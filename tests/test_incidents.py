@@ -12,7 +12,7 @@ from serve_helpers import live_sidecar, wait_for
 from vllm_doctor.ingest.hostmem import read_host_memory
 from vllm_doctor.pipeline import Pipeline
 from vllm_doctor.diagnosis.loader import load_rules
-from vllm_doctor.report.render import to_text
+from vllm_doctor.report.render import to_html, to_text
 
 STARTUP_LOG = FIXTURES / "corpus" / "logs" / "206-v0.9-runai-streamer-startup-compile-46s-graphs-37s-healthy.log"
 HOSTMEM = FIXTURES / "hostmem"
@@ -28,6 +28,11 @@ def test_startup_timeline_in_the_report_from_a_real_start():
     text = to_text(rep)
     assert "Start-up (1 engine start)" in text
     assert "torch.compile 46 s, CUDA graph capture 37 s, engine init (profile, KV cache, warm-up) 91 s" in text
+    # the excerpt begins 39 s before ready, inside a start whose engine init alone took 90.84 s
+    assert s["wall_seconds"] == 39.0 and s["seconds"] == 90.84 and s["begins_inside"]
+    assert "ready after at least 91 s" in text
+    html = to_html(rep)
+    assert "<h2>Start-up</h2>" in html and "<td>46 s</td>" in html and "<td>≥ 91 s</td>" in html
 
 
 def test_host_memory_from_cgroup_v2_and_from_meminfo():
@@ -48,6 +53,7 @@ def test_sidecar_exports_the_startup_phases_and_host_memory(tmp_path):
         assert s.metric("vllm_doctor_startup_phase_seconds", phase="compile") == 45.81
         assert s.metric("vllm_doctor_startup_phase_seconds", phase="graph_capture") == 37.0
         assert s.metric("vllm_doctor_startup_ready") == 1.0
+        assert s.metric("vllm_doctor_startup_seconds") == 90.84  # vLLM's own timings, not the 39 s this log shows
         assert s.metric("vllm_doctor_engine_starts_total") == 1.0
         wait_for(lambda: s.metric("host_memory_used_bytes") is not None, 10, "a host-memory sample")
         assert s.metric("host_memory_used_bytes") == 125627793408.0
@@ -55,7 +61,7 @@ def test_sidecar_exports_the_startup_phases_and_host_memory(tmp_path):
         assert {"source": "host", "kind": "host"}.items() <= next(
             x for x in s.get("/readyz").json()["sources"] if x["kind"] == "host").items()
         page = s.get("/").text
-        assert "Start-up" in page and "torch.compile 46 s" in page
+        assert "Start-up" in page and "torch.compile 46 s" in page and "≥ 91 s" in page
 
 
 def test_client_text_never_makes_an_incident():

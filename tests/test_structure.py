@@ -60,10 +60,40 @@ V1_BUSY_LOOP_DUMMY = "\n".join([
 ])
 
 
+C14 = "(EngineCore_DP0 pid=412) ERROR 03-02 08:10:11 [core.py:938]"
+C25 = "(EngineCore pid=51) ERROR 08-01 09:00:02 [core.py:1233]"
+U14 = "(EngineCore_DP0 pid=412) ERROR 03-02 08:10:11 [core.py:1023]"
+# vLLM 0.14 v1/engine/core.py: run_engine_core's handler logs the error at ERROR (line 938,
+# "EngineCore encountered a fatal error.") and re-raises it; an excerpt often keeps only the last lines.
+CORE_FATAL_EXC_ONLY = "\n".join([
+    f"{C14}     raise RuntimeError(\"CUDA driver error: unknown error\")",
+    f"{C14} RuntimeError: CUDA driver error: unknown error",
+])
+# the engine core's multiproc executor waiting for its workers' reply (0.25 multiproc_executor.py
+# FutureWrapper._wait_for_response, collective_rpc's get_response), the excerpt cut at both ends
+CORE_FATAL_RPC_WAIT_CUT = "\n".join([
+    f'{C25}   File "{SITE}/v1/executor/multiproc_executor.py", line 380, in collective_rpc',
+    f"{C25}     result = get_response()",
+    f'{C25}   File "{SITE}/v1/executor/multiproc_executor.py", line 95, in _wait_for_response',
+    f"{C25}     response = self.aggregate(self.get_response())",
+])
+# the same module's handler of a utility call ("Invocation of %s method failed") carries on
+CORE_UTILITY_FAILED = "\n".join([
+    f"{U14} Invocation of reset_prefix_cache method failed",
+    f"{U14} Traceback (most recent call last):",
+    f'{U14}   File "{SITE}/v1/engine/core.py", line 1017, in _handle_client_request',
+    f"{U14} ValueError: bad argument",
+])
+
+
 @pytest.mark.parametrize("text,raised_in,phase,ended", [
     (V1_WORKER_STEP, "worker", "serving-step", False),
     (V1_STARTUP_PROFILE, "engine-core", "profiling", True),
     (V1_BUSY_LOOP_DUMMY, "engine-core", "serving-step", True),
+    # the engine core's module logging at ERROR is its fatal handler, unless a frame shows one that carries on
+    (CORE_FATAL_EXC_ONLY, "engine-core", None, True),
+    (CORE_FATAL_RPC_WAIT_CUT, "engine-core", "worker-rpc", True),
+    (CORE_UTILITY_FAILED, "engine-core", None, False),
 ])
 def test_a_traceback_is_classified_by_its_frames(text, raised_in, phase, ended):
     _, evs = run(text)
@@ -105,6 +135,67 @@ def test_old_background_loop_callback_is_engine_death():
         "KeyError: 17",
     ]))
     assert "engine-dead" in names(rep)
+
+
+def test_an_engine_core_error_with_its_traceback_cut_off_is_engine_death():
+    rep, _ = run(CORE_FATAL_EXC_ONLY)
+    assert names(rep) == {"engine-dead"}
+    rep, _ = run(CORE_UTILITY_FAILED)
+    assert names(rep) == {"unexplained-error"}
+
+
+def test_engine_death_on_a_cut_traceback_says_so_without_an_empty_message():
+    rep, _ = run(CORE_FATAL_RPC_WAIT_CUT)
+    (f,) = rep.findings
+    assert f.name == "engine-dead"
+    assert ("the first error raised was a traceback cut before its exception line (line 1, raised in the engine core"
+            " during its wait for a worker's step, which ended that process)") in f.message
+    assert "  " not in f.message and ": (" not in f.message
+    assert "worker processes' own output" in f.checks[0]
+    assert not any('search vLLM\'s issues for "(traceback cut' in c for c in f.checks)
+
+
+# V0 MQLLMEngine (0.6.3 engine/multiprocessing/engine.py start(): logger.exception(repr(e))) logs the
+# exception's repr at ERROR when its engine loop ends; AsyncLLMEngine's only ERROR traceback is
+# _log_task_completion's "Engine background task failed"
+@pytest.mark.parametrize("text", [
+    "ERROR 03-02 08:10:11 [engine.py:160] KeyError('seq-17')",
+    "\n".join([
+        "ERROR 03-02 08:10:11 [async_llm_engine.py:66]   File \"/opt/vllm/worker/model_runner.py\", line 1650, in execute_model",
+        "ERROR 03-02 08:10:11 [async_llm_engine.py:66] RuntimeError: CUDA error: unspecified launch failure",
+    ]),
+    # a hard wrap inside the frame line cuts its function name off; the excerpt ends in the traceback
+    "\n".join([
+        "(EngineCore_0 pid=9) ERROR 09-08 09:02:44 [core.py:718]   File \"/usr/lib/vllm/executor/uniproc_executor.py\", line 4",
+        "9, in _init_executor",
+    ]),
+])
+def test_the_v0_engine_modules_and_a_cut_core_traceback_are_the_engine_ending(text):
+    rep, evs = run(text)
+    (e,) = excs(evs)
+    assert (e.raised_in, e.ended) == ("engine-core", True)
+    assert names(rep) == {"engine-dead"}
+
+
+def test_a_logging_config_format_with_level_pid_and_file_is_read():
+    rep, evs = run("\n".join([
+        "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64]   File \"/opt/vllm/worker/worker_base.py\", line 327, in execute_model",
+        "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: "
+        "CUDA error: an illegal memory access was encountered",
+    ]))
+    (e,) = excs(evs)
+    assert (e.meta.level, e.raised_in, e.phase, e.ended) == ("ERROR", "engine-core", "serving-step", True)
+    (f,) = rep.findings
+    assert f.name == "engine-dead" and f.values["cause"] == "illegal-memory-access"
+
+
+def test_the_model_length_a_rejection_states_is_a_fact():
+    rep, _ = run("vllm.exceptions.VLLMValidationError: This model's maximum context length is 131072 tokens. However, you requested 0 "
+                 "output tokens and your prompt contains at least 131073 input tokens, for a total of at least 131073 tokens.")
+    assert names(rep) == {"request-too-long"} and rep.facts["max_model_len"] == 131072
+    # V0's scheduler limit may be max_num_batched_tokens: not the model's length
+    rep, _ = run("WARNING 02-13 07:19:11 scheduler.py:949] Input prompt (32889 tokens) is too long and exceeds limit of 2048")
+    assert rep.facts["max_model_len"] != 2048
 
 
 def test_an_error_no_rule_explains_is_never_an_all_clear():

@@ -389,6 +389,9 @@ HOST_LEVEL_RE = re.compile(r"(?:\[\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*
 HOST_SRC_RE = re.compile(r"\s\(([\w.-]+\.py):(\d+)\)\s*$")
 # A wrapper's label before vLLM's logger prefix: one word (a container, a pod, ``[pod/x/c]``) and a space.
 LABEL_RE = re.compile(r"[A-Za-z\[][\w.\-/\[\]]{0,79} ")
+# A logging config's own format for vLLM's records, its time taken off before: level, process id,
+# then vLLM's ``[file.py:line]`` (``%(asctime)s %(levelname)s %(process)d [%(filename)s:%(lineno)d]``).
+LEVEL_PID_SRC_RE = re.compile(r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (\d{1,10}) \[([\w.-]+\.py):(\d+)\] ?")
 # uvicorn's own level prefix (``INFO:     Application startup complete.``).
 UVICORN_LEVEL_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 # A record boundary inside a line: optional process prefixes then a logger prefix with a level.
@@ -964,7 +967,17 @@ class Envelope:
             file = lm.group("file")
         elif not kind and text[:1] in "DIWEC":
             um = UVICORN_LEVEL_RE.match(text)
-            if um:
+            pm = None if um else LEVEL_PID_SRC_RE.match(text)
+            if pm:
+                level = "WARNING" if pm.group(1) == "WARN" else pm.group(1)
+                if pid is None:
+                    pid = int(pm.group(2))
+                file = pm.group(3)
+                src = f"{file}:{pm.group(4)}"
+                mdh = None  # (its date is the time taken off before)
+                text = text[pm.end():]
+                kind = client_head(text)
+            elif um:
                 level = um.group(1)
                 text = text[um.end():]
         elif not kind and text[:1] in "[-|":

@@ -376,12 +376,13 @@ def alert_definitions(t: dict[str, float] | None = None) -> dict[str, list[Alert
             "vllm-doctor.sidecar": sidecar}
 
 
-def _finding_alert(name: str, rule: str, severity: str, summary: str, what: str) -> Alert:
-    """An alert on one rule's finding (``vllm_doctor_finding_active{name=rule}``): for the
-    incidents only the sidecar's reading of the log shows (no vLLM series carries them)."""
+def _finding_alert(name: str, rule: str, severity: str, summary: str, what: str, match: str = "") -> Alert:
+    """An alert on one rule's finding (``vllm_doctor_finding_active{name=rule}``, ``match``: more
+    label matchers): for the incidents only the sidecar's reading of the log shows (no vLLM series
+    carries them)."""
     return Alert(
         name=name, runbook="vllm-" + rule, rule=rule, severity=severity,
-        expr=f'vllm_doctor_finding_active{{name="{rule}"}} == 1',
+        expr=f'vllm_doctor_finding_active{{name="{rule}"{match}}} == 1',
         summary=summary,
         description=(f"vllm-doctor reports {rule} on {WHERE} (vllm_doctor_finding_active = {{{{ $value }}}}): "
                      f"{what} The sidecar's /api/findings has the evidence lines and the fix."),
@@ -444,6 +445,16 @@ def incident_alerts(t: dict[str, float]) -> list[Alert]:
         _finding_alert("VllmPrefixCacheCollapse", "prefix-cache-collapse", "warning",
                        f"vLLM on {WHERE}: the prefix cache hit rate collapsed",
                        "prompts that reused cached blocks are prefilled again."),
+        # the fallbacks of issue 25: an error no rule names (at warning: it ended its process or came
+        # from the engine or a worker, not a request's error), and vLLM lines the sidecar cannot read
+        _finding_alert("VllmUnexplainedError", "unexplained-error", "warning",
+                       f"vLLM on {WHERE} raised an error that no vllm-doctor rule explains",
+                       "an exception ended a vLLM process or was raised in its engine or a worker, or a process "
+                       "ended abnormally, and no rule names the incident.", match=', severity!="info"'),
+        _finding_alert("VllmLogUnread", "log-unread", "warning",
+                       f"vllm-doctor on {WHERE} cannot read vLLM's log lines",
+                       "vLLM's messages reach the sidecar behind a prefix (a wrapper or a host program's logging "
+                       "format) it does not know, so the rules that read them are blind."),
         Alert(
             name="VllmHostMemoryNearLimit", runbook="vllm-host-memory-growth", rule="host-memory-growth",
             severity="warning",

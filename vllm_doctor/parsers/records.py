@@ -960,13 +960,19 @@ def _too_long(m, meta):
 
 _KV_XFER = [
     ("nixl", "transfer-failed", r"NIXL transfer failure: |NIXLConnectorWorker gets |NIXL_ERR_\w+"),
-    ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)"),
+    # (0.11.1+ "Handshake failed for request %s, marking blocks as invalid"; the handshake's own
+    # RuntimeError "Remote NIXL agent engine ID mismatch", 0.10-0.33)
+    ("nixl", "handshake-failed", r"Handshake with \S{1,200} failed|NIXL handshake (?:failed|timed out)|Handshake failed for request\b"
+                                 r"|Remote NIXL agent engine ID mismatch"),
     # the head alone: the request id and count that follow may be hard-wrapped onto the next line
     ("nixl", "expired", r"Releasing expired KV blocks for request\b|Potentially invalid KV blocks for unrecognized request\b"),
     ("nixl", "unavailable", r"NIXL is not available"),
     ("kv-connector", "load-failed", r"Failing (?P<n>\d+) request\(s\) due to KV load failure|Recovered from KV load failure: (?P<r>\d+) request\(s\) rescheduled"),
     ("p2pnccl", "transfer-failed", r"P2pNcclEngine\w* .{0,80}(?:failed|timed out|[Ee]rror)"),
     ("lmcache", "transfer-failed", r"LMCache (?:ERROR|error)\b|LMCacheConnector.{0,60}(?:failed|[Ee]rror)"),
+    # LMCache's own warning when its buffer cannot take a request's KV cache (v1 cache_engine.py,
+    # "Failed to allocate memory for the KV cache.\nThe KV cache will not be stored."): not offloaded
+    ("lmcache", "store-failed", r"LMCache WARNING: Failed to allocate memory for the KV cache"),
     ("mooncake", "transfer-failed", r"Mooncake\w* .{0,80}(?:transfer failed|[Tt]ransfer (?:error|timed out))"),
 ]
 _KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate(_KV_XFER)))
@@ -974,12 +980,17 @@ _KV_XFER_RE = re.compile("|".join(f"(?P<x{i}>{p})" for i, (_, _, p) in enumerate
 
 @matcher("kv-transfer-failure", _KV_XFER_RE.pattern, search=True,
          exc_types=frozenset(("RuntimeError", "TimeoutError", "nixlBackendError", "NixlError", "KeyError")) | ENGINE_DEAD_TYPES,
-         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ', 'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available', 'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
+         keywords=('NIXL transfer failure: ', 'NIXLConnectorWorker gets ', 'NIXL_ERR_', 'Handshake with ', 'NIXL handshake ',
+                   'Handshake failed for request', 'Remote NIXL agent engine ID mismatch',
+                   'Releasing expired KV blocks', 'Potentially invalid KV blocks', 'NIXL is not available',
+                   'due to KV load failure', 'Recovered from KV load failure', 'P2pNcclEngine', 'LMCache', 'Mooncake'),
          versions='0.9-0.33 (V1 KV connectors)', source='distributed/kv_transfer/kv_connector/v1/nixl_connector.py (0.9-0.1x), nixl/base_worker.py (0.2x+), v1/core/sched/scheduler.py (KV load failure policy), p2p_nccl_engine.py, lmcache_connector.py, mooncake',
          examples=(
              '(EngineCore_DP0 pid=123) ERROR 10-17 08:12:41 [nixl_connector.py:1412] NIXL transfer failure: NIXL_ERR_BACKEND | Context: {}',
              '(EngineCore_DP0 pid=88) WARNING 09-29 13:05:10 [nixl_connector.py:1063] Releasing expired KV blocks for request cmpl-1 which were retrieved by 0 decode worker(s) within 120 seconds.',
              '(EngineCore_DP0 pid=88) ERROR 09-29 13:05:12 [scheduler.py:1612] Failing 3 request(s) due to KV load failure (failure_policy=fail, 4096 tokens affected). Request IDs: {}',
+             '(Worker_TP0 pid=91) ERROR 11-03 10:21:07 [nixl_connector.py:1111] Handshake failed for request cmpl-1',
+             '[2025-07-03 12:45:27,563] LMCache WARNING: Failed to allocate memory for the KV cache.',
          ))
 def _kv_xfer(m, meta):
     for i, (conn, kind, _) in enumerate(_KV_XFER):
@@ -1013,7 +1024,11 @@ def _gpu_unsupported(m, meta):
 
 # ---- tracebacks: the exception line closes the traceback opened by "Traceback (most recent call last):"
 EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<m>.*))?$")
-FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+, in (?P<f>\w+|<module>)')
+# (a frame line hard-wrapped after its line number still opens or continues a traceback: no function name)
+# V0 MQLLMEngine's ``logger.exception(repr(e))``: the exception's repr as the message (``KeyError('x')``),
+# read as the exception where the engine's own module logged it at ERROR (a literal ``^M`` a paste kept)
+EXC_REPR_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception))\((?P<m>.*)\)(?:\^M)?\s*$")
+FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+(?:, in (?P<f>\w+|<module>))?')
 # What the traceback joiner and the unknown-flag scan read, besides the matcher table.
 TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
 FLAG_KEYWORDS = tuple(FAKE_FLAGS)
@@ -1026,7 +1041,8 @@ FLAG_KEYWORDS = tuple(FAKE_FLAGS)
 # entrypoints/openai/serving_*.py). A frame may tell the phase (what the engine was doing), the
 # process (which process runs that code) and whether it is the top of its process (an uncaught
 # exception reached it, or the process's own last handler logged it and exited).
-PHASES = ("output-handler", "serving-loop", "graph-capture", "kv-cache", "profiling", "loading", "startup", "serving-step")
+PHASES = ("output-handler", "serving-loop", "graph-capture", "kv-cache", "profiling", "loading", "startup", "serving-step",
+          "worker-rpc")
 _PHASE_FRAMES = {
     # V1's output handler (AsyncLLM, in the API server process) and its output processing
     "output-handler": ("output_handler", "_run_output_handler", "process_outputs"),
@@ -1050,11 +1066,18 @@ _PHASE_FRAMES = {
     # a model step for requests; these also run inside a start-up step (V0's profile_run calls execute_model)
     "serving-step": ("step", "execute_model", "execute_model_spmd", "_execute_model_spmd", "generate", "_process_model_outputs",
                      "execute_model_async", "sample_tokens"),
+    # the executor's call to its workers, waiting for their replies (v1/executor: collective_rpc,
+    # multiproc's get_response and FutureWrapper._wait_for_response): the engine core waited on a
+    # worker's step; which step, only a frame further in tells (those phases come first)
+    "worker-rpc": ("collective_rpc", "_wait_for_response", "get_response"),
 }
 _PROCESS_FRAMES = {
     "engine-core": ("run_engine_core", "run_busy_loop", "run_mp_engine", "run_engine_loop", "engine_step", "step_async",
                     "_process_engine_step", "step_with_batch_queue", "run_engine_busy_loop", "_log_task_completion",
-                    "_raise_exception_on_finish"),
+                    "_raise_exception_on_finish",
+                    # V1's multiproc executor waits for its workers' replies in the engine core's process
+                    # (collective_rpc is not here: the API server's AsyncLLM and core client have one too)
+                    "_wait_for_response", "get_response"),
     "worker": ("worker_main", "worker_busy_loop", "_run_worker_process", "execute_method", "_worker_loop"),
     "ray-actor": ("ray",),  # "ray._raylet.execute_task" (a Ray actor's task)
     "api-server": ("create_chat_completion", "create_completion", "chat_completion_stream_generator",
@@ -1067,8 +1090,12 @@ _PROCESS_FRAMES = {
 # V0's run_mp_engine, "WorkerProc failed to start").
 TOP_FRAMES = frozenset(("<module>", "_run_module_as_main", "_bootstrap", "spawn_main", "run_engine_core", "run_mp_engine",
                         "worker_main", "run_engine_busy_loop"))
+# Handlers of V1's engine core (v1/engine/core.py, 0.8-0.33) that log an exception at ERROR and
+# carry on: a utility call's failure ("Invocation of %s method failed", _handle_client_request) and
+# a request's pre-processing error (process_input_sockets -> _handle_request_preproc_error).
+CAUGHT_FRAMES = ("_handle_client_request", "process_input_sockets", "_handle_request_preproc_error", "preprocess_add_request")
 FRAME_MARKS: dict[str, tuple[str, ...]] = {}
-for _tag, _names in [*_PHASE_FRAMES.items(), *(("p:" + k, v) for k, v in _PROCESS_FRAMES.items())]:
+for _tag, _names in [*_PHASE_FRAMES.items(), *(("p:" + k, v) for k, v in _PROCESS_FRAMES.items()), ("caught", CAUGHT_FRAMES)]:
     for _n in _names:
         FRAME_MARKS[_n] = FRAME_MARKS.get(_n, ()) + (_tag,)
 for _n in TOP_FRAMES:
@@ -1082,17 +1109,29 @@ RUNTIME_FRAMES = frozenset(n for p in RUNTIME_PHASES for n in _PHASE_FRAMES[p]) 
 # A process prefix's name (``(EngineCore_DP0 pid=N)``) and the logger's file tell the process too.
 _PROCESS_PREFIX = (("EngineCore", "engine-core"), ("APIServer", "api-server"), ("ApiServer", "api-server"),
                    ("RayWorker", "ray-actor"), ("Worker", "worker"))
-_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
+# The engine process's own module: V1's core.py (the only core.py in vLLM), whose handlers that log
+# a traceback at ERROR are the fatal ones ("EngineCore failed to start." / "EngineCore encountered a
+# fatal error.", which end the process) and the two of CAUGHT_FRAMES; V0's MQLLMEngine
+# engine/multiprocessing/engine.py (0.6-0.10, the only engine.py), which logs one only where its
+# engine loop or process ended (``start``: ``logger.exception(repr(e))``, ``run_mp_engine``); V0's
+# AsyncLLMEngine (engine/async_llm_engine.py, 0.2-0.10), whose only one is its background loop's end
+# ("Engine background task failed", _log_task_completion)
+_CORE_SRC = re.compile(r"^(?:.*/)?(?:core|engine|async_llm_engine)\.py:")
+_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine|async_llm_engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
 
 
-def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str) -> tuple[str | None, str | None, bool]:
+def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str,
+                       level: str | None = None) -> tuple[str | None, str | None, bool]:
     """(process, phase, ended) of a traceback from the marks of its frames (:data:`FRAME_MARKS`),
     the process prefix of its lines and the logger's file. The phase is the first of
     :data:`PHASES` its frames hold: the loops that run only while serving decide over start-up
     frames (V1's busy loop runs dummy batches through ``_dummy_run``), start-up steps over a bare
     model step (V0's profiling run calls ``execute_model``). The process: from the frames of the
     code that raised (an engine loop's step re-raised by an HTTP handler was raised by the
-    engine), else the prefix, else the file that logged it."""
+    engine), else the prefix, else the file that logged it. Ended: its frames reach the top of
+    the process, or the engine core's own module logged it at ERROR (``level``) from a handler
+    that is not one of :data:`CAUGHT_FRAMES`: V1's fatal handlers, whose line ("EngineCore failed
+    to start.") and outer frames an excerpt often cuts off."""
     phase = next((p for p in PHASES if p in marks), None)
     if phase == "serving-loop":
         phase = "serving-step"
@@ -1108,6 +1147,8 @@ def classify_traceback(marks: set, process: str | None, src: str | None, exc_typ
         if m:
             proc = "api-server" if m["api"] else "engine-core" if m["core"] else "worker"
     ended = "top" in marks or exc_type.rpartition(".")[2] == "SystemExit"
+    if not ended and level == "ERROR" and src and _CORE_SRC.match(src) and "caught" not in marks:
+        ended = True
     return proc, phase, ended
 
 
@@ -1324,13 +1365,16 @@ class RecordParser:
                 tb = self._tb[key] = (rec.lineno, [], set(), rec)
             if tb is not None:
                 f = FRAME_RE.match(msg).group("f")
-                tb[1].append(f)
-                marks = FRAME_MARKS.get(f)
-                if marks:  # what the frame tells, kept for the whole traceback (bounded: a few tags)
-                    tb[2].update(marks)
+                if f is not None:
+                    tb[1].append(f)
+                    marks = FRAME_MARKS.get(f)
+                    if marks:  # what the frame tells, kept for the whole traceback (bounded: a few tags)
+                        tb[2].update(marks)
                 if len(tb[1]) > 2 * MAX_FRAMES:
                     del tb[1][: len(tb[1]) - MAX_FRAMES]
-        if exc_line is None and not matchers and not self._held and not flag_text and unread is None:
+        repr_exc = (EXC_REPR_RE.match(msg) if exc_line is None and rec.level == "ERROR" and rec.src
+                    and _CORE_SRC.match(rec.src) and msg[-1:] in ")M " else None)
+        if exc_line is None and not matchers and not self._held and not flag_text and unread is None and repr_exc is None:
             return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
         tb_phase = None
@@ -1339,10 +1383,14 @@ class RecordParser:
             start, frames, marks, _ = self._tb.pop(key if key in self._tb else self._orphan(key), (rec.lineno, [], _NO_MARKS, None))
             tmeta = meta if start == rec.lineno else ev.Meta(self.source, start, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
             exc_type = msg[t0:t1]
-            proc, phase, ended = classify_traceback(marks, rec.process, rec.src, exc_type)
+            proc, phase, ended = classify_traceback(marks, rec.process, rec.src, exc_type, rec.level)
             out.append(ev.ExceptionRaised(tmeta, exc_type, msg[m_span[0] : m_span[1]][:400] if m_span else "",
                                           tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
             tb_phase = phase
+        elif repr_exc is not None:
+            exc_type = repr_exc["t"]
+            proc, phase, ended = classify_traceback(set(), rec.process, rec.src, exc_type, rec.level)
+            out.append(ev.ExceptionRaised(meta, exc_type, repr_exc["m"][:400], (), proc, phase, ended))
         for mt in matchers:  # the matchers whose regexes match (digit-sensitive ones: whose keywords it holds)
             m = mt.regex.search(msg) if mt.search else mt.regex.match(msg)
             if m:
@@ -1521,9 +1569,9 @@ class RecordParser:
         :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``."""
         out = []
         for start, frames, marks, first in self._tb.values():
-            if not marks:
+            proc, phase, ended = classify_traceback(marks, first.process, first.src, "", first.level)
+            if not marks and not ended:  # (ended: the engine process's own module logged it)
                 continue
-            proc, phase, ended = classify_traceback(marks, first.process, first.src, "")
             out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
                                                   "Traceback (most recent call last):"),
                                           CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))

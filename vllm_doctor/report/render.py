@@ -413,7 +413,7 @@ def startup_lines(starts: list[dict]) -> list[str]:
     out = []
     for s in starts[-8:]:
         phases = ", ".join(f"{p['label']} {fmt_secs(p['seconds'])}" for p in s["phases"]) or "no timed phase logged"
-        end = (f"ready after {fmt_secs(s['wall_seconds'])}" if s["wall_seconds"] is not None
+        end = (f"ready after {'at least ' if s['begins_inside'] else ''}{fmt_secs(s['seconds'])}" if s["wall_seconds"] is not None
                else "ready" if s["served"] else "failed before serving" if s["failed"] else "not ready in this log")
         out.append(f"{s['source']}:{s['lineno']} ({fmt_time(s['started']) or 'untimed'}): {phases}; {end}")
     return out

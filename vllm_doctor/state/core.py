@@ -67,6 +67,9 @@ QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity
 # Higher wins when two sources give the same config value.
 #: Events kept per kind (the newest; the first is kept apart). Counts come from counters.
 EVENTS_KEPT = 64
+# The wordings of a request rejected for length whose limit is max_model_len (V0's "exceeds limit
+# of L" may be max_num_batched_tokens): the OpenAI server's, V1's processor's, V0 multimodal's
+MODEL_LENGTH_WORDS = ("maximum context length is ", "maximum model length of ", "(context length ")
 #: Most stats lines of one second held before they are folded into the window aggregates.
 STATS_BATCH_MAX = 512
 KIND_PRIORITY = {"non-default-args": 5, "namespace": 5, "namespace-continued": 5, "scheduler": 4, "model-len": 4, "engine-init": 3}
@@ -571,6 +574,11 @@ class State:
             for e in self.kept("KvCacheTooSmall"):
                 if e.max_model_len:
                     f["max_model_len"] = e.max_model_len
+        if f["max_model_len"] is None:  # a rejection that states the model's length (not V0's batch limit)
+            for e in self.kept("RequestTooLong"):
+                if e.limit_tokens and any(w in e.meta.text for w in MODEL_LENGTH_WORDS):
+                    f["max_model_len"] = e.limit_tokens
+                    break
         kv = cap.get("kv_cache_tokens")
         if kv is None and cap.get("num_gpu_blocks") is not None and f["block_size"]:
             kv = int(cap["num_gpu_blocks"]) * int(f["block_size"])

@@ -58,9 +58,17 @@ class Startup:
 
     @property
     def seconds(self) -> float:
-        """The start-up's duration: the wall time to ready where known, else the phases' total."""
+        """The start-up's duration: the wall time to ready where known, else the phases' total; never
+        less than vLLM's own timings of its phases (a log, an excerpt or a sidecar started --from-end
+        may begin inside the start: its first line is not the start's)."""
         w = self.wall_seconds
-        return w if w is not None else self.phase_seconds
+        return max(w, self.phase_seconds) if w is not None else self.phase_seconds
+
+    @property
+    def begins_inside(self) -> bool:
+        """The log shows less of the start than vLLM's own phase timings: it begins inside it."""
+        w = self.wall_seconds
+        return w is not None and self.phase_seconds > w
 
     @property
     def elapsed_seconds(self) -> float | None:
@@ -101,9 +109,8 @@ class Startup:
     def summary(self) -> str:
         """The timeline as one line: "weights load 118 s, torch.compile 45 s, ... ready after 212 s"."""
         parts = [f"{PHASE_LABELS[k]} {_secs(self.phases[k])}" for k, _ in PHASES if k in self.phases]
-        w = self.wall_seconds
-        if w is not None:
-            parts.append(f"ready after {_secs(w)}")
+        if self.wall_seconds is not None:
+            parts.append(f"ready after {'at least ' if self.begins_inside else ''}{_secs(self.seconds)}")
         elif self.ready is not None:
             parts.append("ready")
         return ", ".join(parts) if parts else "no timed phase logged"
@@ -114,7 +121,7 @@ class Startup:
             "started": self.started, "lineno": self.lineno, "source": self.source, "ready": self.ready,
             "ready_lineno": self.ready_lineno, "wall_seconds": self.wall_seconds,
             "phase_seconds": round(self.phase_seconds, 3), "seconds": round(self.seconds, 3),
-            "failed": self.failed, "served": self.ready is not None,
+            "failed": self.failed, "served": self.ready is not None, "begins_inside": self.begins_inside,
             "phases": [{"phase": k, "label": PHASE_LABELS[k], "seconds": self.phases[k]} for k, _ in PHASES if k in self.phases],
             "dominant": dom[0] if dom else None,
         }

@@ -506,7 +506,7 @@ class State:
 
     def _on_ServerReady(self, e: ev.ServerReady) -> None:
         self.served = True
-        self.startups.ready(e.meta)
+        self.startups.ready(e.meta, e.inferred)
         self.shutting_down = False
 
     def _on_StartupPhase(self, e: ev.StartupPhase) -> None:

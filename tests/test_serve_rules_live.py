@@ -131,6 +131,10 @@ def test_a_finding_clears_when_the_log_shows_the_load_stopped(tmp_path):
         s.sidecar.evaluate()
         f = {x["name"]: x for x in s.get("/api/findings").json()["findings"]}
         assert s.sidecar.clock_status()["mode"] == "live" and f["kv-capacity-bound"]["active"]
+        # active, its last seen is the log's time of its last evidence line (09:11:49 of the run,
+        # 20 s before the run's newest line), not the evaluation's wall clock time
+        busy_kv = f["kv-capacity-bound"]
+        assert busy_kv["last_seen"] == max(e["ts"] for e in busy_kv["evidence"]) <= now - 1 - 15
         with log.open("ab") as fh:  # the load stopped: nothing running or waiting
             fh.write(idle)
         wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 235.0)

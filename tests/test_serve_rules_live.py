@@ -167,3 +167,30 @@ def test_the_page_says_vllm_recovered_after_a_crash_before_its_restart(tmp_path)
         page = unescape(s.get("/").text)
         assert "Recovered: vLLM restarted at " in page and " after CRITICAL engine-dead (" in page
         assert "healthy for 2 min since" in page
+
+
+def test_a_traceback_the_followed_log_ends_inside_is_reported_once_the_log_is_quiet(tmp_path):
+    """Real lines (corpus 185, KServe's vLLM image): the log ends inside a traceback, cut before its
+    exception line. Followed live, the traceback may still go on at first; once the log has been
+    quiet for TRACEBACK_QUIET_SECONDS it is over, and the sidecar reports it as diagnose does."""
+    from vllm_doctor.export import serve
+
+    data = (Path(__file__).parent / "fixtures" / "corpus" / "logs" /
+            "185-v0.10-kserve-container-prefix-no-platform-detected-import-error.log").read_bytes()
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with live_sidecar({"logs": [str(log)]}) as s:
+        with log.open("ab") as fh:
+            fh.write(shifted(data, time.time() - 1))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 11.0)
+        t_read = time.monotonic()
+        s.sidecar.evaluate()
+        if time.monotonic() - t_read < serve.TRACEBACK_QUIET_SECONDS:  # still open: nothing said yet
+            assert "VD030" not in s.get("/api/findings").json()["active"]
+
+        def reported() -> bool:
+            s.sidecar.evaluate()
+            return "VD030" in s.get("/api/findings").json()["active"]
+
+        wait_for(reported, 10, "unexplained-error once the log is quiet")
+        assert time.monotonic() - t_read >= serve.TRACEBACK_QUIET_SECONDS

@@ -273,6 +273,8 @@ def test_scenario_through_serve(path, tmp_path, monkeypatch):
     commands = [Fix(**{k: v for k, v in fx.items() if k in FIX_FIELDS}).command() for f in fs for fx in f["fixes"]]
     check_surface("serve", exp, [f["name"] for f in fs if f.get("active") or state["clock"]["mode"] == "replay"],
                   v["first"], commands)
+    if not unseen(sc, "diagnose-text"):  # the same first step as diagnose gives
+        assert v["first"] == verdict(diagnose_file(log, metrics_files=metrics))["first"]
     if v["first"]:  # the page shows it (its words, less the markup)
         words = " ".join(unescape(re.sub(r"<[^>]+>", "", html)).split())
         assert " ".join(v["first"].split()) in words, v["first"]
@@ -298,6 +300,8 @@ def test_scenario_through_watch(path, tmp_path, monkeypatch):
                  None)
     names = re.findall(r"VD\d+ (\S+) \((?:critical|warning|info)", out)
     check_surface("watch", exp, names, first, fix_lines(out))
+    if not unseen(sc, "diagnose-text"):  # the same first step as diagnose gives
+        assert first == verdict(diagnose_file(log, metrics_files=metrics))["first"]
 
 
 FLEET_SCENARIOS = [p for p in SCENARIOS if load(p).get("fleet_series")]

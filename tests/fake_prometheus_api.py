@@ -43,9 +43,16 @@ class FakeQueryAPI:
 
     def answer(self, kind: str, form: dict[str, str]) -> dict:
         """A plain selector ``{__name__=~"a|b", ...}`` returns the stored series of those names (in
-        [start, end]); any other query (the latency and cache_config queries) an empty result."""
+        [start, end]); ``last_over_time(vllm:cache_config_info{...}[range])`` the stored info
+        series; any other query (the latency queries) an empty result."""
         m = re.fullmatch(r'\{__name__=~"([^"]+)"(?:, .*)?\}', form.get("query", "").strip())
         result = []
+        info = re.fullmatch(r"last_over_time\((vllm:cache_config_info)\{[^}]*\}\[\w+\]\)", form.get("query", "").strip())
+        if info and kind == "query":  # an info series' labels, as its last value in the range
+            for labels, points in self.series:
+                if labels["__name__"] == info.group(1) and points:
+                    t = max(points)
+                    result.append({"metric": labels, "value": [t, str(points[t])]})
         if m and kind == "query_range":
             names = re.compile(m.group(1))
             start, end = float(form["start"]), float(form["end"])

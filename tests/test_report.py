@@ -215,6 +215,9 @@ def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
     assert head == ("Recovered: vLLM restarted at 11-30 10:17:05 after CRITICAL engine-dead (11-30 09:13:49) and has "
                     "served with no finding; healthy for 2 min since, to the newest log line (11-30 10:18:54).")
     assert "  history: earlier engine run: vLLM restarted after it (at 11-30 10:17:05)" in text
+    # the exit code is the current state's: recovered, nothing live at or above --fail-on warning
+    assert rc == 0, text.splitlines()[0]
+    assert run("diagnose", "--fail-on", "info", p)[0] == 0
     _, page = run("diagnose", "--format", "html", p)
     assert '<div class="verdict ok" id="verdict">' in page and "History: earlier engine run" in page
     # restarted and not serving yet (the new run's start-up lines, before its first request): the
@@ -224,6 +227,7 @@ def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
     rc, text = run("diagnose", starting)
     assert text.splitlines()[0].startswith("CRITICAL engine-dead: ") and (
         "; vLLM restarted at 11-30 10:17:05 and has not served yet" in text.splitlines()[0])
+    assert rc == 1  # not served since: the crash is still the state
     # a crash loop is no recovery: the run that failed last is the verdict
     one = (LOGS / "cpu-startup-error-kv-cache-bigger-than-ram.log").read_text()
     loop = tmp_path / "crashloop.log"
@@ -233,3 +237,4 @@ def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
     assert occ == [(1, 0), (2, 1)]
     rc, text = run("diagnose", loop)
     assert text.startswith("CRITICAL startup-oom: ") and "history: earlier engine run" in text
+    assert rc == 1  # the run that failed last is the state

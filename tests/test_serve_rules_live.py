@@ -131,6 +131,10 @@ def test_a_finding_clears_when_the_log_shows_the_load_stopped(tmp_path):
         s.sidecar.evaluate()
         f = {x["name"]: x for x in s.get("/api/findings").json()["findings"]}
         assert s.sidecar.clock_status()["mode"] == "live" and f["kv-capacity-bound"]["active"]
+        # active, its last seen is the log's time of its last evidence line (09:11:49 of the run,
+        # 20 s before the run's newest line), not the evaluation's wall clock time
+        busy_kv = f["kv-capacity-bound"]
+        assert busy_kv["last_seen"] == max(e["ts"] for e in busy_kv["evidence"]) <= now - 1 - 15
         with log.open("ab") as fh:  # the load stopped: nothing running or waiting
             fh.write(idle)
         wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 235.0)
@@ -163,3 +167,30 @@ def test_the_page_says_vllm_recovered_after_a_crash_before_its_restart(tmp_path)
         page = unescape(s.get("/").text)
         assert "Recovered: vLLM restarted at " in page and " after CRITICAL engine-dead (" in page
         assert "healthy for 2 min since" in page
+
+
+def test_a_traceback_the_followed_log_ends_inside_is_reported_once_the_log_is_quiet(tmp_path):
+    """Real lines (corpus 185, KServe's vLLM image): the log ends inside a traceback, cut before its
+    exception line. Followed live, the traceback may still go on at first; once the log has been
+    quiet for TRACEBACK_QUIET_SECONDS it is over, and the sidecar reports it as diagnose does."""
+    from vllm_doctor.export import serve
+
+    data = (Path(__file__).parent / "fixtures" / "corpus" / "logs" /
+            "185-v0.10-kserve-container-prefix-no-platform-detected-import-error.log").read_bytes()
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    with live_sidecar({"logs": [str(log)]}) as s:
+        with log.open("ab") as fh:
+            fh.write(shifted(data, time.time() - 1))
+        wait_for(lambda: s.metric("vllm_doctor_log_lines_total", source=str(log)) == 11.0)
+        t_read = time.monotonic()
+        s.sidecar.evaluate()
+        if time.monotonic() - t_read < serve.TRACEBACK_QUIET_SECONDS:  # still open: nothing said yet
+            assert "VD030" not in s.get("/api/findings").json()["active"]
+
+        def reported() -> bool:
+            s.sidecar.evaluate()
+            return "VD030" in s.get("/api/findings").json()["active"]
+
+        wait_for(reported, 10, "unexplained-error once the log is quiet")
+        assert time.monotonic() - t_read >= serve.TRACEBACK_QUIET_SECONDS

@@ -1,6 +1,7 @@
 """The ``vllm-doctor`` command (typer). Each command is a thin wrapper over the public API.
 
-Exit codes (vllm_doctor.errors): 0 nothing at or above ``--fail-on``; 1 findings at or above it;
+Exit codes (vllm_doctor.errors): 0 nothing at or above ``--fail-on`` now; 1 findings at or above it
+in the current state (an incident vLLM restarted after and served cleanly since is history);
 2 unusable input, usage error or invalid rules (a one-line message on stderr, never a traceback);
 3 (diagnose --since / --until) no line of the logs fell in the span: nothing was judged.
 """
@@ -198,8 +199,13 @@ def diagnose(
         except BrokenPipeError:
             pass
     if fail_on != FailOn.never:
+        from vllm_doctor.report.render import now_and_history
+
         level = SEVERITY_ORDER[fail_on.value]
-        if any(SEVERITY_ORDER[f.severity] >= level for f in rep.findings):
+        # the current state's findings: an earlier engine run's incident that vLLM restarted after
+        # and has served cleanly since is history (exit 0); restarted and not serving yet, it stands
+        current, _, _ = now_and_history(rep)
+        if any(SEVERITY_ORDER[f.severity] >= level for f in current):
             raise typer.Exit(EXIT_FINDINGS)
     if rep.nothing_in_range and not rep.findings:  # not "healthy": no line was in the span to judge
         raise typer.Exit(EXIT_NOTHING_IN_RANGE)

@@ -333,9 +333,12 @@ class ConfigRejected:
 @dataclass(frozen=True, slots=True)
 class ServerReady:
     """The server started serving (``Application startup complete``, ``Starting vLLM API
-    server``, ``Uvicorn running on``) or the first request arrived."""
+    server``, ``Uvicorn running on``) or the first request arrived. ``inferred``: no such line,
+    the first periodic stats line stands for it (vLLM V1 prints one only once there is load, which
+    may be long after it was ready)."""
 
     meta: Meta
+    inferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,11 +350,24 @@ class Pipeline:
                 self.consume(source, rec)
 
     def end(self, source: str) -> None:
-        """End of file (or rotation / truncation): the partial last line becomes a line."""
+        """End of file (or rotation / truncation): the partial last line becomes a line, and a
+        traceback the source ends inside is what it shows (it will not go on)."""
         ctx = self._ctx(source)
         for rec in self._tail(ctx):
             self.consume(source, rec)
         self._flush_parsers()
+        self.end_tracebacks([source])
+
+    def end_tracebacks(self, sources: list[str] | None = None) -> None:
+        """The tracebacks the logs (``sources``, default all) end inside, as exceptions cut
+        before their exception line: at the end of the input, or of a log no one writes to any
+        more (the sidecar replaying an old log)."""
+        for name, ctx in list(self._sources.items()):
+            if sources is not None and name not in sources:
+                continue
+            cut = ctx.parser.cut_tracebacks()
+            if cut:
+                self._fold(name, Record(cut[0].meta.lineno, ""), cut)
 
     def reset_source(self, source: str) -> None:
         """Forget a source's partial line and CRI state (after truncation or rotation); line
@@ -460,10 +473,7 @@ class Pipeline:
                     ids[name]["last_ts"] = rec.ts
                 self.consume(name, rec)
         self._flush_parsers()
-        for name, ctx in list(self._sources.items()):  # the tracebacks the logs end inside
-            cut = ctx.parser.cut_tracebacks()
-            if cut:
-                self._fold(name, Record(cut[0].meta.lineno, ""), cut)
+        self.end_tracebacks()
         if after is not None:
             after()
         self.active = self.engine.evaluate(self.state)

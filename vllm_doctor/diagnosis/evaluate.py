@@ -383,11 +383,14 @@ class RuleEngine:
             else:
                 f.first_seen = now
             f.last_seen = now
-            if self.log_time:  # diagnose: when the cited lines were written, not when judged
-                times = [e.ts for e in f.evidence if e.ts is not None]
-                if times:
-                    f.first_seen = min(times) if prev is None else min(prev.first_seen or min(times), min(times))
-                    f.last_seen = max(times)
+            times = [e.ts for e in f.evidence if e.ts is not None]
+            if self.log_time and times:  # diagnose: when the cited lines were written, not when judged
+                f.first_seen = min(times) if prev is None else min(prev.first_seen or min(times), min(times))
+                f.last_seen = max(times)
+            elif times:  # serve: last seen is the log's time of the last evidence, not the evaluation's
+                f.last_seen = max(times)
+                if f.first_seen is not None and f.first_seen > f.last_seen:
+                    f.first_seen = min(times)
             self.findings[rule.id] = f
             active_ids.add(rule.id)
         if self.rule_errors:

@@ -219,6 +219,11 @@ class LogSource:
         return self.reader.stats
 
 
+#: Seconds a followed log stays quiet before a traceback it ends inside counts as complete (its
+#: exception line cut off: a crash that took the writer down with it, a truncated copy).
+TRACEBACK_QUIET_SECONDS = 5.0
+
+
 class Sidecar:
     """The running sidecar without its HTTP server (``watch`` uses it as is).
 
@@ -500,6 +505,13 @@ class Sidecar:
                 now = self.now()
                 if self.replaying():  # the log's clock, even after evaluations on the wall clock
                     self.pipeline.state.now = now
+                    # an old log: no one writes to it any more, so a traceback it ends inside is over
+                    self.pipeline.end_tracebacks()
+                else:  # Python writes a traceback at once: one still open after a quiet spell is over
+                    quiet = [s.name for s in self.logs if s.stats.last_data_at is not None
+                             and time.monotonic() - s.stats.last_data_at >= TRACEBACK_QUIET_SECONDS]
+                    if quiet:
+                        self.pipeline.end_tracebacks(quiet)
                 out = self.pipeline.evaluate(now)
                 if not self.replaying():
                     out = self.pipeline.active = self._clear_on_log_clock(out)

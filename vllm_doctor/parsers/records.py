@@ -1434,7 +1434,7 @@ class RecordParser:
             out = released + out
         if not self._served_seen and ev.SchedulerStats in kinds:
             self._served_seen = True  # periodic stats: the engine is up and serving
-            out.append(ev.ServerReady(meta))
+            out.append(ev.ServerReady(meta, inferred=True))
         cfg = ev.EngineConfigObserved
         if cfg in kinds:
             if any(type(e) is cfg and e.kind in ("namespace", "non-default-args") for e in out):

@@ -509,7 +509,7 @@ class State:
 
     def _on_ServerReady(self, e: ev.ServerReady) -> None:
         self.served = True
-        self.startups.ready(e.meta)
+        self.startups.ready(e.meta, e.inferred)
         self.shutting_down = False
 
     def _on_StartupPhase(self, e: ev.StartupPhase) -> None:
@@ -782,8 +782,9 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
                                  int(max(x.num_running or 0 for x in run)), ongoing, source))
 
         for x in xs:
-            if source == "log":
-                stuck = (x.num_waiting or 0) >= 1 and not (x.prompt_tps or 0) and not (x.generation_tps or 0)
+            if source == "log":  # a throughput no source gave (None) is unknown, not zero
+                known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
+                stuck = (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
             else:
                 stuck = (prev is not None and (x.num_waiting or 0) >= 1 and (prev.num_waiting or 0) >= 1
                          and x.generation_tokens_total is not None

@@ -39,6 +39,7 @@ class Startup:
     ready_lineno: int | None = None
     last: float | None = None
     failed: bool = False
+    before_last: float | None = None  # ``last`` before the newest time seen (the line before it)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -167,10 +168,14 @@ class Startups:
         if old is None or e.seconds > old:
             cur.phases[e.phase] = e.seconds
 
-    def ready(self, meta) -> None:
+    def ready(self, meta, inferred: bool = False) -> None:
+        """The current start served. ``inferred`` (the first stats line, no ready line): ready by
+        the start's last line before it at the earliest we know, not at the stats line, which
+        vLLM V1 prints only once load comes (minutes or hours later)."""
         cur = self.current
         if cur is not None and cur.ready is None:
-            cur.ready = meta.ts if meta.ts is not None else cur.last
+            at = cur.before_last if inferred and cur.before_last is not None else meta.ts
+            cur.ready = at if at is not None else cur.last
             cur.ready_lineno = meta.lineno
 
     def failed(self) -> None:
@@ -181,7 +186,7 @@ class Startups:
     def seen(self, ts: float | None) -> None:
         cur = self.current
         if cur is not None and ts is not None and (cur.last is None or ts > cur.last):
-            cur.last = ts
+            cur.before_last, cur.last = cur.last, ts
 
 
 def _since(a: float | None, b: float | None) -> float | None:

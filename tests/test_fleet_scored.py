@@ -123,6 +123,11 @@ def test_each_finding_carries_when_it_happened(fleet):
     assert "1 replica(s) (fleet/vllm-001)" in msg and "2 of 16 replicas (fleet/vllm-002, fleet/vllm-003) sat idle" in msg
     down = by[("replica-down", None)]
     assert start + 0.8 * h - 15 <= down.first_seen <= start + 0.8 * h + 300  # its last sample (Prometheus' 5 min lookback)
+    # over the latency targets: the storm, the hot and DP replicas, the TTFT and ITL breaches (10 % to
+    # 75 % of the range), read from each replica's p99 per 5 min; not the end of the range
+    lat = by[("latency-objective-missed", None)]
+    assert start + 0.1 * h - 300 <= lat.first_seen < start + 0.1 * h + 300
+    assert start + 0.75 * h - 300 < lat.last_seen <= start + 0.75 * h + 300
     eng = by[("engine-imbalance", None)]
     assert start + 0.5 * h <= eng.first_seen <= eng.last_seen <= start + 0.75 * h
 

@@ -217,6 +217,8 @@ class Replica:
     #: (None: never in the range), and whether it was down (up == 0) at the end of the range
     up_last_ok: float | None = None
     up_down_at_end: bool = False
+    #: signal -> (first, last) moment its p99 over LATENCY_SPAN_SECONDS was above the target
+    latency_span: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.name = replica_name(self.key)
@@ -485,6 +487,44 @@ def _batch_selector(keys: list[tuple[str, ...]]) -> str:
     return f'instance=~"{"|".join(sorted(_re2(k[-1]) for k in keys))}"'
 
 
+#: a replica over a latency target over the range: when, read from its p99 over windows this long
+LATENCY_SPAN_SECONDS = 300.0
+
+
+def latency_spans(client: PrometheusClient, sel: str, reps: dict[tuple, Replica], since: float, until: float,
+                  t: dict[str, float]) -> None:
+    """When each replica over a latency target was over it: its histogram's p99 per
+    LATENCY_SPAN_SECONDS window, range-queried for those replicas only (a few series each)."""
+    w = LATENCY_SPAN_SECONDS
+    if until - since < 2 * w:
+        return
+    calls, what = [], []
+    for sig, (name, key) in LATENCY.items():
+        over = sorted(k for k, r in reps.items() if (r.latency_p99.get(sig) or 0) > t.get(key, math.inf))
+        for i in range(0, len(over), BATCH_QUIET):
+            keys = over[i:i + BATCH_QUIET]
+            expr = (f"sum by ({REPLICA_LABELS}, le) "
+                    f"({either(name, _join(sel, _batch_selector(keys)), suffix='_bucket', fn='increase', window=f'{w:g}s')})")
+            calls.append(("range", expr, since + w, until, w))
+            what.append((sig, set(keys), t[key]))
+    for i, res in client.each(calls):
+        sig, keys, target = what[i]
+        per: dict[tuple, dict[float, list]] = defaultdict(lambda: defaultdict(list))
+        for s in res:
+            key = replica_key(s.labels)
+            try:
+                le = float(s.labels.get("le", ""))
+            except ValueError:
+                continue
+            if key in keys:
+                for ts, v in s.points:
+                    per[key][ts].append((le, v))
+        for key, by_ts in per.items():
+            over_t = [ts for ts, b in sorted(by_ts.items()) if (histogram_quantile(LATENCY_QUANTILE, b) or 0) > target]
+            if over_t:
+                reps[key].latency_span[sig] = (over_t[0] - w, over_t[-1])
+
+
 def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: float,
           t: dict[str, float]) -> tuple[dict[tuple, Replica], dict[tuple[str, str], float | None]]:
     """Every replica's series over [since, until], and the fleet's latency: (signal, "p99" |
@@ -606,6 +646,7 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
             r.slo_good_ratio[sig] = _good_ratio(buckets, bound)
         fleet_lat[(sig, "p99")] = histogram_quantile(LATENCY_QUANTILE, list(fleet.items())) if fleet else None
         fleet_lat[(sig, "good")] = _good_ratio(fleet, bound)
+    latency_spans(client, sel, reps, since, until, t)
     # The sidecars: the replicas found above, plus those only a sidecar reports.
     side_names = "|".join(sorted({*SIDECAR_LOAD, *SIDECAR_CONFIG, *SIDECAR_GPU, FINDING_ACTIVE}))
     side = client.query_range(f'{{__name__=~"{side_names}", {sel}}}' if sel else f'{{__name__=~"{side_names}"}}',

@@ -253,6 +253,8 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         # when each fleet finding's condition held (its first and last seen), not the end of the range
         "spans": {name: (min(ts), max(ts)) for name, ts in (
             ("replica-imbalance", imb_times), ("engine-imbalance", eng_times), ("fleet-preemptions", pre_times),
-            ("fleet-kv-saturation", sat_times), ("replica-down", [v.last_seen for v in vanished] + (
+            ("fleet-kv-saturation", sat_times),
+            ("latency-objective-missed", [x for r in reps.values() for span in r.latency_span.values() for x in span]),
+            ("replica-down", [v.last_seen for v in vanished] + (
                 [newest] if vanished else []))) if ts},
     }

@@ -54,6 +54,15 @@ def _cpu() -> float:
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a running process (Prometheus), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,14 +125,15 @@ def bench(n: int, args, prometheus: str, promtool: str) -> None:
         best = None
         for run in range(args.runs):
             spent[0] = 0.0
-            cpu0 = _cpu()
+            cpu0, prom0 = _cpu(), _proc_cpu(proc.pid)
             t0 = time.monotonic()
             res = diagnose_prometheus(url, since=since, until=until, step=args.step)
             wall = time.monotonic() - t0
-            cpu = _cpu() - cpu0
+            cpu, prom_cpu = _cpu() - cpu0, _proc_cpu(proc.pid) - prom0
             best = wall if best is None else min(best, wall)
             found = sum(1 for s in res.replicas if s.findings)
-            print(f"  run {run + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU of vllm-doctor, peak RSS "
+            print(f"  run {run + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU of vllm-doctor + {prom_cpu:.2f} s of Prometheus "
+                  f"(on {os.cpu_count()} idle cores at least {(cpu + prom_cpu) / (os.cpu_count() or 1):.1f} s), peak RSS "
                   f"{_peak_rss_mb()[0]:.0f} MB (largest worker {_peak_rss_mb()[1]:.0f} MB), load average "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; waiting on Prometheus {spent[0]:.2f} s; "
                   f"{len(res.replicas)} replicas, {found} with findings, fleet findings: "

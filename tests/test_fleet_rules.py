@@ -327,3 +327,22 @@ def test_a_hot_replica_of_an_imbalance_gets_routing_not_more_kv_cache():
     assert before and before[0].fixes  # the replica alone: more KV cache
     after = [f for f in _routing_not_capacity(per, fleet) if f.name == "kv-capacity-bound"]
     assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].notes[-1]
+
+
+def test_a_column_holds_a_series_on_its_step_grid():
+    """The fetched series are columns (8 bytes a step), read as {ts: value} of the steps with a sample:
+    two series of one field and engine add up, KV cache usage keeps the larger, an impossible value
+    and a point off the grid are no sample."""
+    from vllm_doctor.fleet import Column
+
+    t0 = 1_800_000_000.0
+    c = Column(t0, 15.0, 5)
+    c.fold([(t0, 2.0), (t0 + 30, 3.0), (t0 + 7, 9.0), (t0 + 60, -1.0)], "num_running")
+    c.fold([(t0, 1.0)], "num_running")
+    assert dict(c) == {t0: 3.0, t0 + 30: 3.0} and len(c) == 2
+    assert t0 + 15 not in c and c.get(t0 + 15) is None and c.get(t0 + 45, 0.0) == 0.0
+    kv = Column(t0, 15.0, 2)
+    kv.fold([(t0, 0.4), (t0 + 15, 1.7)], "kv_cache_usage_ratio")
+    kv.fold([(t0, 0.9)], "kv_cache_usage_ratio")
+    assert dict(kv) == {t0: 0.9}
+    assert len(c.a) * c.a.itemsize == 40

@@ -179,11 +179,22 @@ class Column(Mapping):
             else:
                 a[i] = max(old, v) if fld == "kv_cache_usage_ratio" else old + v
 
+    def get(self, ts: float, default=None):  # the hot path of the events and summaries: no exception
+        i = int((ts - self.t0) / self.step + 0.5)
+        if 0 <= i < len(self.a):
+            v = self.a[i]
+            if v == v and abs(self.t0 + i * self.step - ts) < 1e-3:
+                return v
+        return default
+
+    def __contains__(self, ts: object) -> bool:
+        return isinstance(ts, (int, float)) and self.get(ts) is not None
+
     def __getitem__(self, ts: float) -> float:
-        i = self._index(ts)
-        if i is None or self.a[i] != self.a[i]:
+        v = self.get(ts)
+        if v is None:
             raise KeyError(ts)
-        return self.a[i]
+        return v
 
     def __iter__(self):
         t0, step = self.t0, self.step

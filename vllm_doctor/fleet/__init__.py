@@ -404,9 +404,9 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
                 prev = cur
         if "generation_tokens_total" in v and len(v["generation_tokens_total"]) > 1:
             g = v["generation_tokens_total"]
-            ts = sorted(g)
-            inc = sum(_delta(g[a], g[b]) for a, b in zip(ts, ts[1:]))
-            gen_rates.append(inc / (ts[-1] - ts[0]) if ts[-1] > ts[0] else 0.0)
+            gts = sorted(g)
+            inc = sum(_delta(g[a], g[b]) for a, b in zip(gts, gts[1:]))
+            gen_rates.append(inc / (gts[-1] - gts[0]) if gts[-1] > gts[0] else 0.0)
     full, waiting_min, idle_kv = t["kv_cache_full_ratio"], t["waiting_min"], t["fleet_idle_kv_ratio"]
     sat = idle = 0
     status: dict[float, str] = {}
@@ -510,14 +510,14 @@ def latency_spans(client: PrometheusClient, sel: str, reps: dict[tuple, Replica]
     if until - since < 2 * w:
         return
     calls, what = [], []
-    for sig, (name, key) in LATENCY.items():
-        over = sorted(k for k, r in reps.items() if (r.latency_p99.get(sig) or 0) > t.get(key, math.inf))
+    for sig, (name, target_key) in LATENCY.items():
+        over = sorted(k for k, r in reps.items() if (r.latency_p99.get(sig) or 0) > t.get(target_key, math.inf))
         for i in range(0, len(over), BATCH_QUIET):
             keys = over[i:i + BATCH_QUIET]
             expr = (f"sum by ({REPLICA_LABELS}, le) "
                     f"({either(name, _join(sel, _batch_selector(keys)), suffix='_bucket', fn='increase', window=f'{w:g}s')})")
             calls.append(("range", expr, since + w, until, w))
-            what.append((sig, set(keys), t[key]))
+            what.append((sig, set(keys), t[target_key]))
     for i, res in client.each(calls):
         sig, keys, target = what[i]
         per: dict[tuple, dict[float, list]] = defaultdict(lambda: defaultdict(list))
@@ -591,7 +591,8 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
     lat = latency_queries(sel, rng)
     calls: list[tuple] = [
         ("instant", f"last_over_time({V.cache_config_info}{{{sel}}}[{rng}])", until),
-        ("instant", f"count by ({by}, job) (last_over_time({named(of('num_running', 'num_waiting', 'kv_cache_usage_ratio'))}[{rng}]))", until),
+        ("instant", f"count by ({by}, job) "
+                    f"(last_over_time({named(of('num_running', 'num_waiting', 'kv_cache_usage_ratio'))}[{rng}]))", until),
         ("instant", f"max by ({by}) (max_over_time({named(of('num_waiting', 'num_swapped'))}[{rng}]))", until),
         ("instant", f"sum by ({by}) (increase({named(of('num_preemptions_total'))}[{rng}]))", until),
     ] + [("instant", q, until) for _, q in lat]
@@ -603,7 +604,7 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
     k = max(1, int(round(QUIET_STEP_SECONDS / step)))
     quiet_grid = (since, step * k, (n - 1) // k + 1)
     if present:
-        batches = []
+        batches: list[tuple[list[tuple[str, ...]] | None, tuple[float, float, int]]] = []
         for group, size, grid in ((sorted(present & pressured), BATCH_PRESSURED, (since, step, n)),
                                   (sorted(present - pressured), BATCH_QUIET, quiet_grid)):
             for i in range(0, len(group), size):
@@ -629,10 +630,10 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
     for s in results[0]:
         if replica_key(s.labels) in reps:
             r = reps[replica_key(s.labels)]
-            for key, v in sorted(s.labels.items()):
-                if key not in ("__name__", "engine", "model_name", "job", "instance", "namespace", "pod",
-                               "container", "endpoint", "service"):
-                    r.cache_config.setdefault(key, v)
+            for label, value in sorted(s.labels.items()):
+                if label not in ("__name__", "engine", "model_name", "job", "instance", "namespace", "pod",
+                                 "container", "endpoint", "service"):
+                    r.cache_config.setdefault(label, value)
     fleet_lat: dict[tuple[str, str], float | None] = {}
     for (sig, _), res in zip(lat, results[4:]):
         per: dict[tuple, dict[float, float]] = defaultdict(dict)
@@ -645,8 +646,8 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
             if not s.points:
                 continue
             v = s.points[-1][1]
-            b = per[replica_key(s.labels)]
-            b[le] = b.get(le, 0.0) + v
+            counts = per[replica_key(s.labels)]
+            counts[le] = counts.get(le, 0.0) + v
             fleet[le] += v
         bound = t.get(f"slo_{sig}_seconds")
         for key, buckets in per.items():

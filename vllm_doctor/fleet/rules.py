@@ -46,7 +46,8 @@ from vllm_doctor.state.core import State
 
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
-    "imbalance_hot", "imbalance_cold", "imbalance_start", "imbalance_from", "imbalance_episodes", "engine_imbalance", "preemptions_first_half",
+    "imbalance_hot", "imbalance_cold", "imbalance_start", "imbalance_from", "imbalance_episodes", "engine_imbalance",
+    "preemptions_first_half",
     "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
 }

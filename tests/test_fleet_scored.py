@@ -134,7 +134,10 @@ def test_each_finding_carries_when_it_happened(fleet):
 
 def test_the_replica_table_shows_each_engine_and_reads_old_names(fleet):
     rows = fleet["result"].report.replicas
-    assert [r["replica"] for r in rows[:N]] == [f"fleet/vllm-{i:03d}" for i in range(N)]
+    # each replica, its engines right under it (the DP replica's two)
+    assert [(r["replica"], r["engine"]) for r in rows[4:8]] == [
+        ("fleet/vllm-004", None), ("fleet/vllm-005", None), ("fleet/vllm-005", "0"), ("fleet/vllm-005", "1")]
+    assert len(rows) == N + 2
     dp = {r["engine"]: r for r in rows if r["replica"] == "fleet/vllm-005" and r["engine"] is not None}
     assert dp["0"]["kv_cache_usage_peak_ratio"] == 1.0 and dp["0"]["saturated_ratio"] > 0.2
     assert dp["1"]["idle_ratio"] > 0.2

@@ -802,7 +802,9 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
                   "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas),
                   **({"warnings": warnings} if warnings else {}), **({"series_skipped": len(skipped)} if skipped else {})}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
-        replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
+        # each data-parallel replica's engines right under it (engine 0 at 100 % beside the replica's row)
+        replicas=[row for s in replicas for row in [replica_row(s)] + [replica_row(e) for e in engines
+                                                                        if e.replica == s.replica]],
         timeline=timeline,
     )
     return FleetResult(report, replicas, engines, fleet_findings, time.monotonic() - started)

@@ -565,8 +565,10 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
          "expr": f"sum by ({FLEET_BY}) (rate({V.generation_tokens_total}[5m]))"},
         {"record": record("vllm_replicas:count"),
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_running}))"},
+        # every engine of the replica saturated: a data-parallel replica with one full engine beside
+        # an idle one has room (its engine imbalance, VllmEngineImbalance), it is no hot replica
         {"record": record("vllm_replicas_saturated:count"),
-         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({sat}))"},
+         "expr": f"count by ({FLEET_BY}) (count by ({REPLICA_BY}) ({sat}) == count by ({REPLICA_BY}) {KV})"},
         {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
          "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_waiting}) < {_num(t['waiting_min'])}\n"
                   f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},

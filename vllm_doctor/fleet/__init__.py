@@ -621,9 +621,12 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
         if i == len(batches):
             for s in res:
                 ok = [ts for ts, v in s.points if v >= 1]
+                down = bool(s.points) and s.points[-1][1] < 1 and s.points[-1][0] >= until - quiet_grid[1]
+                if not down and replica_key(s.labels) not in present:
+                    continue  # a target up and answering, whose series the selector leaves out: no row
                 r = rep(s.labels)
                 r.up_last_ok = max(ok[-1], r.up_last_ok or ok[-1]) if ok else r.up_last_ok
-                r.up_down_at_end = bool(s.points) and s.points[-1][1] < 1 and s.points[-1][0] >= until - quiet_grid[1]
+                r.up_down_at_end = r.up_down_at_end or down
             continue
         keys, grid = batches[i]
         fold(res, VLLM_NAMES, grid, set(keys) if keys is not None else None)

@@ -129,7 +129,8 @@ def test_names_exactly_the_replicas_in_trouble_and_their_incident(prometheus):
     assert set(fleet) == {"replica-imbalance", "engine-imbalance", "latency-objective-missed"}
     imb = fleet["replica-imbalance"]
     assert sorted(e["source"] for e in imb["evidence"]) == ["prometheus:fleet/vllm-008", "prometheus:fleet/vllm-009"]
-    assert "4 of 26 replicas sat idle" in imb["message"]
+    assert ("4 of 26 replicas (fleet/vllm-010, fleet/vllm-011, fleet/vllm-012, fleet/vllm-013) sat idle"
+            in imb["message"])
     assert "fleet/vllm-014 engine(s) 0" in fleet["engine-imbalance"]["message"]
     assert "TTFT p99" in fleet["latency-objective-missed"]["message"]
     # the per-replica findings carry their replica and the fixes of the same rules as diagnose

@@ -37,7 +37,7 @@ def replica(pod: str, rows: list[tuple[float, float, float, float]], engine: str
 
 def judge(reps: list[Replica], latency: dict | None = None) -> dict[str, object]:
     start = 1_800_000_000
-    end = start + STEP * (max(len(next(iter(r.engines.values())).values["num_running"]) for r in reps) - 1)
+    end = start + STEP * (max(len(e.values["num_running"]) for r in reps for e in r.engines.values()) - 1)
     sums, engines = [], []
     by_key = {}
     for r in reps:
@@ -90,7 +90,7 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     assert set(got) == {"replica-imbalance"}
     f = got["replica-imbalance"]
     assert [e.source for e in f.evidence] == ["prometheus:llm/hot"]
-    assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas sat idle" in f.message
+    assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas (llm/idle) sat idle" in " ".join(f.message.split())
     assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
     # its real first and last seen: hot only from step 20 to 59 of 80
     f = judge([replica("hot", BUSY[:20] + HOT[:40] + BUSY[:20]), replica("idle", IDLE)])["replica-imbalance"]
@@ -98,6 +98,37 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     # shorter than fleet_imbalance_min_seconds: not yet an imbalance
     short = int(T["fleet_imbalance_min_seconds"] / STEP) - 2
     assert "replica-imbalance" not in judge([replica("hot", HOT[:short] + BUSY[short:]), replica("idle", IDLE)])
+
+
+def test_imbalance_is_decided_at_a_moment_not_summed_over_the_range():
+    """Issue 22: "idle" was counted over the whole range and separate incidents' minutes were added
+    up. Two 6-minute imbalances an hour apart are no 10-minute imbalance; of two real episodes the
+    finding names the replicas hot and idle in its own (the longest), not every replica that idled
+    at some other time."""
+    six = int(360 / STEP)
+    gap = [(10, 0, 0.5, 0)] * 40
+    hot = HOT[:six] + gap + HOT[:six] + gap
+    idle = IDLE[:six] + gap + IDLE[:six] + gap
+    assert "replica-imbalance" not in judge([replica("hot", hot), replica("idle", idle)])
+    # episode 1: 15 min, "c" idles; episode 2: 12 min, "d" idles; each busy otherwise
+    e1, e2 = int(900 / STEP), int(720 / STEP)
+    hot = HOT[:e1] + gap + HOT[:e2]
+    c = IDLE[:e1] + gap + BUSY[:e2]
+    d = BUSY[:e1] + gap + IDLE[:e2]
+    f = judge([replica("hot", hot), replica("c", c), replica("d", d)])["replica-imbalance"]
+    msg = " ".join(f.message.split())
+    assert msg.startswith("For 15 min from 2027-01-15 08:00 UTC 1 replica(s) (llm/hot)"), msg
+    assert "1 of 3 replicas (llm/c) sat idle" in msg and "(2 such episodes; this is the longest)" in msg
+    assert (f.first_seen, f.last_seen) == (1_800_000_000, 1_800_000_000 + (e1 + 40 + e2 - 1) * STEP)
+
+
+def test_a_data_parallel_replica_with_one_full_engine_is_no_hot_replica():
+    """Engine 0 full while engine 1 of the same replica idles is that replica's engine imbalance;
+    the replica has room (its idle engine), so it is not the hot side of a replica imbalance."""
+    dp = replica("dp", HOT, engine="0")
+    replica("dp", IDLE, engine="1", rep=dp)
+    got = judge([dp, replica("idle", IDLE)])
+    assert "engine-imbalance" in got and "replica-imbalance" not in got
 
 
 def test_engine_imbalance_within_one_replica():
@@ -171,6 +202,21 @@ def test_a_replica_that_stops_reporting_is_down():
     assert "replica-down" not in judge([replica("ok", BUSY), replica("also-ok", BUSY)])
     # most replicas stopped at the same time (a scrape or Prometheus gap): not called dead
     assert "replica-down" not in judge([replica(p, BUSY[:40]) for p in "abc"] + [replica("d", BUSY)])
+
+
+def test_a_replica_whose_target_is_down_is_named_even_when_its_last_values_linger():
+    """Prometheus' up == 0 of the replica's vLLM target: down since its last good scrape (a query
+    range repeats a stopped series' last value for 5 minutes), or down over the whole range (no
+    vLLM series at all): replica-down names it, with its last good scrape as first seen."""
+    hung = replica("hung", BUSY)
+    hung.up_last_ok, hung.up_down_at_end = 1_800_000_000 + 50 * STEP, True
+    never = Replica(("llm", "never"))
+    never.up_down_at_end = True
+    got = judge([replica("ok", BUSY), replica("ok2", BUSY), hung, never])["replica-down"]
+    assert sorted(e.text.split(":")[0] for e in got.evidence) == ["llm/hung", "llm/never"]
+    assert "llm/hung silent for the last 7 min" in got.message
+    assert got.first_seen == 1_800_000_000  # "never" answered no scrape in the range
+    assert "replica-down" not in judge([replica("ok", BUSY), replica("fine", BUSY)])
 
 
 def test_counters_become_per_step_increases_and_a_restart_is_not_negative():
@@ -281,3 +327,22 @@ def test_a_hot_replica_of_an_imbalance_gets_routing_not_more_kv_cache():
     assert before and before[0].fixes  # the replica alone: more KV cache
     after = [f for f in _routing_not_capacity(per, fleet) if f.name == "kv-capacity-bound"]
     assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].notes[-1]
+
+
+def test_a_column_holds_a_series_on_its_step_grid():
+    """The fetched series are columns (8 bytes a step), read as {ts: value} of the steps with a sample:
+    two series of one field and engine add up, KV cache usage keeps the larger, an impossible value
+    and a point off the grid are no sample."""
+    from vllm_doctor.fleet import Column
+
+    t0 = 1_800_000_000.0
+    c = Column(t0, 15.0, 5)
+    c.fold([(t0, 2.0), (t0 + 30, 3.0), (t0 + 7, 9.0), (t0 + 60, -1.0)], "num_running")
+    c.fold([(t0, 1.0)], "num_running")
+    assert dict(c) == {t0: 3.0, t0 + 30: 3.0} and len(c) == 2
+    assert t0 + 15 not in c and c.get(t0 + 15) is None and c.get(t0 + 45, 0.0) == 0.0
+    kv = Column(t0, 15.0, 2)
+    kv.fold([(t0, 0.4), (t0 + 15, 1.7)], "kv_cache_usage_ratio")
+    kv.fold([(t0, 0.9)], "kv_cache_usage_ratio")
+    assert dict(kv) == {t0: 0.9}
+    assert len(c.a) * c.a.itemsize == 40

@@ -34,8 +34,11 @@ a per-replica table; findings of a replica are titled with the replica's name.
 from __future__ import annotations
 
 import math
+import re
 import time
+from array import array
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm_doctor.catalogue import V, either
@@ -44,7 +47,7 @@ from vllm_doctor.errors import InputError
 from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.findings import Finding
 from vllm_doctor.pipeline import Pipeline, Report
-from vllm_doctor.ingest.scrape import SAMPLE_FIELDS
+from vllm_doctor.ingest.scrape import SAMPLE_FIELDS, histogram_quantile
 from vllm_doctor.state.core import FACT_NAMES
 from vllm_doctor.fleet.prometheus import PrometheusClient, Series
 
@@ -142,11 +145,71 @@ def replica_name(key: tuple[str, ...]) -> str:
 # per replica
 # ---------------------------------------------------------------------------------------------
 
+class Column(Mapping):
+    """One field of one engine on its query's step grid, as a column: the values in an
+    ``array('d')`` (8 bytes a step, NaN where there was no sample), read as a mapping
+    ``{ts: value}`` of the steps with a sample. A fleet's 6 h of 15 s steps is a few MB, where
+    a dict of per-sample floats took a hundred."""
+
+    __slots__ = ("t0", "step", "a", "_n")
+
+    def __init__(self, t0: float, step: float, n: int) -> None:
+        self.t0, self.step = t0, step
+        self.a = array("d", [math.nan]) * n
+        self._n = 0
+
+    def _index(self, ts: float) -> int | None:
+        i = int(round((ts - self.t0) / self.step))
+        return i if 0 <= i < len(self.a) and abs(self.t0 + i * self.step - ts) < 1e-3 else None
+
+    def fold(self, points: list[tuple[float, float]], fld: str) -> None:
+        """Add a series' points (several series of one field and engine sum; KV usage: the max).
+        An impossible value (vllm-ascend's negative usage, a ratio above 1) is never trusted."""
+        a = self.a
+        for ts, v in points:
+            if math.isnan(v) or v < 0 or (fld == "kv_cache_usage_ratio" and v > 1.0 + 1e-9):
+                continue
+            i = self._index(ts)
+            if i is None:
+                continue
+            old = a[i]
+            if old != old:
+                a[i] = v
+                self._n += 1
+            else:
+                a[i] = max(old, v) if fld == "kv_cache_usage_ratio" else old + v
+
+    def get(self, ts: float, default=None):  # the hot path of the events and summaries: no exception
+        i = int((ts - self.t0) / self.step + 0.5)
+        if 0 <= i < len(self.a):
+            v = self.a[i]
+            if v == v and abs(self.t0 + i * self.step - ts) < 1e-3:
+                return v
+        return default
+
+    def __contains__(self, ts: object) -> bool:
+        return isinstance(ts, (int, float)) and self.get(ts) is not None
+
+    def __getitem__(self, ts: float) -> float:
+        v = self.get(ts)
+        if v is None:
+            raise KeyError(ts)
+        return v
+
+    def __iter__(self):
+        t0, step = self.t0, self.step
+        return (t0 + i * step for i, v in enumerate(self.a) if v == v)
+
+    def __len__(self) -> int:
+        return self._n
+
+
 @dataclass
 class EngineSeries:
-    """The series of one engine of one replica: field -> {ts: value} (priority kept per field)."""
+    """The series of one engine of one replica: field -> its Column (or any mapping {ts: value};
+    priority kept per field)."""
 
-    values: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
+    values: dict[str, Mapping[float, float]] = field(default_factory=lambda: defaultdict(dict))
     prio: dict[str, int] = field(default_factory=dict)
 
 
@@ -161,6 +224,12 @@ class Replica:
     latency_p99: dict[str, float | None] = field(default_factory=dict)
     slo_good_ratio: dict[str, float | None] = field(default_factory=dict)
     model_name: str | None = None
+    #: from Prometheus' ``up`` of the replica's vLLM target: the last moment it answered a scrape
+    #: (None: never in the range), and whether it was down (up == 0) at the end of the range
+    up_last_ok: float | None = None
+    up_down_at_end: bool = False
+    #: signal -> (first, last) moment its p99 over LATENCY_SPAN_SECONDS was above the target
+    latency_span: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.name = replica_name(self.key)
@@ -187,6 +256,7 @@ class Summary:
     latency_p99: dict[str, float | None] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
     status: dict[float, str] = field(default_factory=dict, repr=False)  # ts -> "saturated" | "idle" | "busy"
+    key: tuple[str, ...] = ()  # the replica's (namespace, pod) or (instance,)
 
 
 def _delta(prev: float | None, cur: float) -> float:
@@ -334,9 +404,9 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
                 prev = cur
         if "generation_tokens_total" in v and len(v["generation_tokens_total"]) > 1:
             g = v["generation_tokens_total"]
-            ts = sorted(g)
-            inc = sum(_delta(g[a], g[b]) for a, b in zip(ts, ts[1:]))
-            gen_rates.append(inc / (ts[-1] - ts[0]) if ts[-1] > ts[0] else 0.0)
+            gts = sorted(g)
+            inc = sum(_delta(g[a], g[b]) for a, b in zip(gts, gts[1:]))
+            gen_rates.append(inc / (gts[-1] - gts[0]) if gts[-1] > gts[0] else 0.0)
     full, waiting_min, idle_kv = t["kv_cache_full_ratio"], t["waiting_min"], t["fleet_idle_kv_ratio"]
     sat = idle = 0
     status: dict[float, str] = {}
@@ -345,16 +415,17 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         r = sum(x[0] or 0 for x in rows)
         w = sum(x[1] or 0 for x in rows)
         ks = [x[2] for x in rows if x[2] is not None]
-        k = max(ks) if ks else None
         running.append(r)
         waiting.append(w)
         if ks:
             kvs.append(sum(ks) / len(ks))
-            kv_tops.append(k)
-        if k is not None and k >= full and w >= waiting_min:
+            kv_tops.append(max(ks))
+        # a replica is saturated when every engine is (no room anywhere in it), idle when every
+        # engine idles: one full engine beside an idle one is the replica's own engine imbalance
+        if all(x[2] is not None and x[2] >= full and (x[1] or 0) >= waiting_min for x in rows):
             sat += 1
             status[ts] = "saturated"
-        elif w < waiting_min and (k is None or k < idle_kv):
+        elif all((x[1] or 0) < waiting_min and (x[2] is None or x[2] < idle_kv) for x in rows):
             idle += 1
             status[ts] = "idle"
         else:
@@ -371,7 +442,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         meta=Meta(source=f"prometheus:{rep.name}", text=""),
         latency_p99=dict(rep.latency_p99) if engine is None else {},
         findings=sorted(f.name for f in pipe.engine.findings.values()) if pipe is not None else [],
-        status=status,
+        status=status, key=rep.key,
     )
     kv_txt = "-" if s.kv_peak is None else f"{s.kv_peak:.0%}"
     s.meta = Meta(source=f"prometheus:{name}", text=(
@@ -385,34 +456,97 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
 # querying
 # ---------------------------------------------------------------------------------------------
 
-def _le_regex(v: float) -> str:
-    """An ``le`` label matcher for a bucket bound as any exposition writes it (``2.5``, ``1`` or ``1.0``)."""
-    s = repr(float(v))
-    base = s[:-2] if s.endswith(".0") else s
-    return f'{base}|{base}.0' if s.endswith(".0") else base
+def latency_queries(sel: str, rng: str) -> list[tuple[str, str]]:
+    """(signal, PromQL) of the latency layer over ``rng``: each histogram's bucket increases per
+    replica and ``le`` (its old and new names combined per series first). One query per signal
+    gives every replica's p99, the fleet's p99 (the replicas' buckets summed, here) and the share
+    of requests within the SLO bound (the bound's bucket over ``+Inf``): 5 queries where one per
+    quantity and level took 18, and each reads the fleet's histograms once."""
+    return [(sig, f"sum by ({REPLICA_LABELS}, le) ({either(name, sel, suffix='_bucket', fn='increase', window=rng)})")
+            for sig, (name, _) in LATENCY.items()]
 
 
-def latency_queries(sel: str, by: str, rng: str, t: dict[str, float]) -> list[tuple[str, str, str]]:
-    """(signal, kind, PromQL) of the latency layer over ``rng``: the p99 per ``by`` from the raw
-    buckets (aggregatable across replicas), and the share of requests within the objective."""
-    out = []
-    for sig, (name, _) in LATENCY.items():
-        def agg(suffix: str, extra: str = "", grouping: str = by) -> str:
-            return (f"sum by ({grouping}) "
-                    f"({either(name, _join(sel, extra), suffix='_' + suffix, fn='increase', window=rng)})")
-        grouping = _join(by, "le")
-        out.append((sig, "p99", f"histogram_quantile({LATENCY_QUANTILE}, {agg('bucket', grouping=grouping)})"))
-        slo = t.get(f"slo_{sig}_seconds")
-        if slo is not None:
-            good = agg("bucket", f'le=~"{_le_regex(slo)}"')
-            out.append((sig, "good", f"({good}) / ({agg('count')})"))
-    return out
+REPLICA_LABELS = "namespace, pod, instance"
+#: a quiet replica (no request waiting, swapped or preempted over the range) is read at this step
+#: or the query's, whichever is longer: nothing its rules judge needs more (see fetch)
+QUIET_STEP_SECONDS = 60.0
+#: replicas per range query (a pressured one at the query step, a quiet one at the quiet step):
+#: bounds each answer (about 1 MB per pressured replica over 6 h) and so the memory in flight
+BATCH_PRESSURED, BATCH_QUIET = 8, 32
+
+
+def _good_ratio(buckets: dict[float, float], bound: float | None) -> float | None:
+    total = buckets.get(math.inf)
+    if bound is None or not total:
+        return None
+    le = next((le for le in buckets if math.isclose(le, bound, rel_tol=1e-9)), None)
+    return None if le is None else buckets[le] / total
+
+
+def _re2(value: str) -> str:
+    """A label value as an exact RE2 alternative inside a PromQL double-quoted string."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", value).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _batch_selector(keys: list[tuple[str, ...]]) -> str:
+    """Label matchers selecting the replicas ``keys`` (a superset where namespaces differ: the
+    fold keeps the batch's own)."""
+    if all(len(k) == 2 for k in keys):
+        ns = sorted({k[0] for k in keys})
+        return _join(f'namespace=~"{"|".join(_re2(n) for n in ns)}"' if ns != [""] else "",
+                     f'pod=~"{"|".join(sorted(_re2(k[1]) for k in keys))}"')
+    return f'instance=~"{"|".join(sorted(_re2(k[-1]) for k in keys))}"'
+
+
+#: a replica over a latency target over the range: when, read from its p99 over windows this long
+LATENCY_SPAN_SECONDS = 300.0
+
+
+def latency_spans(client: PrometheusClient, sel: str, reps: dict[tuple, Replica], since: float, until: float,
+                  t: dict[str, float]) -> None:
+    """When each replica over a latency target was over it: its histogram's p99 per
+    LATENCY_SPAN_SECONDS window, range-queried for those replicas only (a few series each)."""
+    w = LATENCY_SPAN_SECONDS
+    if until - since < 2 * w:
+        return
+    calls, what = [], []
+    for sig, (name, target_key) in LATENCY.items():
+        over = sorted(k for k, r in reps.items() if (r.latency_p99.get(sig) or 0) > t.get(target_key, math.inf))
+        for i in range(0, len(over), BATCH_QUIET):
+            keys = over[i:i + BATCH_QUIET]
+            expr = (f"sum by ({REPLICA_LABELS}, le) "
+                    f"({either(name, _join(sel, _batch_selector(keys)), suffix='_bucket', fn='increase', window=f'{w:g}s')})")
+            calls.append(("range", expr, since + w, until, w))
+            what.append((sig, set(keys), t[target_key]))
+    for i, res in client.each(calls):
+        sig, keys, target = what[i]
+        per: dict[tuple, dict[float, list]] = defaultdict(lambda: defaultdict(list))
+        for s in res:
+            key = replica_key(s.labels)
+            try:
+                le = float(s.labels.get("le", ""))
+            except ValueError:
+                continue
+            if key in keys:
+                for ts, v in s.points:
+                    per[key][ts].append((le, v))
+        for key, by_ts in per.items():
+            over_t = [ts for ts, b in sorted(by_ts.items()) if (histogram_quantile(LATENCY_QUANTILE, b) or 0) > target]
+            if over_t:
+                reps[key].latency_span[sig] = (over_t[0] - w, over_t[-1])
 
 
 def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: float,
           t: dict[str, float]) -> tuple[dict[tuple, Replica], dict[tuple[str, str], float | None]]:
     """Every replica's series over [since, until], and the fleet's latency: (signal, "p99" |
-    "good") -> value."""
+    "good") -> value.
+
+    The query plan (docs/fleet.md): (1) instant queries over the range, evaluated by Prometheus:
+    the replicas, which of them ever had a request waiting, swapped or preempted (pressured), and
+    the latency histograms' bucket increases per replica; (2) the load series, range-queried in
+    batches of replicas with bounded concurrency: a pressured replica at ``step``, a quiet one at
+    QUIET_STEP_SECONDS (a multiple of ``step`` on the same grid); each answer folded into columns
+    as it arrives."""
     reps: dict[tuple, Replica] = {}
 
     def rep(labels: dict[str, str]) -> Replica:
@@ -424,65 +558,115 @@ def fetch(client: PrometheusClient, sel: str, since: float, until: float, step: 
             r.model_name = labels["model_name"]
         return r
 
-    def fold(series: list[Series], table: dict[str, tuple[str, int]], create: bool) -> None:
+    def fold(series: list[Series], table: dict[str, tuple[str, int]], grid: tuple[float, float, int],
+             keep: set | None = None) -> None:
         for s in series:
             spec = table.get(s.labels.get("__name__", ""))
             if spec is None:  # a series the query did not ask for: left out, never the whole report
                 client.skipped.append(f"{s.labels.get('__name__', '?')[:60]}: a series not asked for")
                 continue
+            if keep is not None and replica_key(s.labels) not in keep:
+                continue  # another batch's (a namespace matcher wider than the batch)
             fld, prio = spec
-            key = replica_key(s.labels)
-            if not create and key not in reps:
-                continue
             es = rep(s.labels).engines[s.labels.get("engine", "0")]
             have = es.prio.get(fld)
             if have is not None and have < prio:
                 continue
-            if have is not None and have > prio:
-                es.values[fld].clear()
+            col = es.values.get(fld)
+            if have is None or have > prio or not isinstance(col, Column):
+                col = es.values[fld] = Column(*grid)
             es.prio[fld] = prio
-            d = es.values[fld]
-            for ts, v in s.points:
-                if math.isnan(v) or v < 0 or (fld == "kv_cache_usage_ratio" and v > 1.0 + 1e-9):
-                    continue  # an impossible value (vllm-ascend's negative usage): never trusted
-                d[ts] = d.get(ts, 0.0) + v if fld != "kv_cache_usage_ratio" or ts not in d else max(d[ts], v)
+            col.fold(s.points, fld)
 
     rng = f"{max(1, int(round(until - since)))}s"
     names = "|".join(sorted(VLLM_NAMES))
-    by = "namespace, pod, instance"
+    by = REPLICA_LABELS
+
+    def of(*fields: str) -> str:
+        return "|".join(sorted(n for n, (f, _) in VLLM_NAMES.items() if f in fields))
+
+    def named(regex: str, extra: str = "") -> str:
+        return "{" + _join(f'__name__=~"{regex}"', sel, extra) + "}"
+
+    lat = latency_queries(sel, rng)
     calls: list[tuple] = [
-        ("range", f'{{__name__=~"{names}", {sel}}}' if sel else f'{{__name__=~"{names}"}}', since, until, step),
         ("instant", f"last_over_time({V.cache_config_info}{{{sel}}}[{rng}])", until),
-    ]
-    lat = latency_queries(sel, by, rng, t)
-    fleet_lat_q = latency_queries(sel, "", rng, t)
-    calls += [("instant", q, until) for _, _, q in lat + fleet_lat_q]
+        ("instant", f"count by ({by}, job) "
+                    f"(last_over_time({named(of('num_running', 'num_waiting', 'kv_cache_usage_ratio'))}[{rng}]))", until),
+        ("instant", f"max by ({by}) (max_over_time({named(of('num_waiting', 'num_swapped'))}[{rng}]))", until),
+        ("instant", f"sum by ({by}) (increase({named(of('num_preemptions_total'))}[{rng}]))", until),
+    ] + [("instant", q, until) for _, q in lat]
     results = client.many(calls)
-    fleet_lat: dict[tuple[str, str], float | None] = {}
-    for (sig, kind, _), res in zip(fleet_lat_q, results[2 + len(lat):]):
-        v = res[0].points[-1][1] if res and res[0].points else None
-        fleet_lat[(sig, kind)] = None if v is None or math.isnan(v) or math.isinf(v) else v
-    fold(results[0], VLLM_NAMES, create=True)
-    for s in results[1]:
+    present = {replica_key(s.labels) for s in results[1]}
+    pressured = {replica_key(s.labels) for s in results[2] if s.points and s.points[-1][1] >= t["waiting_min"]}
+    pressured |= {replica_key(s.labels) for s in results[3] if s.points and s.points[-1][1] > 0}
+    n = int(round((until - since) / step)) + 1
+    k = max(1, int(round(QUIET_STEP_SECONDS / step)))
+    quiet_grid = (since, step * k, (n - 1) // k + 1)
+    if present:
+        batches: list[tuple[list[tuple[str, ...]] | None, tuple[float, float, int]]] = []
+        for group, size, grid in ((sorted(present & pressured), BATCH_PRESSURED, (since, step, n)),
+                                  (sorted(present - pressured), BATCH_QUIET, quiet_grid)):
+            for i in range(0, len(group), size):
+                batches.append((group[i:i + size], grid))
+        range_calls = [("range", named(names, _batch_selector(keys)), since, until, grid[1]) for keys, grid in batches]
+    else:  # a store that answers no instant query over the range: one query of everything at the step
+        batches = [(None, (since, step, n))]
+        range_calls = [("range", named(names), since, until, step)]
+    jobs = sorted({s.labels["job"] for s in results[1] if s.labels.get("job")})
+    if jobs:  # vLLM's own scrape targets: a replica that stopped answering, or never did in the range
+        range_calls.append(("range", "up{" + _join(sel, f'job=~"{"|".join(_re2(j) for j in jobs)}"') + "}",
+                            since, until, quiet_grid[1]))
+    for i, res in client.each(range_calls):
+        if i == len(batches):
+            for s in res:
+                ok = [ts for ts, v in s.points if v >= 1]
+                down = bool(s.points) and s.points[-1][1] < 1 and s.points[-1][0] >= until - quiet_grid[1]
+                if not down and replica_key(s.labels) not in present:
+                    continue  # a target up and answering, whose series the selector leaves out: no row
+                r = rep(s.labels)
+                r.up_last_ok = max(ok[-1], r.up_last_ok or ok[-1]) if ok else r.up_last_ok
+                r.up_down_at_end = r.up_down_at_end or down
+            continue
+        keys, grid = batches[i]
+        fold(res, VLLM_NAMES, grid, set(keys) if keys is not None else None)
+    for s in results[0]:
         if replica_key(s.labels) in reps:
             r = reps[replica_key(s.labels)]
-            for k, v in sorted(s.labels.items()):
-                if k not in ("__name__", "engine", "model_name", "job", "instance", "namespace", "pod",
-                             "container", "endpoint", "service"):
-                    r.cache_config.setdefault(k, v)
-    for (sig, kind, _), res in zip(lat, results[2:2 + len(lat)]):
+            for label, value in sorted(s.labels.items()):
+                if label not in ("__name__", "engine", "model_name", "job", "instance", "namespace", "pod",
+                                 "container", "endpoint", "service"):
+                    r.cache_config.setdefault(label, value)
+    fleet_lat: dict[tuple[str, str], float | None] = {}
+    for (sig, _), res in zip(lat, results[4:]):
+        per: dict[tuple, dict[float, float]] = defaultdict(dict)
+        fleet: dict[float, float] = defaultdict(float)
         for s in res:
-            r = reps.get(replica_key(s.labels))
-            if r is None or not s.points:
+            try:
+                le = float(s.labels.get("le", ""))
+            except ValueError:
+                continue
+            if not s.points:
                 continue
             v = s.points[-1][1]
-            v = None if math.isnan(v) or math.isinf(v) else v
-            (r.latency_p99 if kind == "p99" else r.slo_good_ratio)[sig] = v
+            counts = per[replica_key(s.labels)]
+            counts[le] = counts.get(le, 0.0) + v
+            fleet[le] += v
+        bound = t.get(f"slo_{sig}_seconds")
+        for key, buckets in per.items():
+            r = reps.get(key)
+            if r is None:
+                continue
+            r.latency_p99[sig] = histogram_quantile(LATENCY_QUANTILE, list(buckets.items()))
+            r.slo_good_ratio[sig] = _good_ratio(buckets, bound)
+        fleet_lat[(sig, "p99")] = histogram_quantile(LATENCY_QUANTILE, list(fleet.items())) if fleet else None
+        fleet_lat[(sig, "good")] = _good_ratio(fleet, bound)
+    latency_spans(client, sel, reps, since, until, t)
     # The sidecars: the replicas found above, plus those only a sidecar reports.
     side_names = "|".join(sorted({*SIDECAR_LOAD, *SIDECAR_CONFIG, *SIDECAR_GPU, FINDING_ACTIVE}))
     side = client.query_range(f'{{__name__=~"{side_names}", {sel}}}' if sel else f'{{__name__=~"{side_names}"}}',
                               since, until, step)
-    fold([s for s in side if s.labels.get("__name__") in SIDECAR_LOAD], SIDECAR_LOAD, create=True)
+    fold([s for s in side if s.labels.get("__name__") in SIDECAR_LOAD], SIDECAR_LOAD, (since, step, n))
     for s in side:
         name = s.labels.get("__name__", "")
         if name in SIDECAR_LOAD or not s.points:
@@ -605,8 +789,9 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
     findings = [f for j in judged for f in j[2]]
     timeline = fleet_timeline([(s.replica, j[3]) for s, j in zip(replicas, judged)],
                               {s.replica for s in replicas if s.findings})
+    grid = step_s * max(1, int(round(QUIET_STEP_SECONDS / step_s)))
     fleet = FleetRuleEngine(fleet_rules, fleet_namespace(replicas, engines, reps, t, t_since, t_until,
-                                                                 fleet_lat, step_s))
+                                                         fleet_lat, step_s, grid))
     fleet_findings = fleet.run(t_until)
     findings = _routing_not_capacity(findings, fleet_findings)
     sev = {"info": 0, "warning": 1, "critical": 2}
@@ -620,7 +805,9 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
                   "lines_total": sum(s.steps for s in replicas), "unparsed_lines": 0, "vllm_lines": len(replicas),
                   **({"warnings": warnings} if warnings else {}), **({"series_skipped": len(skipped)} if skipped else {})}],
         rule_errors=dict(fleet.rule_errors), generated_at=time.time(),
-        replicas=[replica_row(s) for s in replicas] + [replica_row(s) for s in engines],
+        # each data-parallel replica's engines right under it (engine 0 at 100 % beside the replica's row)
+        replicas=[row for s in replicas for row in [replica_row(s)] + [replica_row(e) for e in engines
+                                                                        if e.replica == s.replica]],
         timeline=timeline,
     )
     return FleetResult(report, replicas, engines, fleet_findings, time.monotonic() - started)

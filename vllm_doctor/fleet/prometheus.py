@@ -56,6 +56,9 @@ def _env_number(name: str, default: float) -> float:
 
 
 MAX_WARNINGS = 20
+#: queries in flight at once against the query API (a Prometheus on the same small host, or a
+#: shared Thanos / Mimir, should not see a fleet diagnosis as a burst)
+MAX_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -173,11 +176,33 @@ class PrometheusClient:
             out.append(Series(labels, points))
         return out
 
-    def many(self, calls: list[tuple]) -> list[list[Series]]:
-        """Several queries at once (Prometheus evaluates them in parallel): each call is
-        ``("range", expr, start, end, step)`` or ``("instant", expr, at)``."""
-        def one(call):
-            return self.query_range(*call[1:]) if call[0] == "range" else self.query(*call[1:])
+    def _one(self, call: tuple) -> list[Series]:
+        return self.query_range(*call[1:]) if call[0] == "range" else self.query(*call[1:])
 
-        with ThreadPoolExecutor(min(8, len(calls)) or 1) as ex:
-            return list(ex.map(one, calls))
+    def many(self, calls: list[tuple]) -> list[list[Series]]:
+        """Several queries, at most :data:`MAX_IN_FLIGHT` at once: each call is
+        ``("range", expr, start, end, step)`` or ``("instant", expr, at)``."""
+        return [res for _, res in sorted(self.each(calls), key=lambda x: x[0])]
+
+    def each(self, calls: list[tuple]):
+        """``(index, result)`` of each call as it completes, at most MAX_IN_FLIGHT queries in flight
+        (``VLLM_DOCTOR_PROMETHEUS_CONCURRENCY``): the caller folds an answer and drops it before
+        more arrive, so memory holds a few answers, never the fleet's."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        limit = max(1, int(_env_number("VLLM_DOCTOR_PROMETHEUS_CONCURRENCY", MAX_IN_FLIGHT)))
+        with ThreadPoolExecutor(min(limit, len(calls)) or 1) as ex:
+            pending = {}
+            todo = iter(enumerate(calls))
+            for i, call in todo:
+                pending[ex.submit(self._one, call)] = i
+                if len(pending) >= limit:
+                    break
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    i = pending.pop(fut)
+                    yield i, fut.result()
+                    nxt = next(todo, None)
+                    if nxt is not None:
+                        pending[ex.submit(self._one, nxt[1])] = nxt[0]

@@ -10,10 +10,13 @@ The fleet namespace (what a fleet rule's expressions may name):
   ``idle_ratio``, ``latency_p99[signal]``, ``findings`` (names of its rules that fired));
   ``engines``: the same per engine, for replicas running several (data parallel) engines;
 * ``n_replicas``; ``window_seconds`` (the range diagnosed); ``step_seconds``;
-* ``imbalance_seconds``: time with a saturated replica (KV cache full, requests waiting) while
-  another sat idle; ``imbalance_hot`` / ``imbalance_cold``: replicas saturated / idle for at
-  least ``t.fleet_imbalance_min_seconds`` of that time; ``engine_imbalance``: per replica with
-  several engines, ``(replica, seconds, hot engines, cold engines)`` of the same within it;
+* imbalance is decided at a moment: an episode is a run of moments at which a replica was
+  saturated (KV cache full, requests waiting) while another sat idle, lasting at least
+  ``t.fleet_imbalance_min_seconds``; ``imbalance_seconds``, ``imbalance_start`` (``imbalance_from`` as text),
+  ``imbalance_hot`` / ``imbalance_cold``: the longest episode's length, start, and the replicas
+  saturated / idle at its moments (in half of them or more); ``imbalance_episodes``: how many;
+  ``engine_imbalance``: per replica with several engines, ``(replica, seconds, hot engines, cold
+  engines, start, end, episodes)`` of its longest episode between its engines;
 * ``preemptions_first_half`` / ``preemptions_second_half``: fleet preemptions in each half of
   the range (the trend); ``kv_slope_per_hour``: slope of the fleet's mean KV cache usage;
 * ``latency_p99[signal]`` and ``slo_good_ratio[signal]`` over the fleet (signals ``ttft``,
@@ -26,6 +29,7 @@ The fleet namespace (what a fleet rule's expressions may name):
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,7 +46,8 @@ from vllm_doctor.state.core import State
 
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
-    "imbalance_hot", "imbalance_cold", "engine_imbalance", "preemptions_first_half",
+    "imbalance_hot", "imbalance_cold", "imbalance_start", "imbalance_from", "imbalance_episodes", "engine_imbalance",
+    "preemptions_first_half",
     "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
 }
@@ -118,33 +123,58 @@ class FleetRuleEngine(RuleEngine):
                 for f in self.findings.values()]
 
 
+def episodes(by_ts: dict[float, dict[str, str]], grid: float, since: float, min_seconds: float) -> list[SimpleNamespace]:
+    """The imbalance episodes of ``by_ts`` (ts -> member -> "saturated" | "idle" | "busy"): runs
+    of consecutive moments on the ``grid`` (one missed moment allowed) at which one member was
+    saturated while another sat idle, lasting ``min_seconds`` or more. Each with its start,
+    end, seconds, and the members hot and cold *at those moments* (in at least half of them)."""
+    moments = sorted(ts for ts in by_ts if abs((ts - since) / grid - round((ts - since) / grid)) < 1e-6)
+    runs: list[list[tuple[float, list[str], list[str]]]] = []
+    last = None
+    for ts in moments:
+        sts = by_ts[ts]
+        hot = [r for r, st in sts.items() if st == "saturated"]
+        cold = [r for r, st in sts.items() if st == "idle"]
+        if not (hot and cold):
+            continue
+        if last is None or ts - last > 2 * grid + 1e-6:
+            runs.append([])
+        runs[-1].append((ts, hot, cold))
+        last = ts
+    out = []
+    for run in runs:
+        seconds = run[-1][0] - run[0][0] + grid
+        if seconds < min_seconds:
+            continue
+        hot_n: dict[str, int] = {}
+        cold_n: dict[str, int] = {}
+        for _, hot, cold in run:
+            for r in hot:
+                hot_n[r] = hot_n.get(r, 0) + 1
+            for r in cold:
+                cold_n[r] = cold_n.get(r, 0) + 1
+        need = len(run) / 2
+        out.append(SimpleNamespace(start=run[0][0], end=run[-1][0], seconds=seconds,
+                                   hot=sorted(r for r, n in hot_n.items() if n >= need),
+                                   cold=sorted(r for r, n in cold_n.items() if n >= need)))
+    return out
+
+
 def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, until: float,
-                    fleet_latency: dict | None = None, step: float = 15.0) -> dict[str, Any]:
-    """The names a fleet rule reads (see the module doc), from the per-replica summaries."""
+                    fleet_latency: dict | None = None, step: float = 15.0, grid: float | None = None) -> dict[str, Any]:
+    """The names a fleet rule reads (see the module doc), from the per-replica summaries.
+    ``grid``: the step every replica was read at (a quiet one at a longer step than a pressured
+    one): imbalance is judged at those moments, where every replica has a value."""
     from vllm_doctor.diagnosis.expr import slope_per_hour
 
+    grid = grid or step
     by_ts: dict[float, dict[str, str]] = {}
     for s in replicas:
         for ts, st in s.status.items():
             by_ts.setdefault(ts, {})[s.replica] = st
-    hot_t: dict[str, int] = {}
-    cold_t: dict[str, int] = {}
-    n_imb = 0
-    imb_times: list[float] = []
-    sat_times: list[float] = []
-    for ts, sts in by_ts.items():
-        hot = [r for r, st in sts.items() if st == "saturated"]
-        cold = [r for r, st in sts.items() if st == "idle"]
-        if hot:
-            sat_times.append(ts)
-        if hot and cold:
-            n_imb += 1
-            imb_times.append(ts)
-            for r in hot:
-                hot_t[r] = hot_t.get(r, 0) + 1
-            for r in cold:
-                cold_t[r] = cold_t.get(r, 0) + 1
-    need = t["fleet_imbalance_min_seconds"] / step
+    sat_times = sorted(ts for ts, sts in by_ts.items() if "saturated" in sts.values())
+    eps = episodes(by_ts, grid, since, t["fleet_imbalance_min_seconds"])
+    longest = max(eps, key=lambda e: (e.seconds, e.end), default=None)
     engine_imb = []
     eng_times: list[float] = []
     pre_times: list[float] = []
@@ -152,21 +182,18 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     for e in engines:
         per_rep.setdefault(e.replica, []).append(e)
     for rep, es in per_rep.items():
-        times = set().union(*(e.status.keys() for e in es))
-        n = 0
-        hot_e: set[str] = set()
-        cold_e: set[str] = set()
-        for ts in times:
-            hot = [e.engine for e in es if e.status.get(ts) == "saturated"]
-            cold = [e.engine for e in es if e.status.get(ts) == "idle"]
-            if hot and cold:
-                n += 1
-                hot_e.update(hot)
-                cold_e.update(cold)
-                eng_times.append(ts)
-        if n:
-            engine_imb.append(SimpleNamespace(replica=rep, seconds=n * step, hot=sorted(hot_e), cold=sorted(cold_e),
-                                              meta=next(e.meta for e in es if e.engine in hot_e)))
+        by_eng: dict[float, dict[str, str]] = {}
+        for e in es:
+            for ts, st in e.status.items():
+                by_eng.setdefault(ts, {})[e.engine] = st
+        e_eps = episodes(by_eng, step, since, t["fleet_imbalance_min_seconds"])
+        if e_eps:
+            worst = max(e_eps, key=lambda x: (x.seconds, x.end))
+            eng_times += [e_eps[0].start, e_eps[-1].end]
+            engine_imb.append(SimpleNamespace(replica=rep, seconds=worst.seconds, hot=worst.hot, cold=worst.cold,
+                                              start=worst.start, end=worst.end, episodes=len(e_eps),
+                                              meta=next(e.meta for e in es if e.engine in worst.hot)))
+    imb_times = [eps[0].start, eps[-1].end] if eps else []
     # the trend: fleet preemptions per half, fleet mean KV usage over time
     mid = (since + until) / 2
     first = second = 0.0
@@ -192,15 +219,32 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     # silent since: the fleet's newest sample, not the end of the range (a range past the data, or
     # Prometheus' own gap, would make every replica look dead)
     newest = max((max(s.status) for s in replicas if s.status), default=until)
-    vanished = [SimpleNamespace(replica=s.replica, last_seen=max(s.status), silent_seconds=newest - max(s.status),
-                                meta=s.meta, summary=s)
-                for s in replicas if s.status and newest - max(s.status) >= t["replica_down_seconds"]]
+
+    def last_seen(s) -> float | None:
+        """The replica's last sample, or the last scrape its vLLM answered when Prometheus' up
+        says it was down at the end (up == 0: dead, hung, restarting); since when down all along."""
+        last = max(s.status) if s.status else None
+        r = reps.get(s.key)
+        if r is not None and r.up_down_at_end:
+            last = min(x for x in (last, r.up_last_ok if r.up_last_ok is not None else since) if x is not None)
+        return last
+
+    vanished = []
+    for s in replicas:
+        last = last_seen(s)
+        if last is not None and newest - last >= t["replica_down_seconds"]:
+            vanished.append(SimpleNamespace(replica=s.replica, last_seen=last, silent_seconds=newest - last,
+                                            meta=s.meta, summary=s))
     return {
         "replicas": list(replicas), "engines": list(engines), "n_replicas": len(replicas),
         "window_seconds": until - since, "step_seconds": step,
-        "imbalance_seconds": n_imb * step,
-        "imbalance_hot": sorted(r for r, n in hot_t.items() if n >= need),
-        "imbalance_cold": sorted(r for r, n in cold_t.items() if n >= need),
+        # the longest episode of replica imbalance: its length, and the replicas hot and idle then
+        "imbalance_seconds": longest.seconds if longest else 0.0,
+        "imbalance_hot": longest.hot if longest else [],
+        "imbalance_cold": longest.cold if longest else [],
+        "imbalance_start": longest.start if longest else None,
+        "imbalance_from": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(longest.start)) if longest else None,
+        "imbalance_episodes": len(eps),
         "engine_imbalance": engine_imb,
         "preemptions_first_half": int(first), "preemptions_second_half": int(second),
         "kv_slope_per_hour": slope_per_hour([sum(kv_by_ts[x]) / len(kv_by_ts[x]) for x in times], times),
@@ -210,6 +254,8 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         # when each fleet finding's condition held (its first and last seen), not the end of the range
         "spans": {name: (min(ts), max(ts)) for name, ts in (
             ("replica-imbalance", imb_times), ("engine-imbalance", eng_times), ("fleet-preemptions", pre_times),
-            ("fleet-kv-saturation", sat_times), ("replica-down", [v.last_seen for v in vanished] + (
+            ("fleet-kv-saturation", sat_times),
+            ("latency-objective-missed", [x for r in reps.values() for span in r.latency_span.values() for x in span]),
+            ("replica-down", [v.last_seen for v in vanished] + (
                 [newest] if vanished else []))) if ts},
     }

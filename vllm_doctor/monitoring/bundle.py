@@ -476,6 +476,9 @@ FLEET_BY = "namespace, model_name"
 """The fleet level: vLLM's series summed over replicas (pods) and engines of one model."""
 REPLICA_BY = "namespace, model_name, pod, instance"
 RECORD_PREFIX = "namespace_model_name:"
+REPLICA_RECORD_PREFIX = "namespace_model_name_pod:"
+"""Per-replica records (REPLICA_BY): one replica's SLO burn, which the fleet's (all replicas'
+requests together) cannot show in a fleet of many."""
 FOR_LATENCY = "5m"  # a p99 over the target for 5 minutes: not one slow burst
 FOR_FLEET = "10m"  # an imbalance or a fleet-wide saturation must last (t.fleet_imbalance_min_seconds)
 
@@ -514,6 +517,15 @@ def record(name: str) -> str:
     return RECORD_PREFIX + name
 
 
+def replica_record(name: str) -> str:
+    return REPLICA_RECORD_PREFIX + name
+
+
+def _fast_windows() -> tuple[str, ...]:
+    """The windows of the fast-burn alert (the page), the ones recorded per replica."""
+    return tuple(w for lw, sw, _ in SLO_BURN["fast"][1] for w in (lw, sw))
+
+
 def _saturated(t: dict[str, float]) -> str:
     """An engine with a full KV cache and requests waiting (the fleet rules' "saturated")."""
     return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and {V.num_requests_waiting} >= {_num(t['waiting_min'])}"
@@ -542,6 +554,16 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
                 "expr": f"1 - (({_hist(name, 'bucket', FLEET_BY, w, good)}) / ({_hist(name, 'count', FLEET_BY, w)}))",
                 "labels": {"slo": sig},
             })
+    for sig, (name, slo_key, _) in LATENCY_SIGNALS.items():
+        if slo_key is None:
+            continue
+        good = f'le=~"{le_matcher(t[slo_key])}"'
+        for w in _fast_windows():
+            rules.append({
+                "record": replica_record(f"vllm_latency_slo_errors:ratio_rate{w}"),
+                "expr": f"1 - (({_hist(name, 'bucket', REPLICA_BY, w, good)}) / ({_hist(name, 'count', REPLICA_BY, w)}))",
+                "labels": {"slo": sig},
+            })
     sat = _saturated(t)
     rules += [
         {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) ({V.num_requests_running})"},
@@ -554,8 +576,10 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
          "expr": f"sum by ({FLEET_BY}) (rate({V.generation_tokens_total}[5m]))"},
         {"record": record("vllm_replicas:count"),
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_running}))"},
+        # every engine of the replica saturated: a data-parallel replica with one full engine beside
+        # an idle one has room (its engine imbalance, VllmEngineImbalance), it is no hot replica
         {"record": record("vllm_replicas_saturated:count"),
-         "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({sat}))"},
+         "expr": f"count by ({FLEET_BY}) (count by ({REPLICA_BY}) ({sat}) == count by ({REPLICA_BY}) {KV})"},
         {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
          "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_waiting}) < {_num(t['waiting_min'])}\n"
                   f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},
@@ -631,6 +655,28 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
                    "Ticket: the budget runs out before the month ends.")
             ),
         ))
+    # one replica's fast burn: its own requests against the objective (the fleet's burn dilutes
+    # one bad replica among many below the page's rate)
+    severity, pairs = SLO_BURN["fast"]
+    latency.append(Alert(
+        name="VllmReplicaLatencySloBurnFast",
+        runbook="vllm-replica-latency-slo-burn-fast",
+        rule="latency-objective-missed",
+        severity=severity,
+        expr="\nor ".join(
+            f"({replica_record(f'vllm_latency_slo_errors:ratio_rate{lw}')} > {_num(round(rate * budget, 6))}\n"
+            f" and {replica_record(f'vllm_latency_slo_errors:ratio_rate{sw}')} > {_num(round(rate * budget, 6))})"
+            for lw, sw, rate in pairs),
+        summary=f"vLLM {{{{ $labels.slo }}}} SLO on {WHERE} burns its error budget fast",
+        description=(
+            f"{{{{ $value | humanizePercentage }}}} of the {{{{ $labels.slo }}}} requests of {WHERE} alone "
+            f"({FLEET_WHERE}) missed their bound (objective {t['slo_objective_ratio']:.2%} within the slo_*_seconds "
+            "bound of rules/thresholds.yaml, 30-day budget): burn rate over "
+            + " or ".join(f"{lw} and {sw} at {rate:g}x" for lw, sw, rate in pairs)
+            + ", from this replica's own histogram buckets. The fleet's burn may be slow: one bad replica among many. "
+            "`vllm-doctor diagnose --prometheus` and the replica's sidecar name the cause."
+        ),
+    ))
     sat = _saturated(t)
     idle = _idle(t)
     storm = _num(t["preemption_storm_min"])

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request   # at module level: FastAPI resolves the handlers' annotations here
+from vllm_doctor.catalogue import V, family
 
 SIMULATED_VERSION = "simulated (vllm-doctor bench demo, not vLLM)"
 SIMULATION_NOTE = ("SIMULATED: a cost model of vLLM's scheduler and KV cache (vllm-doctor bench demo), "
@@ -106,32 +107,27 @@ class Engine:
         lab = ["model_name", "engine"]
         r = self.registry
 
-        def g(name, doc):
-            return Gauge(name, doc, lab, registry=r).labels(cfg.model, "0")
+        def made(kind, name, **kw):  # the series as vLLM defines it: its name and help text from the catalogue
+            fam = family(name)
+            assert fam is not None  # V.<name> is checked against the catalogue
+            return kind(fam.defined_as, fam.documentation, lab, registry=r, **kw).labels(cfg.model, "0")
 
-        def c(name, doc):
-            return Counter(name, doc, lab, registry=r).labels(cfg.model, "0")
-
-        def h(name, doc, buckets):
-            return Histogram(name, doc, lab, buckets=buckets, registry=r).labels(cfg.model, "0")
-
-        self.m_running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.m_waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.m_kv = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.m_preempt = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.m_prompt = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.m_gen = c("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.m_pq = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
-        self.m_ph = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.m_recomputed = c("vllm:prompt_tokens_recomputed", "Number of cached tokens recomputed for forward pass.")
-        self.m_success = c("vllm:request_success", "Count of successfully processed requests.")
-        self.m_ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                        TTFT_BUCKETS)
-        self.m_itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                       ITL_BUCKETS)
-        self.m_e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                       E2E_BUCKETS)
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ["block_size", "num_gpu_blocks",
+        self.m_running = made(Gauge, V.num_requests_running)
+        self.m_waiting = made(Gauge, V.num_requests_waiting)
+        self.m_kv = made(Gauge, V.kv_cache_usage_perc)
+        self.m_preempt = made(Counter, V.num_preemptions_total)
+        self.m_prompt = made(Counter, V.prompt_tokens_total)
+        self.m_gen = made(Counter, V.generation_tokens_total)
+        self.m_pq = made(Counter, V.prefix_cache_queries_total)
+        self.m_ph = made(Counter, V.prefix_cache_hits_total)
+        self.m_recomputed = made(Counter, V.prompt_tokens_recomputed_total)
+        self.m_success = made(Counter, V.request_success_total)
+        self.m_ttft = made(Histogram, V.time_to_first_token_seconds, buckets=TTFT_BUCKETS)
+        self.m_itl = made(Histogram, V.inter_token_latency_seconds, buckets=ITL_BUCKETS)
+        self.m_e2e = made(Histogram, V.e2e_request_latency_seconds, buckets=E2E_BUCKETS)
+        info = family(V.cache_config_info)
+        assert info is not None
+        Gauge(info.defined_as, info.documentation, ["block_size", "num_gpu_blocks",
               "enable_prefix_caching", "engine"], registry=r).labels(
             str(cfg.block_size), str(cfg.num_gpu_blocks), "True", "0").set(1)
 

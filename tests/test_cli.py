@@ -501,6 +501,17 @@ def test_explain_renders_expressions_for_people():
             assert not re.search(r"\bt\.[a-z_]+|>=|<=|!=|==| is not None| is None", text), (rid, text)
 
 
+def test_explain_shows_check_steps_as_sentences_with_slots_and_their_conditions():
+    """A check's template is printed for people: its placeholders as <name> (never the raw ``{u.prefix}``
+    or ``{root.meta.lineno}`` of the YAML), and the condition it is given under, in words."""
+    rc, out, _ = run("explain", "log-unread")
+    assert rc == 0 and '("<prefix>")' in out and "{u.prefix}" not in out
+    _, out = run("explain", "engine-dead")[:2]
+    checks = out[out.index("Checks (diagnostic steps"):]
+    assert "around line <lineno> holds the exception" in checks and "{" not in checks
+    assert "      when cause is illegal-memory-access" in checks
+
+
 def test_human_expressions():
     from vllm_doctor.report.docs import human
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from vllm_doctor.diagnosis.loader import Rule, RuleSet
+from vllm_doctor.diagnosis.loader import TEMPLATE_RE, Rule, RuleSet, split_placeholder
 
 
 #: How fleet rules (rules/fleet/) are run, said wherever they are listed.
@@ -57,12 +57,26 @@ def explain_text(r: Rule, rs: RuleSet, fleet: bool = False) -> str:
                 out.append(f"      when {human(f.if_, th)}")
     if r.checks:
         out += ["", "Checks (diagnostic steps to confirm the cause, not fixes):"]
-        out += [f"  {' '.join(c.text.split())}" for c in r.checks]
+        for c in r.checks:
+            out.append(f"  {' '.join(_slots(c.text).split())}")
+            if c.if_:
+                out.append(f"      when {human(c.if_, th)}")
     if r.docs.fix:
         out += ["", *("  " + ln for ln in r.docs.fix.strip().splitlines())]
     if r.docs.limits:
         out += ["", "Limits:", *("  " + ln for ln in r.docs.limits.strip().splitlines())]
     return "\n".join(out) + "\n"
+
+
+def _slots(text: str) -> str:
+    """A message template for people: each ``{expr}`` placeholder becomes ``<name>``, the value's
+    last name (``{root.meta.lineno}`` -> ``<lineno>``), or ``<...>`` for a computed one; filled in
+    only when a finding is rendered."""
+    def slot(m) -> str:
+        expr = split_placeholder(m.group(1))[0].strip()
+        last = expr.rpartition(".")[2]
+        return f"<{last}>" if last.isidentifier() and all(p.isidentifier() for p in expr.split(".")) else "<...>"
+    return TEMPLATE_RE.sub(slot, text)
 
 
 def _values_read(r: Rule, exprs: list[str]) -> list[str]:

@@ -666,6 +666,24 @@ def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_e
     assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name
 
 
+def test_mistral3_pixtral_encoder_and_projector_are_sized():
+    """Mistral-Small-3.2-24B (Mistral3ForConditionalGeneration): vLLM 0.11.0 builds the Pixtral tower
+    (pixtral.py PixtralHFVisionModel: Conv2d patches without bias, ln_pre, 24 layers of two RMSNorms,
+    q/k/v/o of 1,024 and a gated MLP of 4,096, no biases) and mistral3.py's projector (an RMSNorm, the
+    patch merger Linear(4 x 1,024, 1,024), Linear(1,024, 5,120), Linear(5,120, 5,120), no biases):
+    602,112 + 1,024 + 24 x 16,779,264 + 1,024 + 4,194,304 + 5,242,880 + 26,214,400 = 438,958,080
+    parameters. Weights 44.72 GiB against the 44.76 GiB llm-d's H100 run loaded (was 43.91, the
+    tower named as NOT SIZED)."""
+    cfg, _ = load_config(str(HERE / "fixtures" / "plan_accuracy" / "configs" / "mistral-small-3.2-24b"))
+    p = make_plan(PlanInputs(config=cfg, kv_cache_memory_bytes=cap.GiB, vllm_version="0.11.0", max_model_len=16000))
+    assert p.weights["params_by_part"]["vision_encoder"] == 438_958_080
+    assert p.weights["bytes_per_gpu"] == 48_022_722_560
+    (enc,) = p.not_sized
+    assert enc.startswith("vision encoder and its projector (vision_config: 438,958,080 parameters, sized in the weights)")
+    biased = {**cfg, "multimodal_projector_bias": True, "vision_feature_layer": -2}
+    assert cap.encoder_params(biased, 5120)[0] == 438_958_080 - 16_779_264 + 2 * 5120
+
+
 def test_kimi_linear_is_kimi_delta_attention_plus_mla_never_all_mla():
     """Kimi-Linear-48B-A3B (its config.json verbatim from a model report, tests/fixtures/plan_accuracy):
     vLLM 0.11.2 builds KimiDeltaAttention for the 1-indexed kda_layers (20) and KimiMLAAttention for the

@@ -756,6 +756,28 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     return int(b)
 
 
+def lora_slot_params(shape: ModelShape, max_loras: int, max_lora_rank: int, tp: int = 1, pp: int = 1) -> int | None:
+    """Elements of the LoRA slots vLLM allocates with ``--enable-lora`` on the busiest GPU, before any
+    adapter is loaded (read in 0.27.1: ``lora/layers``; every linear layer and the models'
+    ``embedding_modules`` are wrapped, in the model dtype, ``max_loras`` slots of ``max_lora_rank``):
+    a column-parallel layer holds A (rank x input) per slice and B (output per GPU x rank), a
+    row-parallel one A (rank x input per GPU) and B (output x rank); the embedding A (vocabulary x rank)
+    and B (hidden x rank), lm_head A (rank x hidden) and B (vocabulary x rank). None where the layers
+    are not plain attention with a dense MLP (MoE, MLA, linear attention / Mamba): not sized."""
+    if (shape.num_experts or shape.kv_lora_rank or shape.mamba or shape.attn_output_gate
+            or any(k not in ("full", "sliding_window") for k in shape.layer_kinds)):
+        return None
+    h, r, inter = shape.hidden_size, max_lora_rank, shape.intermediate_size
+    qd, kvd = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    layer = (3 * r * h + r * (qd + 2 * kvd) // tp        # qkv_proj: three A, B per GPU
+             + r * qd // tp + h * r                       # o_proj
+             + 2 * r * h + r * 2 * inter // tp            # gate_up_proj: two A, B per GPU
+             + r * inter // tp + h * r)                   # down_proj
+    vocab = shape.vocab_size * r + h * r                  # embed_tokens
+    head = (r * h + shape.vocab_size * r) if pp == 1 else 0
+    return max_loras * (shape.num_layers * layer // pp + vocab + head)
+
+
 # ---------------------------------------------------------------- memory accounting and blocks
 
 def available_kv_memory(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,

@@ -666,6 +666,54 @@ def test_llava_next_text_config_left_to_transformers_defaults_is_sized_and_its_e
     assert cap.model_shape(load_config(str(MODELS / "llama-3.1-8b"))[0]).unsized == []   # text-only: nothing to name
 
 
+def test_mistral3_pixtral_encoder_and_projector_are_sized():
+    """Mistral-Small-3.2-24B (Mistral3ForConditionalGeneration): vLLM 0.11.0 builds the Pixtral tower
+    (pixtral.py PixtralHFVisionModel: Conv2d patches without bias, ln_pre, 24 layers of two RMSNorms,
+    q/k/v/o of 1,024 and a gated MLP of 4,096, no biases) and mistral3.py's projector (an RMSNorm, the
+    patch merger Linear(4 x 1,024, 1,024), Linear(1,024, 5,120), Linear(5,120, 5,120), no biases):
+    602,112 + 1,024 + 24 x 16,779,264 + 1,024 + 4,194,304 + 5,242,880 + 26,214,400 = 438,958,080
+    parameters. Weights 44.72 GiB against the 44.76 GiB llm-d's H100 run loaded (was 43.91, the
+    tower named as NOT SIZED)."""
+    cfg, _ = load_config(str(HERE / "fixtures" / "plan_accuracy" / "configs" / "mistral-small-3.2-24b"))
+    p = make_plan(PlanInputs(config=cfg, kv_cache_memory_bytes=cap.GiB, vllm_version="0.11.0", max_model_len=16000))
+    assert p.weights["params_by_part"]["vision_encoder"] == 438_958_080
+    assert p.weights["bytes_per_gpu"] == 48_022_722_560
+    (enc,) = p.not_sized
+    assert enc.startswith("vision encoder and its projector (vision_config: 438,958,080 parameters, sized in the weights)")
+    biased = {**cfg, "multimodal_projector_bias": True, "vision_feature_layer": -2}
+    assert cap.encoder_params(biased, 5120)[0] == 438_958_080 - 16_779_264 + 2 * 5120
+
+
+def test_enable_lora_adds_vllms_lora_slots_to_the_weights_and_names_its_profiling():
+    """--enable-lora: vLLM (read in 0.27.1, lora/layers) wraps every linear layer, the embedding and
+    lm_head with max_loras slots of max_lora_rank in the model dtype, allocated at load. Qwen3-8B,
+    2 slots of rank 16: 36 x 1,212,416 + 2,496,512 + 2,496,512 = 48,640,000 per slot, 97,280,000
+    elements, 194,560,000 B; a real start-up on an RTX 4090 loaded 15.45 GiB with them, 15.27 GiB
+    without (tests/fixtures/plan_accuracy/logs/rtx4090-study-*). Its profiling share is named."""
+    cfg, _ = load_config(str(MODELS / "qwen3-8b"))
+    logs = HERE / "fixtures" / "plan_accuracy" / "logs"
+    logged = {f: float(re.search(r"Model loading took ([\d.]+) GiB", (logs / f).read_text()).group(1))
+              for f in ("rtx4090-study-qwen3-8b-lora.txt", "rtx4090-study-qwen3-8b-0.90.txt")}
+    base = make_plan(PlanInputs(config=cfg, kv_cache_memory_bytes=cap.GiB, vllm_version="0.27.1", max_model_len=4096))
+    lora = make_plan(PlanInputs(config=cfg, kv_cache_memory_bytes=cap.GiB, vllm_version="0.27.1", max_model_len=4096,
+                                enable_lora=True, max_loras=2))
+    assert lora.weights["lora_slots_bytes"] == 194_560_000
+    assert lora.weights["bytes_per_gpu"] - base.weights["bytes_per_gpu"] == 194_560_000
+    assert abs(lora.weights["bytes_per_gpu"] / cap.GiB / logged["rtx4090-study-qwen3-8b-lora.txt"] - 1) < 0.002
+    assert abs(base.weights["bytes_per_gpu"] / cap.GiB / logged["rtx4090-study-qwen3-8b-0.90.txt"] - 1) < 0.002
+    (note,) = lora.not_sized
+    assert note.startswith("LoRA's share of the profiling run (--enable-lora)") and "cudagraph_specialize_lora" in note
+    assert base.not_sized == []
+    moe, _ = load_config(str(MODELS / "qwen3-30b-a3b"))
+    p = make_plan(PlanInputs(config=moe, kv_cache_memory_bytes=cap.GiB, vllm_version="0.27.1", enable_lora=True))
+    assert "lora_slots_bytes" not in p.weights and p.not_sized[-1].startswith("LoRA slots (--enable-lora: MoE")
+    r = subprocess.run([sys.executable, "-m", "vllm_doctor", "plan", str(MODELS / "qwen3-8b"), "--gpu-memory", "23.99GiB",
+                        "--vllm-version", "0.27.1", "--max-model-len", "4096", "--enable-lora", "--max-loras", "2",
+                        "--format", "json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["weights"]["lora_slots_bytes"] == 194_560_000
+
+
 def test_kimi_linear_is_kimi_delta_attention_plus_mla_never_all_mla():
     """Kimi-Linear-48B-A3B (its config.json verbatim from a model report, tests/fixtures/plan_accuracy):
     vLLM 0.11.2 builds KimiDeltaAttention for the 1-indexed kda_layers (20) and KimiMLAAttention for the

@@ -458,6 +458,14 @@ def plan(
         "--disable-custom-all-reduce",
         help="vLLM's flag (or GPUs without P2P / on other nodes, where vLLM turns it off itself): no custom "
              "all-reduce buffers in the non-torch estimate with TP.")] = False,
+    enable_lora: Annotated[bool, typer.Option(
+        "--enable-lora",
+        help="vLLM's flag: its LoRA slots (--max-loras x --max-lora-rank on every linear layer, the embedding "
+             "and lm_head) are added to the weights; LoRA's share of the profiling run is named as not sized.")] = False,
+    max_loras: Annotated[int, typer.Option(
+        "--max-loras", metavar="N", min=1, help="With --enable-lora: LoRA slots per batch (vLLM's default 1).")] = 1,
+    max_lora_rank: Annotated[int, typer.Option(
+        "--max-lora-rank", metavar="RANK", min=1, help="With --enable-lora: the rank of each slot (vLLM's default 16).")] = 16,
     entrypoint: Annotated[str, typer.Option(
         "--entrypoint", metavar="server|llm",
         help="How vLLM is started: server (vllm serve) or llm (the offline LLM() class, whose V1 default "
@@ -495,7 +503,8 @@ def plan(
             overhead_bytes=planmod.parse_size(overhead) if overhead else None,
             target_concurrency=target_concurrency, mean_request_tokens=mean_request_tokens, gpu_count=gpus,
             engine=engine, vllm_use_v1=os.environ.get("VLLM_USE_V1") or None, sampler=sampler,
-            entrypoint=entrypoint, disable_custom_all_reduce=disable_custom_all_reduce))
+            entrypoint=entrypoint, disable_custom_all_reduce=disable_custom_all_reduce, enable_lora=enable_lora,
+            max_loras=max_loras, max_lora_rank=max_lora_rank))
     except VllmDoctorError as e:
         _fail(str(e))
     sys.stdout.write(planmod.FORMATS[format](p))

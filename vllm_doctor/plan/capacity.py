@@ -202,6 +202,34 @@ def _clip_vision_params(v: dict, text_hidden: int, projector_layers: int = 2) ->
     return embed + 2 * h + n * layer + projector      # + the pre- (CLIP) or post-layernorm (SigLIP)
 
 
+def _pixtral_vision_params(v: dict, text_hidden: int, merge: int, projector_bias: bool) -> int | None:
+    """Mistral 3's Pixtral vision tower and projector, as vLLM builds them (``pixtral.py``
+    ``PixtralHFVisionModel``, ``mistral3.py`` ``Mistral3MultiModalProjector``, read in 0.11.0): a Conv2d
+    patch embedding without bias and an RMSNorm; per layer two RMSNorms, q/k/v/o and the gated MLP
+    (gate_up + down), no biases; the projector: an RMSNorm, the patch merger Linear(hidden x merge^2,
+    hidden) without bias, then Linear(hidden, text) and Linear(text, text) (biases where
+    ``multimodal_projector_bias``)."""
+    h, inter, n, patch = v.get("hidden_size"), v.get("intermediate_size"), v.get("num_hidden_layers"), v.get("patch_size")
+    if not (isinstance(h, int) and isinstance(inter, int) and isinstance(n, int) and isinstance(patch, int)
+            and min(h, inter, n, patch) > 0):
+        return None
+    heads, head_dim = v.get("num_attention_heads"), v.get("head_dim")
+    hd = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) and heads * head_dim > 0 else h
+    embed = int(v.get("num_channels") or 3) * patch * patch * h + h
+    layer = 2 * h + 4 * h * hd + 3 * h * inter
+    projector = h + h * merge * merge * h + h * text_hidden + text_hidden * text_hidden + (2 * text_hidden if projector_bias else 0)
+    return embed + n * layer + projector
+
+
+def _feature_layers(cfg: dict, v: dict, default: int) -> dict:
+    """The vision config with the layers vLLM builds: up to ``vision_feature_layer`` where it is negative."""
+    layer = cfg.get("vision_feature_layer", default)
+    vv = dict(v)
+    if isinstance(layer, int) and layer < 0 and isinstance(v.get("num_hidden_layers"), int):
+        vv["num_hidden_layers"] = v["num_hidden_layers"] + layer + 1
+    return vv
+
+
 def encoder_params(cfg: dict, text_hidden: int) -> tuple[int, list[str]]:
     """Parameters of the vision encoders and projectors vllm-doctor sizes, and a note for each
     (their profiling run, one image of the largest size, stays out of the overhead estimate)."""
@@ -212,12 +240,11 @@ def encoder_params(cfg: dict, text_hidden: int) -> tuple[int, list[str]]:
     if mt in ("qwen2_vl", "qwen2_5_vl"):
         n = _qwen_vl_vision_params(v, mt, text_hidden)
     elif mt in TEXT_MODEL_TYPE_DEFAULT and str(v.get("model_type", "")) in ("clip_vision_model", "siglip_vision_model"):
-        layer = cfg.get("vision_feature_layer", -2)
-        vv = dict(v)
-        if isinstance(layer, int) and layer < 0 and isinstance(v.get("num_hidden_layers"), int):
-            vv["num_hidden_layers"] = v["num_hidden_layers"] + layer + 1
-        tower = _clip_vision_params(vv, text_hidden)
+        tower = _clip_vision_params(_feature_layers(cfg, v, -2), text_hidden)
         n = None if tower is None else tower + (text_hidden if mt != "llava" else 0)   # LLaVA-NeXT: image_newline
+    elif mt == "mistral3" and str(v.get("model_type", "")) == "pixtral":
+        n = _pixtral_vision_params(_feature_layers(cfg, v, -1), text_hidden, int(cfg.get("spatial_merge_size") or 2),
+                                   bool(cfg.get("multimodal_projector_bias", False)))
     else:
         n = None
     return (n or 0), ([] if n is None else [
@@ -727,6 +754,28 @@ def weight_bytes_per_gpu(shape: ModelShape, weight_dtype_bytes: int, tp: int = 1
     b += p["norms"] * layers_share * weight_dtype_bytes
     b += p.get("vision_encoder", 0) / tp * weight_dtype_bytes   # on the first stage, its linears split over TP
     return int(b)
+
+
+def lora_slot_params(shape: ModelShape, max_loras: int, max_lora_rank: int, tp: int = 1, pp: int = 1) -> int | None:
+    """Elements of the LoRA slots vLLM allocates with ``--enable-lora`` on the busiest GPU, before any
+    adapter is loaded (read in 0.27.1: ``lora/layers``; every linear layer and the models'
+    ``embedding_modules`` are wrapped, in the model dtype, ``max_loras`` slots of ``max_lora_rank``):
+    a column-parallel layer holds A (rank x input) per slice and B (output per GPU x rank), a
+    row-parallel one A (rank x input per GPU) and B (output x rank); the embedding A (vocabulary x rank)
+    and B (hidden x rank), lm_head A (rank x hidden) and B (vocabulary x rank). None where the layers
+    are not plain attention with a dense MLP (MoE, MLA, linear attention / Mamba): not sized."""
+    if (shape.num_experts or shape.kv_lora_rank or shape.mamba or shape.attn_output_gate
+            or any(k not in ("full", "sliding_window") for k in shape.layer_kinds)):
+        return None
+    h, r, inter = shape.hidden_size, max_lora_rank, shape.intermediate_size
+    qd, kvd = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    layer = (3 * r * h + r * (qd + 2 * kvd) // tp        # qkv_proj: three A, B per GPU
+             + r * qd // tp + h * r                       # o_proj
+             + 2 * r * h + r * 2 * inter // tp            # gate_up_proj: two A, B per GPU
+             + r * inter // tp + h * r)                   # down_proj
+    vocab = shape.vocab_size * r + h * r                  # embed_tokens
+    head = (r * h + shape.vocab_size * r) if pp == 1 else 0
+    return max_loras * (shape.num_layers * layer // pp + vocab + head)
 
 
 # ---------------------------------------------------------------- memory accounting and blocks

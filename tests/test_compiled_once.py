@@ -129,3 +129,32 @@ def test_the_scanner_database_is_compiled_once_per_user_not_per_process(tmp_path
         assert len(list((tmp_path / "vllm-doctor").glob("scan-*.hsdb"))) == 2
     finally:
         envelope._compiled_scan.cache_clear()
+
+
+def test_the_flags_table_matchers_and_metric_catalogue_are_read_once(monkeypatch):
+    """The other tables the pipeline reads at every line or rule: the flags table (data/vllm_flags.json,
+    each fix's flag checked against the detected version), the parsers' keyword dispatch (one regex
+    over the matcher table) and the metric catalogue (data/vllm_metrics.json) are read once."""
+    from importlib import resources
+
+    from vllm_doctor import catalogue, versions
+
+    reads: list[str] = []
+    real = resources.files
+
+    def files(pkg):
+        reads.append(str(pkg))
+        return real(pkg)
+
+    versions.flag_exists("--max-num-seqs", "0.10.1")  # (loaded once already, or now)
+    catalogue.data()
+    RecordParser("a")
+    rules = load_rules()  # (the rule files are read again at each call, to see an edit: test above)
+    monkeypatch.setattr(resources, "files", files)
+    for v in ("0.6.3", "0.10.1", "0.32.0", None):
+        assert versions.flag_exists("--max-num-seqs", v) is True
+        assert versions.flag_exists("--no-such-flag", v) is False
+    assert catalogue.data() is catalogue.data()
+    assert RecordParser("b")._DISPATCH is RecordParser("c")._DISPATCH is not None
+    Pipeline(rules).feed("x.log", log("014-").read_bytes())
+    assert reads == []

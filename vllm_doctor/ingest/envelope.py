@@ -264,7 +264,8 @@ def _hyperscan_db(exprs: list[bytes], flags: list[int]):
 
     import hyperscan  # type: ignore[import-not-found]
 
-    key = hashlib.sha256(repr((hyperscan.__version__, exprs, flags)).encode()).hexdigest()[:32]
+    version = hyperscan.__version__  # type: ignore[attr-defined]  # (the package has no stubs)
+    key = hashlib.sha256(repr((version, exprs, flags)).encode()).hexdigest()[:32]
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-doctor" / f"scan-{key}.hsdb"
     try:
         blob = path.read_bytes()

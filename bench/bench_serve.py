@@ -17,7 +17,8 @@ restamped to the replay clock as they are written.
 
     python bench/bench_serve.py [--rate-mb 10] [--seconds 60] [--speedup 60]
 
-Targets (issue 3): <= 5 % of one core, <= 100 MB RSS, p99 <= 1 s, RSS flat.
+Targets: <= 2 % of one core at 10 MB/s (issue 26 item 10; issue 3 asked 5 %), <= 100 MB RSS,
+p99 <= 1 s, RSS flat.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from vllm_doctor.ingest.replay import restamp  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
+CPU_TARGET_PCT = 2.0  # of one core, at 10 MB/s of request-heavy log
 LINES_RE = re.compile(rb"^vllm_doctor_log_lines_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 EVAL_RE = re.compile(rb"^vllm_doctor_last_evaluation_duration_seconds ([0-9.e+-]+)$", re.M)
 
@@ -238,12 +240,13 @@ def main() -> int:
           + ("not judged: the 1 h windows were still filling in the first half (run longer)" if filling
              else ('flat' if flat_ok else 'GROWING')))
     ok = (seen and seen[-1][1] == total_lines and pct(lat, 0.99) <= 1.0 and hwm <= 100 * (1 << 20) and flat_ok
-          and 100 * (cpu1 - cpu0) / wall <= 5.0)
+          and 100 * (cpu1 - cpu0) / wall <= CPU_TARGET_PCT)
     if evals:
         print(f"rule evaluation (every 5 s, pipeline locked meanwhile): longest seen {max(evals) * 1000:.0f} ms")
     print(f"machine: {os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.1f} "
           "(other work on the machine delays the sidecar's threads and shows in the latency)")
-    print("targets (<=5 % CPU, <=100 MB RSS, p99 <= 1 s, flat, every line counted):", "met" if ok else "NOT all met")
+    print(f"targets (<={CPU_TARGET_PCT:g} % CPU, <=100 MB RSS, p99 <= 1 s, flat, every line counted):",
+          "met" if ok else "NOT all met")
     return 0
 
 

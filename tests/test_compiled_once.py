@@ -86,3 +86,75 @@ def test_a_line_expression_is_compiled_once_and_bound_per_call():
     assert (f1(Line()), f2(Line())) == (5, False)
     assert calls == ["kv_cache_tokens"]
     assert f1.__code__ is f2.__code__
+
+
+def test_the_scanner_database_is_compiled_once_per_user_not_per_process(tmp_path, monkeypatch):
+    """The keyword scanner's Hyperscan compile (about 0.25 s of CPU) is paid by the first process
+    only: the next one loads the compiled form from the user's cache; a damaged cache file is
+    compiled again and replaced, a cache that cannot be written is done without."""
+    hyperscan = pytest.importorskip("hyperscan")
+    from vllm_doctor.ingest import envelope
+    from vllm_doctor.parsers.records import NEAR_KEYWORDS, prefilter_keywords
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    exprs = [envelope.re.escape(b"Avg prompt throughput") + rb"[^\n]*$", rb"OutOfMemory[^\n]*$"]
+    flags = [hyperscan.HS_FLAG_MULTILINE] * 2
+    data = b"x\nAvg prompt throughput: 3\ny\ntorch.OutOfMemoryError\n"
+
+    def ends(db) -> list[tuple[int, int]]:
+        got: list = []
+        db.scan(data, match_event_handler=lambda i, _f, to, _fl, _c: got.append((i, to)), scratch=hyperscan.Scratch(db))
+        return got
+
+    want = ends(envelope._hyperscan_db(exprs, flags))
+    assert want == [(0, 26), (1, 51)]
+    (cached,) = (tmp_path / "vllm-doctor").glob("scan-*.hsdb")
+    compiled = []
+    real = hyperscan.Database
+    monkeypatch.setattr(hyperscan, "Database", lambda **kw: compiled.append(kw) or real(**kw))
+    assert ends(envelope._hyperscan_db(exprs, flags)) == want and compiled == []  # loaded, not compiled
+    cached.write_bytes(cached.read_bytes()[:1000])  # damaged (a full disk, a crash mid-write)
+    assert ends(envelope._hyperscan_db(exprs, flags)) == want and len(compiled) == 1
+    assert ends(envelope._hyperscan_db(exprs, flags)) == want and len(compiled) == 1  # replaced whole
+    assert [p.name for p in (tmp_path / "vllm-doctor").iterdir()] == [cached.name]  # no temporary left
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # cannot be a folder: no cache, same database
+    assert ends(envelope._hyperscan_db(exprs, flags)) == want and len(compiled) == 2
+    # the scanner's own expressions go the same way (a second process loads them)
+    envelope._compiled_scan.cache_clear()
+    try:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        envelope._compiled_scan(tuple(prefilter_keywords()), tuple(a.encode() for a, _n, _k in NEAR_KEYWORDS))
+        assert len(list((tmp_path / "vllm-doctor").glob("scan-*.hsdb"))) == 2
+    finally:
+        envelope._compiled_scan.cache_clear()
+
+
+def test_the_flags_table_matchers_and_metric_catalogue_are_read_once(monkeypatch):
+    """The other tables the pipeline reads at every line or rule: the flags table (data/vllm_flags.json,
+    each fix's flag checked against the detected version), the parsers' keyword dispatch (one regex
+    over the matcher table) and the metric catalogue (data/vllm_metrics.json) are read once."""
+    from importlib import resources
+
+    from vllm_doctor import catalogue, versions
+
+    reads: list[str] = []
+    real = resources.files
+
+    def files(pkg):
+        reads.append(str(pkg))
+        return real(pkg)
+
+    versions.flag_exists("--max-num-seqs", "0.10.1")  # (loaded once already, or now)
+    catalogue.data()
+    RecordParser("a")
+    rules = load_rules()  # (the rule files are read again at each call, to see an edit: test above)
+    monkeypatch.setattr(resources, "files", files)
+    for v in ("0.6.3", "0.10.1", "0.32.0", None):
+        assert versions.flag_exists("--max-num-seqs", v) is True
+        assert versions.flag_exists("--no-such-flag", v) is False
+    assert catalogue.data() is catalogue.data()
+    assert RecordParser("b")._DISPATCH is RecordParser("c")._DISPATCH is not None
+    Pipeline(rules).feed("x.log", log("014-").read_bytes())
+    assert reads == []

@@ -110,3 +110,22 @@ def test_no_private_name_is_imported_across_modules():
 def test_the_cycle_finder_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_diagnose_on_a_log_imports_only_what_it_uses():
+    """The CLI's start is paid by every ``vllm-doctor diagnose`` (and by every test that runs the
+    command): a log's diagnosis, in text or JSON, imports neither the fleet package (with the
+    Prometheus client), nor asyncio (bench ladder), nor jinja2 (the HTML report)."""
+    import subprocess
+    import sys
+
+    from conftest import log
+
+    code = ("import sys\nfrom vllm_doctor import cli\nsys.argv = ['vllm-doctor', 'diagnose', '--format', 'json', "
+            f"'--fail-on', 'never', {str(log('014-'))!r}]\ntry:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', sorted(m for m in sys.modules if m.split('.')[0] in ('jinja2', 'asyncio', "
+            "'prometheus_client') or m.startswith('vllm_doctor.fleet')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert '"findings"' in out.stdout  # the report was written
+    assert out.stdout.rsplit("MODULES ", 1)[1].strip() == "[]"

@@ -107,6 +107,8 @@ def _when(text: str | None, option: str) -> float | None:
     """``diagnose --since`` / ``--until`` on logs: the same forms as for ``--prometheus``
     (:func:`vllm_doctor.fleet.parse_time`): a duration before now (``30m``, ``2h``), epoch seconds or
     ISO 8601 (no zone: UTC, as vLLM's log clock is read) -> epoch seconds."""
+    if text is None:  # (no import of the fleet package, and its Prometheus client, for nothing)
+        return None
     import time
 
     from vllm_doctor.fleet import parse_time

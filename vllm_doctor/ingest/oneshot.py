@@ -240,8 +240,11 @@ def scan_parallel(path: str, workers: int | None = None) -> Iterator[Scanned]:
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
+    from vllm_doctor.parsers.records import keyword_scanner
+
     ranges = _ranges(path, os.stat(path).st_size)
     workers = workers or min(os.cpu_count() or 2, 4, len(ranges))
+    keyword_scanner()  # its database built here, once: the forked workers inherit it
     # The workers are forked: they share this process's pages until either side writes to them.
     # The objects that exist now (modules, the rules, the pipeline) are put out of the garbage
     # collector's reach (gc.freeze) while the workers live, so that a collection in either

@@ -12,7 +12,6 @@ Exit codes:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from enum import Enum
@@ -182,6 +181,8 @@ def _run_and_print(cfg, output: Path | None, chart: Path | None, format: OutForm
 
     try:
         with progress:
+            import asyncio  # (here: every other command, and each start of the CLI, goes without it)
+
             result = asyncio.run(run_ladder(cfg, start, one, done))
     except BenchError as e:
         _fail(str(e))

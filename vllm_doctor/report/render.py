@@ -7,14 +7,16 @@ from __future__ import annotations
 import html
 import json
 from datetime import datetime, timezone
-
-from jinja2 import Environment, PackageLoader, select_autoescape
+from typing import TYPE_CHECKING
 
 from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
 from vllm_doctor.state.startup import PHASES as STARTUP_PHASES
 from vllm_doctor.units import human_bytes
+
+if TYPE_CHECKING:  # jinja2 is imported by the HTML report only (every other report starts without it)
+    from jinja2 import Environment
 
 FACT_ORDER = (
     "kv_cache_tokens", "num_gpu_blocks", "num_cpu_blocks", "block_size", "max_concurrency",
@@ -591,6 +593,8 @@ def jinja_env() -> Environment:
     """The package's jinja2 environment (templates/, autoescape on for .html/.j2)."""
     global _env
     if _env is None:
+        from jinja2 import Environment, PackageLoader, select_autoescape
+
         _env = Environment(loader=PackageLoader("vllm_doctor", "templates"),
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)

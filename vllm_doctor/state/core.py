@@ -130,6 +130,12 @@ class State:
         self.memory: dict[str, object] = {}
         self.served = False
         self.stats: deque[ev.SchedulerStats] = deque()
+        # preemptions_inferred, kept as the stats arrive (was a pass over every kept line at each
+        # evaluation): stats lines appended so far, per engine its newest one and when it came,
+        # and when the first line of the newest signature pair came (None: no pair yet)
+        self._stats_seq = 0
+        self._stats_last: dict[int | None, tuple[int, ev.SchedulerStats]] = {}
+        self._preempt_sign_seq: int | None = None
         self.metrics: deque[ev.VllmMetricsSample] = deque()
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
         self.events: dict[str, deque] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))  # newest per kind
@@ -376,6 +382,11 @@ class State:
             self.memory["gpu_memory_utilization"] = e.gpu_memory_utilization
 
     def _on_SchedulerStats(self, e: ev.SchedulerStats) -> None:
+        last = self._stats_last.get(e.engine_index)
+        if last is not None and _preemption_signature(last[1], e) and (self._preempt_sign_seq or 0) <= last[0]:
+            self._preempt_sign_seq = last[0]  # (another engine's newer pair may have come since)
+        self._stats_last[e.engine_index] = (self._stats_seq, e)
+        self._stats_seq += 1
         self.stats.append(e)
         if len(self.stats) > self.max_items:
             self.stats.popleft()
@@ -629,17 +640,11 @@ class State:
         """True when no source reports preemptions but the stats show their signature: KV cache
         full, requests waiting, and running requests dropping between intervals (V1 logs print
         no preemption line)."""
-        if self.preemptions_reported:
+        if self.preemptions_reported or self._preempt_sign_seq is None:
             return False
-        prevs: dict[int | None, ev.SchedulerStats] = {}  # per engine (data parallel: each its own cache)
-        for s in self.stats:
-            prev = prevs.get(s.engine_index)
-            if prev is not None and s.kv_cache_usage_ratio is not None and prev.kv_cache_usage_ratio is not None:
-                if (prev.kv_cache_usage_ratio >= 0.9 and s.num_waiting > 0 and prev.num_waiting > 0
-                        and s.num_running < prev.num_running):
-                    return True
-            prevs[s.engine_index] = s
-        return False
+        # a pair of one engine's consecutive lines (data parallel: each its own cache) both still
+        # kept: the stats deque only grows at its end and drops at its start
+        return self._preempt_sign_seq >= self._stats_seq - len(self.stats)
 
     def kept(self, kind: str) -> list:
         """The kept events of ``kind``: the first one, then the newest EVENTS_KEPT."""
@@ -665,6 +670,14 @@ class State:
     def window(self, seconds: float | None) -> Window:
         """A view of the last ``seconds`` (None: all that is kept)."""
         return Window(self, seconds)
+
+
+def _preemption_signature(prev: ev.SchedulerStats, s: ev.SchedulerStats) -> bool:
+    """Two consecutive stats lines of one engine that show a preemption: the KV cache (nearly)
+    full, requests waiting at both, and fewer running at the second."""
+    return (s.kv_cache_usage_ratio is not None and prev.kv_cache_usage_ratio is not None
+            and prev.kv_cache_usage_ratio >= 0.9 and s.num_waiting > 0 and prev.num_waiting > 0
+            and s.num_running < prev.num_running)
 
 
 class Window:

@@ -38,6 +38,7 @@ from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
 from vllm_doctor.findings import Finding
 from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 from vllm_doctor.state.core import QUIET_KINDS, State
+from vllm_doctor.state.snapshot import PipelineSnapshot, SourceCounters
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
@@ -395,24 +396,21 @@ class Pipeline:
                 for rec in ctx.guard.release(now):
                     self.consume(name, rec)
 
-    def counters(self) -> dict:
-        """The state's counters plus each source's line number and parsed-line count: what the
-        sidecar checkpoints together with the offsets (see :meth:`State.counters`). Events the
+    def snapshot(self) -> PipelineSnapshot:
+        """The state's snapshot plus each source's line number and parsed-line count: what the
+        sidecar checkpoints together with the offsets (see :meth:`State.snapshot`). Events the
         parsers still hold are applied first: the offsets already cover their lines."""
         self._release_held()
         self._flush_parsers()
-        return {"state": self.state.counters(),
-                "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
-                            for n, c in self._sources.items()}}
+        return PipelineSnapshot(state=self.state.snapshot(), sources={
+            n: SourceCounters(lineno=c.lineno, parsed=self._parsed.get(n, 0)) for n, c in self._sources.items()})
 
-    def restore_counters(self, snap: dict) -> None:
-        """Put :meth:`counters` back into a fresh pipeline (a resumed sidecar)."""
-        if isinstance(snap.get("state"), dict):
-            self.state.restore_counters(snap["state"])
-        for name, src in (snap.get("sources") or {}).items():
-            if isinstance(src, dict):
-                self._ctx(name).splitter.lineno = int(src.get("lineno", 0))
-                self._parsed[name] = int(src.get("parsed", 0))
+    def restore(self, snap: PipelineSnapshot) -> None:
+        """Put a :meth:`snapshot` back into a fresh pipeline (a resumed sidecar)."""
+        self.state.restore(snap.state)
+        for name, src in snap.sources.items():
+            self._ctx(name).lineno = src.lineno  # evidence line numbers continue where they stopped
+            self._parsed[name] = src.parsed
 
     def _clock_jumps(self, source: str) -> dict:
         """``clock_jumps`` (lines whose time was far ahead of the lines around them: stamped with

@@ -40,7 +40,6 @@ from vllm_doctor.ingest.follow import (
     PipeFollower,
     is_fifo,
     load_checkpoints,
-    load_state_extra,
     save_checkpoints,
 )
 from vllm_doctor.ingest.hostmem import HostMemoryPoller
@@ -55,38 +54,6 @@ DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
 #: over when the log shows nothing running nor waiting after their evidence (Sidecar._clear_on_log_clock).
 LOAD_CATEGORIES = frozenset({"kv-cache", "latency", "scheduling"})
 ENV_PREFIX = "VLLM_DOCTOR_"
-
-
-#: State attributes that vLLM prints only at start-up (configuration, KV cache capacity, memory
-#: budget, version). They are kept in the state file so that a restarted sidecar, which resumes
-#: after those lines, still knows them.
-STICKY_STATE = ("config", "capacity", "memory", "vllm_version", "version_source", "engine",
-                "unknown_flags", "served")
-
-
-def sticky_snapshot(state: Any) -> dict:
-    """The sticky part of a :class:`vllm_doctor.state.core.State` as JSON-able data."""
-    snap = {}
-    for name in STICKY_STATE:
-        v = getattr(state, name, None)
-        if name == "config" and isinstance(v, dict):
-            v = {k: list(pv) for k, pv in v.items()}
-        snap[name] = v
-    return snap
-
-
-def restore_sticky(state: Any, snap: dict) -> None:
-    """Put a :func:`sticky_snapshot` back into a fresh State (what the new run logs wins later)."""
-    for name in STICKY_STATE:
-        if name not in snap or snap[name] is None or not hasattr(state, name):
-            continue
-        v = snap[name]
-        if name == "config":
-            v = {k: tuple(pv) for k, pv in v.items() if isinstance(pv, list) and len(pv) == 2}
-        if isinstance(getattr(state, name), dict) and isinstance(v, dict):
-            getattr(state, name).update(v)
-        else:
-            setattr(state, name, v)
 
 
 class ConfigError(VllmDoctorError):
@@ -254,19 +221,17 @@ class Sidecar:
         self.last_eval_seconds: float | None = None
         self._stop = threading.Event()
         self._eval_thread: threading.Thread | None = None
-        from vllm_doctor.ingest.statefile import check_state_file
+        from vllm_doctor.ingest.statefile import read_state_file
 
-        self.state_file_error = check_state_file(cfg.state_file)
+        saved, self.state_file_error = read_state_file(cfg.state_file)
         if self.state_file_error:
             log.warning("%s", self.state_file_error)
         checkpoints = load_checkpoints(cfg.state_file)
         resumed = any(os.path.abspath(p) in checkpoints for p in cfg.logs if p != "-")
-        if resumed:  # resuming mid-file: the start-up lines were read by the previous run
-            restore_sticky(self.pipeline.state, load_state_extra(cfg.state_file, "sticky_state"))
-            # the counters that correspond to the checkpointed offsets (written together with them)
-            restore = getattr(self.pipeline, "restore_counters", None)
-            if restore is not None:
-                restore(load_state_extra(cfg.state_file, "counters"))
+        if resumed and saved is not None:
+            # resuming mid-file: the start-up lines (sticky facts) were read by the previous run, and
+            # the counters correspond to the checkpointed offsets (written together with them)
+            self.pipeline.restore(saved.snapshot)
         self._bytes_checkpointed = -1
         self._last_ck = 0.0
         self.logs: list[LogSource] = []
@@ -574,10 +539,7 @@ class Sidecar:
             return
         files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
         with self.lock:
-            extra = {"sticky_state": sticky_snapshot(self.pipeline.state)}
-            counters = getattr(self.pipeline, "counters", None)
-            if counters is not None:
-                extra["counters"] = counters()
+            extra = self.pipeline.snapshot().model_dump(mode="json")  # {"state": ..., "sources": ...}
             try:
                 save_checkpoints(self.cfg.state_file, files, extra=extra)
             except OSError as exc:

@@ -35,7 +35,7 @@ from vllm_doctor.diagnosis import RuleEngine, RuleSet
 from vllm_doctor.ingest.clock import ClockGuard
 from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
-from vllm_doctor.findings import Finding
+from vllm_doctor.findings import Finding, by_severity
 from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 from vllm_doctor.state.core import QUIET_KINDS, State
 from vllm_doctor.state.snapshot import PipelineSnapshot, SourceCounters
@@ -529,7 +529,7 @@ class Pipeline:
             facts=facts,
             facts_defaulted=sorted(st.defaulted),
             findings=share_fixes(sorted(self.engine.all_occurrences(),
-                                        key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id,
+                                        key=lambda f: (*by_severity(f),
                                                        f.occurrence))),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
                       "vllm_lines": self.vllm_records(n), **self._clock_jumps(n)} for n in self._sources],

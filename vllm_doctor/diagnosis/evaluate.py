@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
-from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix
+from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix, by_severity
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
 from vllm_doctor.state.windows import WindowAggregate
@@ -398,7 +398,7 @@ class RuleEngine:
         for f in self.findings.values():
             f.occurrences = f.occurrence
         active = [f for f in self.findings.values() if f.active]
-        active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
+        active.sort(key=by_severity)
         return active
 
     def _errored(self, rule: Rule, errors: list[str]) -> None:

@@ -197,9 +197,10 @@ def _or_none(fn, item):
 class RuleEngine:
     """Runs a RuleSet on a State. ``findings``: rule id -> Finding, everything seen so far."""
 
-    def __init__(self, ruleset: RuleSet, log_time: bool = False) -> None:
+    def __init__(self, ruleset: RuleSet, log_time: bool = False, clock: Any = None) -> None:
         self.ruleset = ruleset
-        self.log_time = log_time
+        self._log_time = log_time
+        self._clock = clock  # a pipeline's clock: its follows_log, when given, decides log_time
         self.findings: dict[str, Finding] = {}  # rule id -> its newest occurrence
         self.closed: list[Finding] = []  # earlier occurrences (ended, or cut by a restart), oldest first
         self._run_of: dict[str, int] = {}  # rule id -> engine run of its newest occurrence
@@ -318,6 +319,11 @@ class RuleEngine:
         if key != self._facts_key:
             self._facts_key, self._facts = key, state.facts()
         return self._facts
+
+    @property
+    def log_time(self) -> bool:
+        """True when findings are dated by their evidence lines (the log's clock), not when judged."""
+        return self._clock.follows_log if self._clock is not None else self._log_time
 
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return

@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -158,12 +158,50 @@ class Rule(Strict):
     source: str = ""
     scope: Literal["deployment", "fleet"] = "deployment"  # set by the loader from where the file is
 
+    @cached_property
+    def reads(self) -> frozenset[str]:
+        """The event kinds this rule reads (named in its expressions and evidence), plus ``*``
+        when it also reads what any event may move (facts, series, derived views): what its
+        schedule is derived from (diagnosis/schedule.py)."""
+        return rule_reads(self)
+
     @field_validator("name")
     @classmethod
     def _kebab(cls, v: str) -> str:
         if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", v):
             raise ValueError(f"name {v!r} is not kebab-case")
         return v
+
+
+#: The functions that read events of a kind named by their first argument
+EVENT_READERS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events")
+_KIND_RE = re.compile(r"(?:" + "|".join(EVENT_READERS) + r")\(\s*[\"']([\w:]+)[\"']")
+
+
+def rule_expressions(rule: Rule) -> list[str]:
+    """Every expression of a rule: values, conditions, the placeholders of its texts, fixes."""
+    out = [*rule.values.values(), *rule.when.all, *rule.when.any, rule.grade, *(e.if_ for e in rule.escalate)]
+    texts: list[str] = []
+    for case in ([] if isinstance(rule.message, str) else rule.message) + rule.checks + rule.collect:
+        out += [case.if_] if case.if_ else []
+        texts.append(case.text)
+    texts += [rule.message] if isinstance(rule.message, str) else []
+    for f in rule.fixes:
+        out += [f.value] + ([f.if_] if f.if_ else []) + ([f.grade] if f.grade else [])
+        texts += [f.why] + ([f.arithmetic] if f.arithmetic else [])
+    out += [split_placeholder(m.group(1))[0] for t in texts for m in TEMPLATE_RE.finditer(t)]
+    return out
+
+
+def rule_reads(rule: Rule) -> frozenset[str]:
+    """See :attr:`Rule.reads`."""
+    exprs = rule_expressions(rule)
+    kinds = {k for e in exprs for k in _KIND_RE.findall(e)}
+    kinds |= {k for k in rule.evidence if k not in rule.values}
+    pure = set(FUNCTIONS) | set(EVENT_READERS) | set(rule.values) | {"t", "None", "True", "False"}
+    if rule.windows or any(names_in(e) - pure for e in exprs):
+        kinds.add("*")
+    return frozenset(kinds)
 
 
 @dataclass(frozen=True)

@@ -196,13 +196,15 @@ class Sidecar:
 
     def __init__(self, cfg: ServeConfig, *, pipeline: Any = None, nvml: Any = None,
                  stdin_fd: int = 0) -> None:
-        from vllm_doctor.pipeline import Pipeline
+        from vllm_doctor.pipeline import Pipeline, SidecarTime
 
         self.cfg = cfg
         self.lock = threading.RLock()
         self.rule_load_error: str | None = None
+        self._feed_on_log: bool | None = None  # the clock of the feed in progress (fixed for it)
+        self.log_behind: float | None = None  # how far the newest log time trailed the wall clock when read
         if pipeline is None:
-            pipeline = Pipeline(self._load_rules(cfg.rules), follow=True,
+            pipeline = Pipeline(self._load_rules(cfg.rules), clock=SidecarTime(self._on_log_clock),
                                 base_year=time.gmtime().tm_year)
         self.pipeline = pipeline
         self.pipeline_errors = 0
@@ -252,7 +254,6 @@ class Sidecar:
         self._clock_seen: Any = None
         self._clock_candidate: tuple[float, float] | None = None  # (offset, wall time seen)
         self._log_ts_seen: float | None = None  # the newest log time read
-        self.log_behind: float | None = None  # how far that time trailed the wall clock when read
         self.follow_thread = (FollowThread(files, self.lock, poll_interval=cfg.poll_interval,
                                            after_poll=self._after_poll, first_round=self._first_round)
                               if files else None)
@@ -291,13 +292,13 @@ class Sidecar:
             self._log_ts_seen = lts
             self.log_behind = time.time() + self.clock_offset - lts
 
-    def _judge_on_log_clock(self, on: bool) -> None:
-        """While an old log is read (and for the first data, until its age is known), the
-        pipeline judges it as ``diagnose`` does: the rules run every few seconds of log time as
-        the lines go by, so an incident early in a long old log is found, not only what the last
-        window shows. A live log is judged on the evaluation timer."""
-        self.pipeline.follow = not on
-        self.pipeline.engine.log_time = on
+    def _on_log_clock(self) -> bool:
+        """The pipeline's clock (:class:`~vllm_doctor.pipeline.SidecarTime`) asks: while an old log
+        is read (and for the first data, until its age is known), the pipeline judges it as
+        ``diagnose`` does: the rules run every few seconds of log time as the lines go by, so an
+        incident early in a long old log is found, not only what the last window shows. A live
+        log is judged on the evaluation timer. Decided once per feed, when it starts."""
+        return self.replaying() if self._feed_on_log is None else self._feed_on_log
 
     def clock_status(self) -> dict[str, Any]:
         """Which clock the rules run on: ``mode`` live | replay | no-log-time, ``log_time`` (the
@@ -366,13 +367,14 @@ class Sidecar:
 
     def _on_data(self, name: str):
         def on_data(data: bytes) -> None:
-            self._judge_on_log_clock(self.log_behind is None or self.replaying())
+            self._feed_on_log = self.log_behind is None or self.replaying()
             try:
                 self.pipeline.feed(name, data)
             except Exception:  # noqa: BLE001 - the sidecar never dies on input
                 self._pipeline_failed(name)
+            finally:
+                self._feed_on_log = None
             self._track_log_time()
-            self._judge_on_log_clock(self.replaying())
         return on_data
 
     def _on_end(self, name: str):

@@ -19,6 +19,7 @@ from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fix
 from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix, by_severity
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
+from vllm_doctor.state.signals import histogram_quantile
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
 from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in, parse_expr
@@ -513,8 +514,6 @@ class RuleEngine:
             ms = [m for m in win.metrics() if m.ttft_buckets]
             if len(ms) < 2:
                 return None
-            from vllm_doctor.ingest.scrape import histogram_quantile
-
             old = dict(ms[0].ttft_buckets)
             diff = tuple((le, c - old.get(le, 0.0)) for le, c in ms[-1].ttft_buckets)
             if not diff or diff[-1][1] <= 0:

@@ -207,6 +207,9 @@ class Sidecar:
             pipeline = Pipeline(self._load_rules(cfg.rules), clock=SidecarTime(self._on_log_clock),
                                 base_year=time.gmtime().tm_year)
         self.pipeline = pipeline
+        from vllm_doctor.state.signals import Signals
+
+        self.pipeline.state.signals = Signals(cfg.ttft_window)  # before any sample: the window is a setting
         self.pipeline_errors = 0
         self.bench_result = None
         if cfg.bench:
@@ -259,7 +262,7 @@ class Sidecar:
                               if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
                                        max_bytes=cfg.scrape_max_bytes, deadline=cfg.scrape_deadline,
-                                       window_seconds=cfg.ttft_window, clock=self.now)
+                                       clock=self.now)
                         if cfg.metrics_url else None)
         self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml, clock=self.now)
                      if cfg.nvml else None)

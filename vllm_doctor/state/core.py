@@ -33,6 +33,7 @@ from typing import Any
 from vllm_doctor import events as ev
 from vllm_doctor.state.windows import GpuMemory, WindowAggregate
 from vllm_doctor.report.timeline import Timeline
+from vllm_doctor.state.signals import Signals
 from vllm_doctor.state.snapshot import Scalar, StateSnapshot
 from vllm_doctor.state.startup import Startups
 from vllm_doctor.versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
@@ -94,6 +95,7 @@ VOLATILE = {
     "preemptions_trimmed": "follows preemption_timeline",
     "worker_pids": "processes seen; they print again after a restart",
     "timeline": "the charts' series: refilled by the data that follows",
+    "signals": "TTFT quantiles and prefix hit ratio of the recent window: refilled by the next scrapes",
     "startups": "start-ups seen by this process (their phases are not re-read)",
     "windows": "the rules' window aggregates: registered by RuleEngine.attach, refilled by the data",
     "_stats_pending": "stats lines not yet folded into windows (flushed before a checkpoint reads)",
@@ -210,6 +212,7 @@ class State:
         self.worker_pids: set[tuple[str, int | None]] = set()
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/report/timeline.py)
         self.startups = Startups()  # engine starts and their timed phases (state/startup.py)
+        self.signals = Signals()  # derived signals of the /metrics samples (TTFT quantiles, prefix hit ratio)
         self.host_memory: deque[ev.HostMemorySample] = deque()  # the sidecar's host-memory samples (bounded by the window)
         # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
@@ -502,6 +505,7 @@ class State:
         if len(self.metrics) > self.max_items:
             self.metrics.popleft()
         self.last_metrics = e
+        self.signals.add(e)
         if self.windows["engine_metrics"]:
             for m in e.engines or (e,):
                 for agg in self.windows["engine_metrics"]:

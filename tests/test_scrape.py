@@ -6,14 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from serve_helpers import Pages, timeline_pages
 
-from vllm_doctor.ingest.scrape import (
-    HistogramWindow,
-    MetricsScraper,
-    histogram_quantile,
-    parse_metrics,
-)
+from vllm_doctor.ingest.scrape import MetricsScraper, parse_metrics
+from vllm_doctor.state.signals import HistogramWindow, Signals, histogram_quantile
 
 METRICS = Path(__file__).parent / "fixtures" / "metrics"
 BASIC = (METRICS / "vllm-0.32-cpu-basic.txt").read_text()
@@ -125,8 +122,11 @@ def test_scraper_survives_errors_and_serves_ttft_window():
         sc = MetricsScraper(srv.url, got.append, timeout=2)
         try:
             sc.scrape_once()
-            assert sc.ttft_quantiles["0.99"] == pytest.approx(10.0 + 10.0 * (31.68 - 15) / 17)
-            assert sc.prefix_cache_hit_ratio == 0.0
+            assert not hasattr(sc, "ttft_quantiles")  # the scraper only parses: the signals are the state's
+            signals = Signals()
+            signals.add(got[-1])
+            assert signals.ttft_quantiles["0.99"] == pytest.approx(10.0 + 10.0 * (31.68 - 15) / 17)
+            assert signals.prefix_cache_hit_ratio == 0.0
             srv.status = 500
             assert sc.scrape_once() is None
             assert not sc.stats.up and sc.stats.errors == 1
@@ -136,3 +136,19 @@ def test_scraper_survives_errors_and_serves_ttft_window():
     assert dead.scrape_once() is None and dead.stats.errors == 1 and "Connect" in dead.stats.last_error
     dead.stop()
     assert len(got) == 1
+
+
+def test_the_state_computes_the_signals_once_on_the_samples_clock():
+    from vllm_doctor.diagnosis.loader import load_rules
+    from vllm_doctor.pipeline import Pipeline
+
+    p = Pipeline(load_rules(), follow=True)
+    first = parse_metrics(PREEMPT, now=1_000.0).sample
+    p.observe(first)
+    sig = p.state.signals
+    assert sig.ttft_quantiles["0.99"] == pytest.approx(10.0 + 10.0 * (31.68 - 15) / 17)
+    assert sig.prefix_cache_hit_ratio == 0.0
+    # the same counters 10 min later (on the samples' clock): nothing observed in the window
+    p.observe(parse_metrics(PREEMPT, now=1_600.0).sample)
+    p.observe(parse_metrics(PREEMPT, now=1_601.0).sample)
+    assert sig.ttft_quantiles == {} and sig.prefix_cache_hit_ratio is None

@@ -9,8 +9,37 @@ what was observed, the arithmetic shown).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
-SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+class Severity(StrEnum):
+    """How bad a finding (or a rule, an alert) is, least first: the one order of severities.
+
+    A member is its string (``Severity.warning == "warning"``, JSON and labels write ``warning``);
+    members are named as their values, so a member and its string are the same dictionary key."""
+
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+
+    @property
+    def rank(self) -> int:
+        """0 for info, 1 for warning, 2 for critical."""
+        return SEVERITY_ORDER[self.value]
+
+
+#: Severity name -> rank (higher is worse), in :class:`Severity`'s order.
+SEVERITY_ORDER = {s.value: i for i, s in enumerate(Severity)}
+
+
+def severity_rank(severity: str) -> int:
+    """The rank of a severity given as a member or its string (``"critical"`` -> 2)."""
+    return SEVERITY_ORDER[severity]
+
+
+def by_severity(f: Finding) -> tuple[int, str]:
+    """Sort key: the most severe first, then by rule id."""
+    return -SEVERITY_ORDER[f.severity], f.rule_id
 #: How the harm a fix removes is known, strongest first: ``counted`` (vLLM's own counter or error
 #: line shows it), ``inferred`` (read from a pattern of samples), ``assumed`` (rests on what the
 #: inputs do not show: a version default, a worst case).

@@ -28,16 +28,19 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from vllm_doctor.about import __version__
 from vllm_doctor.diagnosis.advice import share_fixes
 from vllm_doctor.diagnosis import RuleEngine, RuleSet
+from vllm_doctor.diagnosis.schedule import Schedule
 from vllm_doctor.ingest.clock import ClockGuard
 from vllm_doctor.ingest.envelope import Envelope, KeywordScanner, LineSplitter, LogClock, Record, candidate_spans
 from vllm_doctor.events import EngineConfigObserved, SchedulerStats, VersionSeen
-from vllm_doctor.findings import Finding
+from vllm_doctor.findings import Finding, by_severity
 from vllm_doctor.parsers.records import RecordParser, keyword_scanner
 from vllm_doctor.state.core import QUIET_KINDS, State
+from vllm_doctor.state.snapshot import PipelineSnapshot, SourceCounters
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
@@ -100,6 +103,30 @@ class WallTime:
         self.now = now
 
 
+class SidecarTime:
+    """The clock of the sidecar (``serve``, ``watch``): wall time, except while the log read is old
+    or replayed (``on_log_clock()`` true), when the rules judge it as ``diagnose`` does, on the
+    log's own clock. Fixed at construction; what it answers follows what the sidecar reads."""
+
+    def __init__(self, on_log_clock: Callable[[], bool], now: Callable[[], float] = time.time) -> None:
+        self._on_log_clock = on_log_clock
+        self.now = now
+
+    @property
+    def follows_log(self) -> bool:
+        return self._on_log_clock()
+
+
+class Clock(Protocol):
+    """What a pipeline asks its clock: ``now()`` (None: the log's time) and whether the rules
+    run as log time passes (``follows_log``) or when the caller evaluates."""
+
+    @property
+    def follows_log(self) -> bool: ...
+
+    def now(self) -> float | None: ...
+
+
 class _SourceCtx:
     """Per-source stage state: decoder, line splitter, envelope, parser."""
 
@@ -119,20 +146,22 @@ class _SourceCtx:
 class Pipeline:
     """See the module doc and docs/CONTRACTS.md.
 
-    ruleset: the validated rules; clock: :class:`LogTime` (diagnose) or :class:`WallTime`
-    (serve); ``follow=True`` is shorthand for ``clock=WallTime()``.
+    ruleset: the validated rules; clock: :class:`LogTime` (diagnose), :class:`WallTime` or
+    :class:`SidecarTime` (serve, watch); ``follow=True`` is shorthand for ``clock=WallTime()``;
+    schedule: when rules run on the log's clock (default: derived from the rules,
+    :class:`~vllm_doctor.diagnosis.schedule.Schedule`). All three are fixed at construction.
     """
 
-    def __init__(self, ruleset: RuleSet, follow: bool = False, eval_interval: float = 10.0,
-                 base_year: int | None = None, clock: LogTime | WallTime | None = None) -> None:
+    def __init__(self, ruleset: RuleSet, clock: Clock | None = None, schedule: Schedule | None = None, *,
+                 follow: bool = False, eval_interval: float = 10.0, base_year: int | None = None) -> None:
         self.ruleset = ruleset
-        self.clock = clock or (WallTime() if follow else LogTime())
-        self._wall = self.clock if not self.clock.follows_log else WallTime()
+        self.clock: Clock = clock or (WallTime() if follow else LogTime())
         self.eval_interval = eval_interval
+        self.schedule = schedule or Schedule(ruleset, eval_interval)
         self.base_year = base_year
         longest = max([ruleset.window_seconds(r) or 0 for r in ruleset.rules] + [3600.0])
         self.state = State(max_window_seconds=longest + 60)
-        self.engine = RuleEngine(ruleset, log_time=self.clock.follows_log)
+        self.engine = RuleEngine(ruleset, clock=self.clock)
         self.engine.attach(self.state)  # the rules' window aggregates, updated by the state per line
         self._sources: dict[str, _SourceCtx] = {}
         self.active: list[Finding] = []
@@ -140,10 +169,6 @@ class Pipeline:
         self._parsed: dict[str, int] = {}  # source -> lines that gave an event
         self._last_parsed: dict[str, int] = {}  # source -> number of the last line that gave an event
         self.source_times: dict[str, tuple[int | None, int | None]] = {}  # source -> (year, month) of its mtime
-        self._rule_last: dict[str, float] = {}
-        self._windows: list[tuple[str, float | None]] | None = None  # (rule id, window seconds)
-        self._next_windowed = self._next_whole = float("-inf")  # see _tick
-        self._incident_pending = False
         self.on_event: Callable[[object], None] | None = None  # sees every log event (``events``)
         # diagnose --since / --until (epoch seconds, log clock): events outside are not applied,
         # except what a starting engine writes (version, configuration, KV cache size: sticky facts)
@@ -169,11 +194,6 @@ class Pipeline:
     def follow(self) -> bool:
         """True while the rules run on the wall clock (serve), False on the log's (diagnose)."""
         return not self.clock.follows_log
-
-    @follow.setter
-    def follow(self, value: bool) -> None:
-        """Swap the clock (serve judges an old or replayed log on its own clock while reading it)."""
-        self.clock = self._wall if value else LogTime()
 
     # ---- stage 1 -> 2: bytes to records ----------------------------------------------------
     def _ctx(self, source: str) -> _SourceCtx:
@@ -293,9 +313,8 @@ class Pipeline:
             if stats:
                 st.note_src(rec.src)
             if log_clock:
-                if not (stats or type(e) in _RUN_START_TYPES):
-                    self._incident_pending = True
-                if ts is not None and (ts >= self._next_windowed or self._incident_pending and ts >= self._next_whole):
+                self.schedule.note(type(e).__name__)
+                if ts is not None and self.schedule.may_be_due(ts):
                     self._tick(ts)
         if n and self._last_parsed.get(source) != rec.lineno:
             self._last_parsed[source] = rec.lineno
@@ -303,43 +322,10 @@ class Pipeline:
         return n
 
     def _tick(self, ts: float) -> None:
-        """Log time ``ts`` reached: run the rules that are due. A windowed rule runs every
-        max(eval_interval, window/2) seconds of log time (consecutive evaluations overlap by half
-        a window, so events less than half a window apart are always judged together); a
-        whole-log rule runs when an incident event arrived."""
-        # Most events are due nothing: the earliest time a windowed rule (resp. a whole-log rule,
-        # once an incident arrived) is due again is kept, so that case costs one comparison.
-        if ts < self._next_windowed and (not self._incident_pending or ts < self._next_whole):
-            return
-        windows = self._windows
-        if windows is None:
-            windows = self._windows = [(r.id, self.ruleset.window_seconds(r)) for r in self.ruleset.rules]
-        due = set()
-        whole_due = False
-        for rid, w in windows:
-            last = self._rule_last.get(rid)
-            if w is None:
-                if self._incident_pending and (last is None or ts - last >= self.eval_interval):
-                    due.add(rid)
-                    whole_due = True
-            elif last is None or ts - last >= max(self.eval_interval, w / 2):
-                due.add(rid)
+        """Log time ``ts`` reached: run the rules that are due (:class:`Schedule`)."""
+        due = self.schedule.due(ts)
         if due:
-            for rid in due:
-                self._rule_last[rid] = ts
-            if whole_due:
-                self._incident_pending = False
             self.active = self.engine.evaluate(self.state, due)
-        inf = float("inf")
-        nw = nh = inf
-        for rid, w in windows:
-            last = self._rule_last.get(rid)
-            if w is None:
-                nh = min(nh, -inf if last is None else last + self.eval_interval)
-            else:
-                nw = min(nw, -inf if last is None else last + max(self.eval_interval, w / 2))
-        # a millisecond early: the test above is exact (ts - last >= period), this one only skips
-        self._next_windowed, self._next_whole = nw - 1e-3, nh - 1e-3
 
     def feed(self, source: str, data: bytes) -> None:
         """Bytes appended to log ``source``; a partial last line is kept for the next call."""
@@ -408,24 +394,21 @@ class Pipeline:
                 for rec in ctx.guard.release(now):
                     self.consume(name, rec)
 
-    def counters(self) -> dict:
-        """The state's counters plus each source's line number and parsed-line count: what the
-        sidecar checkpoints together with the offsets (see :meth:`State.counters`). Events the
+    def snapshot(self) -> PipelineSnapshot:
+        """The state's snapshot plus each source's line number and parsed-line count: what the
+        sidecar checkpoints together with the offsets (see :meth:`State.snapshot`). Events the
         parsers still hold are applied first: the offsets already cover their lines."""
         self._release_held()
         self._flush_parsers()
-        return {"state": self.state.counters(),
-                "sources": {n: {"lineno": c.splitter.lineno, "parsed": self._parsed.get(n, 0)}
-                            for n, c in self._sources.items()}}
+        return PipelineSnapshot(state=self.state.snapshot(), sources={
+            n: SourceCounters(lineno=c.lineno, parsed=self._parsed.get(n, 0)) for n, c in self._sources.items()})
 
-    def restore_counters(self, snap: dict) -> None:
-        """Put :meth:`counters` back into a fresh pipeline (a resumed sidecar)."""
-        if isinstance(snap.get("state"), dict):
-            self.state.restore_counters(snap["state"])
-        for name, src in (snap.get("sources") or {}).items():
-            if isinstance(src, dict):
-                self._ctx(name).splitter.lineno = int(src.get("lineno", 0))
-                self._parsed[name] = int(src.get("parsed", 0))
+    def restore(self, snap: PipelineSnapshot) -> None:
+        """Put a :meth:`snapshot` back into a fresh pipeline (a resumed sidecar)."""
+        self.state.restore(snap.state)
+        for name, src in snap.sources.items():
+            self._ctx(name).lineno = src.lineno  # evidence line numbers continue where they stopped
+            self._parsed[name] = src.parsed
 
     def _clock_jumps(self, source: str) -> dict:
         """``clock_jumps`` (lines whose time was far ahead of the lines around them: stamped with
@@ -541,7 +524,7 @@ class Pipeline:
             facts=facts,
             facts_defaulted=sorted(st.defaulted),
             findings=share_fixes(sorted(self.engine.all_occurrences(),
-                                        key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id,
+                                        key=lambda f: (*by_severity(f),
                                                        f.occurrence))),
             sources=[{"name": n, "lines_total": st.lines_total.get(n, 0), "unparsed_lines": self.unparsed(n),
                       "vllm_lines": self.vllm_records(n), **self._clock_jumps(n)} for n in self._sources],

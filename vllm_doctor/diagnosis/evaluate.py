@@ -16,9 +16,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
-from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix
+from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix, by_severity
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
+from vllm_doctor.state.signals import histogram_quantile
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
 from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in, parse_expr
@@ -197,9 +198,10 @@ def _or_none(fn, item):
 class RuleEngine:
     """Runs a RuleSet on a State. ``findings``: rule id -> Finding, everything seen so far."""
 
-    def __init__(self, ruleset: RuleSet, log_time: bool = False) -> None:
+    def __init__(self, ruleset: RuleSet, log_time: bool = False, clock: Any = None) -> None:
         self.ruleset = ruleset
-        self.log_time = log_time
+        self._log_time = log_time
+        self._clock = clock  # a pipeline's clock: its follows_log, when given, decides log_time
         self.findings: dict[str, Finding] = {}  # rule id -> its newest occurrence
         self.closed: list[Finding] = []  # earlier occurrences (ended, or cut by a restart), oldest first
         self._run_of: dict[str, int] = {}  # rule id -> engine run of its newest occurrence
@@ -319,6 +321,11 @@ class RuleEngine:
             self._facts_key, self._facts = key, state.facts()
         return self._facts
 
+    @property
+    def log_time(self) -> bool:
+        """True when findings are dated by their evidence lines (the log's clock), not when judged."""
+        return self._clock.follows_log if self._clock is not None else self._log_time
+
     def evaluate(self, state: State, due: set[str] | None = None) -> list[Finding]:
         """Run the rules (all, or the ids in ``due``; the others keep their state) now; return
         the findings active now (critical first)."""
@@ -401,7 +408,7 @@ class RuleEngine:
         for f in self.findings.values():
             f.occurrences = f.occurrence
         active = [f for f in self.findings.values() if f.active]
-        active.sort(key=lambda f: (-{"info": 0, "warning": 1, "critical": 2}[f.severity], f.rule_id))
+        active.sort(key=by_severity)
         return active
 
     def _errored(self, rule: Rule, errors: list[str]) -> None:
@@ -510,8 +517,6 @@ class RuleEngine:
             ms = [m for m in win.metrics() if m.ttft_buckets]
             if len(ms) < 2:
                 return None
-            from vllm_doctor.ingest.scrape import histogram_quantile
-
             old = dict(ms[0].ttft_buckets)
             diff = tuple((le, c - old.get(le, 0.0)) for le, c in ms[-1].ttft_buckets)
             if not diff or diff[-1][1] <= 0:

@@ -31,6 +31,7 @@ from typing import Any
 import simpleeval
 from simpleeval import EvalWithCompoundTypes
 
+from vllm_doctor.diagnosis.sentences import SENTENCES
 from vllm_doctor.errors import RuleLoadError
 from vllm_doctor.units import gib, human_bytes
 from vllm_doctor.versions import flag_ranges_text
@@ -117,6 +118,7 @@ FUNCTIONS: dict[str, Callable] = {
     "str": str, "bool": bool, "any": any, "all": all, "sorted": sorted, "set": set,
     # the examined vLLM releases that have a flag ("0.6.0–0.33.0"), None: none has it
     "flag_versions": flag_ranges_text,
+    **SENTENCES,  # sentences built in Python (diagnosis/sentences.py)
 }
 # Functions bound to a state at evaluation (see evaluate.py); listed here for validation.
 STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",

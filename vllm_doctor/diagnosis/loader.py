@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.findings import Severity
 from vllm_doctor.events import EVENT_KINDS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.state.core import FACT_NAMES
 from vllm_doctor.state.windows import GpuMemory
@@ -39,7 +40,13 @@ from vllm_doctor.diagnosis.expr import FUNCTIONS, STATE_FUNCTIONS, attributes_of
 #: marks, and so the line numbers of load errors, are the same), else the pure-Python one
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-SEVERITIES = ("info", "warning", "critical")
+SEVERITIES = tuple(s.value for s in Severity)
+#: The longest expression a rule may hold (a condition, a value, a placeholder of a message): a
+#: sentence that needs more is built in Python (vllm_doctor/diagnosis/sentences.py)
+MAX_EXPRESSION_CHARS = 900
+#: What a rule judges: one deployment (its log, /metrics, GPUs: rules/VD0xx) or a fleet of
+#: replicas read back from Prometheus (rules/fleet/VD02x)
+SCOPES = ("deployment", "fleet")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
                                  "gpu", "None", "True", "False", "unknown_flags", "defaulted"}
 TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
@@ -118,7 +125,7 @@ class MessageCase(Strict):
 class Escalation(Strict):
     """A higher severity for a finding whose condition holds (the rule's own is the floor)."""
 
-    severity: Literal["warning", "critical"]
+    severity: Literal[Severity.warning, Severity.critical]
     if_: str = Field(alias="if")
 
 
@@ -128,7 +135,7 @@ class Rule(Strict):
     id: str
     name: str
     title: str
-    severity: Literal["info", "warning", "critical"]
+    severity: Severity
     escalate: list[Escalation] = Field(default_factory=list)  # the first whose `if` holds sets the severity
     category: str
     window: float | str | None = None  # seconds, "5m", "t.NAME", or None for the whole history
@@ -146,7 +153,17 @@ class Rule(Strict):
     # "not enough evidence": the one thing to collect that would decide (the first whose `if` holds)
     collect: list[MessageCase] = Field(default_factory=list)
     docs: Docs
+    # other ids this rule answers to (another tool's id for the same check: VD010 is check's VC001)
+    aliases: list[str] = Field(default_factory=list)
     source: str = ""
+    scope: Literal["deployment", "fleet"] = "deployment"  # set by the loader from where the file is
+
+    @cached_property
+    def reads(self) -> frozenset[str]:
+        """The event kinds this rule reads (named in its expressions and evidence), plus ``*``
+        when it also reads what any event may move (facts, series, derived views): what its
+        schedule is derived from (diagnosis/schedule.py)."""
+        return rule_reads(self)
 
     @field_validator("name")
     @classmethod
@@ -154,6 +171,37 @@ class Rule(Strict):
         if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", v):
             raise ValueError(f"name {v!r} is not kebab-case")
         return v
+
+
+#: The functions that read events of a kind named by their first argument
+EVENT_READERS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events")
+_KIND_RE = re.compile(r"(?:" + "|".join(EVENT_READERS) + r")\(\s*[\"']([\w:]+)[\"']")
+
+
+def rule_expressions(rule: Rule) -> list[str]:
+    """Every expression of a rule: values, conditions, the placeholders of its texts, fixes."""
+    out = [*rule.values.values(), *rule.when.all, *rule.when.any, rule.grade, *(e.if_ for e in rule.escalate)]
+    texts: list[str] = []
+    for case in ([] if isinstance(rule.message, str) else rule.message) + rule.checks + rule.collect:
+        out += [case.if_] if case.if_ else []
+        texts.append(case.text)
+    texts += [rule.message] if isinstance(rule.message, str) else []
+    for f in rule.fixes:
+        out += [f.value] + ([f.if_] if f.if_ else []) + ([f.grade] if f.grade else [])
+        texts += [f.why] + ([f.arithmetic] if f.arithmetic else [])
+    out += [split_placeholder(m.group(1))[0] for t in texts for m in TEMPLATE_RE.finditer(t)]
+    return out
+
+
+def rule_reads(rule: Rule) -> frozenset[str]:
+    """See :attr:`Rule.reads`."""
+    exprs = rule_expressions(rule)
+    kinds = {k for e in exprs for k in _KIND_RE.findall(e)}
+    kinds |= {k for k in rule.evidence if k not in rule.values}
+    pure = set(FUNCTIONS) | set(EVENT_READERS) | set(rule.values) | {"t", "None", "True", "False"}
+    if rule.windows or any(names_in(e) - pure for e in exprs):
+        kinds.add("*")
+    return frozenset(kinds)
 
 
 @dataclass(frozen=True)
@@ -164,9 +212,9 @@ class RuleSet:
     thresholds: dict[str, float]
 
     def by_key(self, key: str) -> Rule | None:
-        """A rule by id (``VD001``, any case) or name (``preemption-storm``)."""
+        """A rule by id (``VD001``, any case), name (``preemption-storm``) or alias (``VC001``)."""
         for r in self.rules:
-            if r.id.lower() == key.lower() or r.name == key:
+            if r.id.lower() == key.lower() or r.name == key or any(a.lower() == key.lower() for a in r.aliases):
                 return r
         return None
 
@@ -270,7 +318,7 @@ def _load_rules(extra_dirs: list[Path] | tuple[Path, ...], builtin: bool) -> Rul
     ids: dict[str, Path] = {}
     names: dict[str, Path] = {}
     for path, is_builtin in files:
-        rule = _load_one(path, is_builtin, thresholds)
+        rule = load_rule_file(path, is_builtin, thresholds)
         if rule.id in ids:
             raise RuleLoadError(f"{path}: duplicate rule id {rule.id} (also in {ids[rule.id]})")
         if rule.name in names:
@@ -278,6 +326,13 @@ def _load_rules(extra_dirs: list[Path] | tuple[Path, ...], builtin: bool) -> Rul
         ids[rule.id] = path
         names[rule.name] = path
         rules.append(rule)
+    aliases: dict[str, Path] = {}
+    for r in rules:
+        for a in r.aliases:
+            if a in ids or a in names or a in aliases:
+                raise RuleLoadError(f"{r.source}: alias {a} is already the id, name or alias of another rule "
+                                    f"({ids.get(a) or names.get(a) or aliases[a]})")
+            aliases[a] = Path(r.source)
     for r in rules:
         for u in r.unless:
             if u not in names:
@@ -449,7 +504,11 @@ class _Types:
             (self.one if got[0] == "one" else self.many)[name] = got[1]
 
 
-def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rule:
+def load_rule_file(path: Path, is_builtin: bool, thresholds: dict[str, float], scope: str = "deployment",
+              scope_names: frozenset[str] | set[str] = frozenset()) -> Rule:
+    """One rule file, validated. ``scope`` "deployment" (names: :data:`BASE_NAMES`, the state's
+    functions, event kinds) or "fleet" (names: ``scope_names``, the fleet namespace; evidence are
+    values). The one loader of both (fleet/rules.py calls it)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -461,7 +520,7 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     if not isinstance(raw, dict):
         raise RuleLoadError(f"{path}: a rule file must be a mapping")
     try:
-        rule = Rule(**raw, source=str(path))
+        rule = Rule(**{**raw, "source": str(path), "scope": scope})
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
@@ -476,7 +535,8 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         parse_window(rule.window, thresholds)
     except KeyError as e:
         raise RuleLoadError(f"{path}: window uses unknown threshold {e}") from None
-    known = BASE_NAMES | set(FUNCTIONS) | set(STATE_FUNCTIONS)
+    fleet = scope == "fleet"
+    known = (set(scope_names) if fleet else BASE_NAMES | set(STATE_FUNCTIONS)) | set(FUNCTIONS)
     defined: set[str] = set()
     lines = _line_map(text)
     types = _Types({n: WINDOW_SERIES[w.of] for n, w in rule.windows.items()})
@@ -504,6 +564,10 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
         return f"{path}:{line}: {where}" if line else f"{path}: {where}"
 
     def check(expr: str, where: str, extra: set[str] = frozenset()) -> None:
+        if len(expr) > MAX_EXPRESSION_CHARS:
+            raise RuleLoadError(f"{at(where)}: rule {rule.id} {rule.name}: an expression of {len(expr)} characters, "
+                                f"over the limit of {MAX_EXPRESSION_CHARS}: build the sentence in Python "
+                                "(vllm_doctor/diagnosis/sentences.py)")
         try:
             used = names_in(expr)
         except RuleLoadError as e:
@@ -573,6 +637,8 @@ def _load_one(path: Path, is_builtin: bool, thresholds: dict[str, float]) -> Rul
     for i, e in enumerate(rule.when.all + rule.when.any):
         check(e, f"when[{i}]")
     for i, kind in enumerate(rule.evidence):
+        if fleet and kind not in rule.values:
+            raise RuleLoadError(f"{at(f'evidence[{i}]')}: {kind!r} must be a value (a list of replicas)")
         if kind not in EVENT_KINDS and kind not in DERIVED_KINDS and kind not in rule.values:
             raise RuleLoadError(f"{at(f'evidence[{i}]')}: {kind!r} is neither an event kind nor a value")
     if isinstance(rule.message, str):

@@ -222,8 +222,8 @@ class SidecarCollector(Collector):
         per_engine("vllm_prompt_throughput_tokens_per_second", None, "prompt_tps")
         per_engine("vllm_generation_throughput_tokens_per_second", None, "generation_tps")
         hit = stats.prefix_cache_hit_ratio if stats is not None else None
-        if hit is None and sc.scraper is not None:
-            hit = sc.scraper.prefix_cache_hit_ratio
+        if hit is None:
+            hit = st.signals.prefix_cache_hit_ratio
         gauge("vllm_prefix_cache_hit_ratio", hit)
         c = family("vllm_preemptions_total")
         if st.preemptions_reported:  # unknown (a V1 log without /metrics) is not zero
@@ -232,9 +232,9 @@ class SidecarCollector(Collector):
         c = family("vllm_oom_events_total")
         c.add_metric([], st.oom_events_total)
         fams.append(c)
-        if sc.scraper is not None and sc.scraper.ttft_quantiles:
+        if st.signals.ttft_quantiles:
             g = family("vllm_time_to_first_token_seconds")
-            for q, v in sorted(sc.scraper.ttft_quantiles.items()):
+            for q, v in sorted(st.signals.ttft_quantiles.items()):
                 g.add_metric([q], v)
             fams.append(g)
         return fams

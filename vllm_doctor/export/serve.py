@@ -40,7 +40,6 @@ from vllm_doctor.ingest.follow import (
     PipeFollower,
     is_fifo,
     load_checkpoints,
-    load_state_extra,
     save_checkpoints,
 )
 from vllm_doctor.ingest.hostmem import HostMemoryPoller
@@ -55,38 +54,6 @@ DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
 #: over when the log shows nothing running nor waiting after their evidence (Sidecar._clear_on_log_clock).
 LOAD_CATEGORIES = frozenset({"kv-cache", "latency", "scheduling"})
 ENV_PREFIX = "VLLM_DOCTOR_"
-
-
-#: State attributes that vLLM prints only at start-up (configuration, KV cache capacity, memory
-#: budget, version). They are kept in the state file so that a restarted sidecar, which resumes
-#: after those lines, still knows them.
-STICKY_STATE = ("config", "capacity", "memory", "vllm_version", "version_source", "engine",
-                "unknown_flags", "served")
-
-
-def sticky_snapshot(state: Any) -> dict:
-    """The sticky part of a :class:`vllm_doctor.state.core.State` as JSON-able data."""
-    snap = {}
-    for name in STICKY_STATE:
-        v = getattr(state, name, None)
-        if name == "config" and isinstance(v, dict):
-            v = {k: list(pv) for k, pv in v.items()}
-        snap[name] = v
-    return snap
-
-
-def restore_sticky(state: Any, snap: dict) -> None:
-    """Put a :func:`sticky_snapshot` back into a fresh State (what the new run logs wins later)."""
-    for name in STICKY_STATE:
-        if name not in snap or snap[name] is None or not hasattr(state, name):
-            continue
-        v = snap[name]
-        if name == "config":
-            v = {k: tuple(pv) for k, pv in v.items() if isinstance(pv, list) and len(pv) == 2}
-        if isinstance(getattr(state, name), dict) and isinstance(v, dict):
-            getattr(state, name).update(v)
-        else:
-            setattr(state, name, v)
 
 
 class ConfigError(VllmDoctorError):
@@ -234,15 +201,20 @@ class Sidecar:
 
     def __init__(self, cfg: ServeConfig, *, pipeline: Any = None, nvml: Any = None,
                  stdin_fd: int = 0) -> None:
-        from vllm_doctor.pipeline import Pipeline
+        from vllm_doctor.pipeline import Pipeline, SidecarTime
 
         self.cfg = cfg
         self.lock = threading.RLock()
         self.rule_load_error: str | None = None
+        self._feed_on_log: bool | None = None  # the clock of the feed in progress (fixed for it)
+        self.log_behind: float | None = None  # how far the newest log time trailed the wall clock when read
         if pipeline is None:
-            pipeline = Pipeline(self._load_rules(cfg.rules), follow=True,
+            pipeline = Pipeline(self._load_rules(cfg.rules), clock=SidecarTime(self._on_log_clock),
                                 base_year=time.gmtime().tm_year)
         self.pipeline = pipeline
+        from vllm_doctor.state.signals import Signals
+
+        self.pipeline.state.signals = Signals(cfg.ttft_window)  # before any sample: the window is a setting
         self.pipeline_errors = 0
         self.bench_result = None
         if cfg.bench:
@@ -259,19 +231,17 @@ class Sidecar:
         self.last_eval_seconds: float | None = None
         self._stop = threading.Event()
         self._eval_thread: threading.Thread | None = None
-        from vllm_doctor.ingest.statefile import check_state_file
+        from vllm_doctor.ingest.statefile import read_state_file
 
-        self.state_file_error = check_state_file(cfg.state_file)
+        saved, self.state_file_error = read_state_file(cfg.state_file)
         if self.state_file_error:
             log.warning("%s", self.state_file_error)
         checkpoints = load_checkpoints(cfg.state_file)
         resumed = any(os.path.abspath(p) in checkpoints for p in cfg.logs if p != "-")
-        if resumed:  # resuming mid-file: the start-up lines were read by the previous run
-            restore_sticky(self.pipeline.state, load_state_extra(cfg.state_file, "sticky_state"))
-            # the counters that correspond to the checkpointed offsets (written together with them)
-            restore = getattr(self.pipeline, "restore_counters", None)
-            if restore is not None:
-                restore(load_state_extra(cfg.state_file, "counters"))
+        if resumed and saved is not None:
+            # resuming mid-file: the start-up lines (sticky facts) were read by the previous run, and
+            # the counters correspond to the checkpointed offsets (written together with them)
+            self.pipeline.restore(saved.snapshot)
         self._bytes_checkpointed = -1
         self._last_ck = 0.0
         self.logs: list[LogSource] = []
@@ -292,13 +262,12 @@ class Sidecar:
         self._clock_seen: Any = None
         self._clock_candidate: tuple[float, float] | None = None  # (offset, wall time seen)
         self._log_ts_seen: float | None = None  # the newest log time read
-        self.log_behind: float | None = None  # how far that time trailed the wall clock when read
         self.follow_thread = (FollowThread(files, self.lock, poll_interval=cfg.poll_interval,
                                            after_poll=self._after_poll, first_round=self._first_round)
                               if files else None)
         self.scraper = (MetricsScraper(cfg.metrics_url, self._observe, interval=cfg.scrape_interval,
                                        max_bytes=cfg.scrape_max_bytes, deadline=cfg.scrape_deadline,
-                                       window_seconds=cfg.ttft_window, clock=self.now)
+                                       clock=self.now)
                         if cfg.metrics_url else None)
         self.nvml = (NvmlPoller(self._observe, interval=cfg.nvml_interval, nvml=nvml, clock=self.now)
                      if cfg.nvml else None)
@@ -331,13 +300,13 @@ class Sidecar:
             self._log_ts_seen = lts
             self.log_behind = time.time() + self.clock_offset - lts
 
-    def _judge_on_log_clock(self, on: bool) -> None:
-        """While an old log is read (and for the first data, until its age is known), the
-        pipeline judges it as ``diagnose`` does: the rules run every few seconds of log time as
-        the lines go by, so an incident early in a long old log is found, not only what the last
-        window shows. A live log is judged on the evaluation timer."""
-        self.pipeline.follow = not on
-        self.pipeline.engine.log_time = on
+    def _on_log_clock(self) -> bool:
+        """The pipeline's clock (:class:`~vllm_doctor.pipeline.SidecarTime`) asks: while an old log
+        is read (and for the first data, until its age is known), the pipeline judges it as
+        ``diagnose`` does: the rules run every few seconds of log time as the lines go by, so an
+        incident early in a long old log is found, not only what the last window shows. A live
+        log is judged on the evaluation timer. Decided once per feed, when it starts."""
+        return self.replaying() if self._feed_on_log is None else self._feed_on_log
 
     def clock_status(self) -> dict[str, Any]:
         """Which clock the rules run on: ``mode`` live | replay | no-log-time, ``log_time`` (the
@@ -406,13 +375,14 @@ class Sidecar:
 
     def _on_data(self, name: str):
         def on_data(data: bytes) -> None:
-            self._judge_on_log_clock(self.log_behind is None or self.replaying())
+            self._feed_on_log = self.log_behind is None or self.replaying()
             try:
                 self.pipeline.feed(name, data)
             except Exception:  # noqa: BLE001 - the sidecar never dies on input
                 self._pipeline_failed(name)
+            finally:
+                self._feed_on_log = None
             self._track_log_time()
-            self._judge_on_log_clock(self.replaying())
         return on_data
 
     def _on_end(self, name: str):
@@ -586,10 +556,7 @@ class Sidecar:
             return
         files = [s.reader for s in self.logs if isinstance(s.reader, LogFollower)]
         with self.lock:
-            extra = {"sticky_state": sticky_snapshot(self.pipeline.state)}
-            counters = getattr(self.pipeline, "counters", None)
-            if counters is not None:
-                extra["counters"] = counters()
+            extra = self.pipeline.snapshot().model_dump(mode="json")  # {"state": ..., "sources": ...}
             try:
                 save_checkpoints(self.cfg.state_file, files, extra=extra)
             except OSError as exc:

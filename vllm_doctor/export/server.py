@@ -69,7 +69,7 @@ def state_dict(sidecar: Any) -> dict:
                       "temperature_celsius": g.temperature_celsius,
                       "processes": [{"pid": p, "name": n, "used_bytes": u} for p, n, u in g.processes]}
                      for _, g in sorted(st.gpus.items())]
-    d["ttft_seconds"] = dict(sidecar.scraper.ttft_quantiles) if sidecar.scraper is not None else {}
+        d["ttft_seconds"] = dict(st.signals.ttft_quantiles)
     d["live_sources"] = sidecar.source_status()
     d["clock"] = sidecar.clock_status()
     d["rule_load_error"] = sidecar.rule_load_error

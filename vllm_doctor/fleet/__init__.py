@@ -45,9 +45,10 @@ from vllm_doctor.catalogue import V, either
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.errors import InputError
 from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
-from vllm_doctor.findings import Finding
+from vllm_doctor.findings import SEVERITY_ORDER, Finding, by_severity
 from vllm_doctor.pipeline import Pipeline, Report
-from vllm_doctor.ingest.scrape import SAMPLE_FIELDS, histogram_quantile
+from vllm_doctor.ingest.scrape import SAMPLE_FIELDS
+from vllm_doctor.state.signals import histogram_quantile
 from vllm_doctor.state.core import FACT_NAMES
 from vllm_doctor.fleet.prometheus import PrometheusClient, Series
 
@@ -724,7 +725,7 @@ def _sidecar_finding(ruleset, rid: str, labels: dict, first: float, last: float)
     title = rule.title if rule is not None else labels.get("name", rid)
     return Finding(
         rule_id=rid, name=labels.get("name", rule.name if rule else rid),
-        severity=labels.get("severity") if labels.get("severity") in ("info", "warning", "critical") else "warning",
+        severity=labels.get("severity") if labels.get("severity") in SEVERITY_ORDER else "warning",
         title=title,
         message=("The vllm-doctor sidecar of this replica reported this finding active "
                  "(vllm_doctor_finding_active) from the vLLM log it follows; its evidence and fix are on the "
@@ -794,8 +795,7 @@ def diagnose_prometheus(url: str, *, selector: str | None = None, since: str | N
                                                          fleet_lat, step_s, grid))
     fleet_findings = fleet.run(t_until)
     findings = _routing_not_capacity(findings, fleet_findings)
-    sev = {"info": 0, "warning": 1, "critical": 2}
-    all_findings = sorted(fleet_findings + findings, key=lambda f: (-sev[f.severity], f.rule_id, f.title))
+    all_findings = sorted(fleet_findings + findings, key=lambda f: (*by_severity(f), f.title))
     report = Report(
         vllm_version=None, vllm_version_source=None, engine="v1" if any(len(r.engines) for r in reps.values()) else None,
         facts={n: None for n in FACT_NAMES}, facts_defaulted=[], findings=all_findings,

@@ -34,12 +34,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
 from vllm_doctor.diagnosis.evaluate import RuleEngine
-from vllm_doctor.diagnosis.expr import FUNCTIONS, Evaluator, attributes_of, names_in
-from vllm_doctor.diagnosis.loader import TEMPLATE_RE, Rule, RuleSet, builtin_rules_dir, split_placeholder
+from vllm_doctor.diagnosis.expr import Evaluator
+from vllm_doctor.diagnosis.loader import RuleSet, builtin_rules_dir, load_rule_file
 from vllm_doctor.errors import RuleLoadError
 from vllm_doctor.findings import Finding
 from vllm_doctor.state.core import State
@@ -58,7 +55,8 @@ def fleet_rules_dir() -> Path:
 
 
 def load_fleet_rules(thresholds: dict[str, float], directory: Path | None = None) -> RuleSet:
-    """The fleet rules, validated like the others: schema, id = file name, names and thresholds.
+    """The fleet rules, validated by the rules' one loader (diagnosis/loader.py ``load_rule_file``,
+    scope "fleet": the names of the fleet namespace): schema, id = file name, names and thresholds.
     The built-in directory without a rule is an installation that lost its package data: an
     error, never a fleet diagnosis that silently runs no fleet rule."""
     d = directory or fleet_rules_dir()
@@ -68,35 +66,7 @@ def load_fleet_rules(thresholds: dict[str, float], directory: Path | None = None
         raise RuleLoadError(f"no fleet rule (VD020+) in {d}: this installation of vllm-incident-doctor lacks its "
                             "package data; reinstall it (pip install --force-reinstall vllm-incident-doctor)")
     for path in paths:
-        try:
-            rule = Rule(**yaml.safe_load(path.read_text()), source=str(path))
-        except (OSError, yaml.YAMLError, ValidationError, TypeError) as e:
-            raise RuleLoadError(f"{path}: {str(e).splitlines()[0]}") from None
-        if not path.name.startswith(rule.id + "-"):
-            raise RuleLoadError(f"{path}: file name must start with the id {rule.id}")
-        defined: set[str] = set()
-
-        def check(expr: str, where: str) -> None:
-            unknown = names_in(expr) - FLEET_NAMES - set(FUNCTIONS) - defined
-            if unknown:
-                raise RuleLoadError(f"{path}: {where}: unknown name {sorted(unknown)[0]!r} in {expr!r}")
-            for a in attributes_of(expr, "t"):
-                if a not in thresholds:
-                    raise RuleLoadError(f"{path}: {where}: unknown threshold t.{a}")
-
-        for k, e in rule.values.items():
-            check(e, f"values.{k}")
-            defined.add(k)
-        for i, e in enumerate(rule.when.all + rule.when.any):
-            check(e, f"when[{i}]")
-        texts = [rule.message] if isinstance(rule.message, str) else [c.text for c in rule.message]
-        for text in texts:
-            for m in TEMPLATE_RE.finditer(text):
-                check(split_placeholder(m.group(1))[0], "message")
-        for kind in rule.evidence:
-            if kind not in rule.values:
-                raise RuleLoadError(f"{path}: evidence: {kind!r} must be a value (a list of replicas)")
-        rules.append(rule)
+        rules.append(load_rule_file(path, True, thresholds, scope="fleet", scope_names=FLEET_NAMES))
     return RuleSet(tuple(rules), thresholds)
 
 

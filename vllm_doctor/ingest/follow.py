@@ -63,6 +63,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_doctor.ingest.statefile import STATE_VERSION
+
 log = logging.getLogger(__name__)
 
 OnData = Callable[[bytes], None]
@@ -916,23 +918,11 @@ def load_checkpoints(path: str | os.PathLike[str] | None) -> dict[str, dict]:
     return good
 
 
-def load_state_extra(path: str | os.PathLike[str] | None, key: str) -> dict:
-    """Another section of a ``--state-file`` (written with ``save_checkpoints(extra=...)``);
-    ``{}`` when absent or unreadable."""
-    if not path:
-        return {}
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    v = data.get(key) if isinstance(data, dict) else None
-    return v if isinstance(v, dict) else {}
-
-
 def save_checkpoints(path: str | os.PathLike[str], followers: Iterable[LogFollower],
                      extra: dict | None = None) -> None:
-    """Write the followers' checkpoints to ``path`` atomically (temp file + rename).
-    ``extra``: more JSON sections stored beside ``files`` (e.g. the sticky facts)."""
+    """Write the followers' checkpoints to ``path`` atomically (temp file + rename), as state
+    file version :data:`~vllm_doctor.ingest.statefile.STATE_VERSION`. ``extra``: more JSON
+    sections stored beside ``files`` (the pipeline's snapshot: ``state``, ``sources``)."""
     files = {}
     for f in followers:
         ck = f.checkpoint()
@@ -943,7 +933,7 @@ def save_checkpoints(path: str | os.PathLike[str], followers: Iterable[LogFollow
     fd, tmp = tempfile.mkstemp(prefix=".vllm-doctor-state.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"version": 1, "files": files, **(extra or {})}, fh, indent=1, default=str)
+            json.dump({"version": STATE_VERSION, "files": files, **(extra or {})}, fh, indent=1, default=str)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

@@ -35,9 +35,8 @@ import math
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -219,67 +218,6 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
                          agg.get("prefix_cache_hits_total"), bad)
 
 
-def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...] | list) -> float | None:
-    """Prometheus' ``histogram_quantile``: q in [0, 1] over cumulative (le, count) buckets,
-    linear interpolation inside the bucket; the last finite bound when the rank falls in
-    ``+Inf``. None when the histogram is empty."""
-    bs = sorted(buckets)
-    if not bs or bs[-1][1] <= 0:
-        return None
-    total = bs[-1][1]
-    rank = q * total
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in bs:
-        if c >= rank:
-            if math.isinf(le):
-                return prev_le
-            if c == prev_c:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
-        prev_le, prev_c = le, c
-    return prev_le
-
-
-class HistogramWindow:
-    """Quantiles of a cumulative histogram over the last ``window_seconds``, like
-    ``histogram_quantile(q, rate(h[window]))``: the newest snapshot minus the newest one at
-    least ``window_seconds`` old (or the oldest kept). A counter reset (vLLM restarted)
-    restarts the window."""
-
-    def __init__(self, window_seconds: float = 300.0) -> None:
-        self.window_seconds = window_seconds
-        self._snaps: deque[tuple[float, tuple[tuple[float, float], ...]]] = deque()
-
-    def add(self, t: float, buckets: tuple[tuple[float, float], ...]) -> None:
-        """Record a scrape's buckets at monotonic time t."""
-        if not buckets:
-            return
-        if self._snaps and _is_reset(self._snaps[-1][1], buckets):
-            self._snaps.clear()
-        self._snaps.append((t, buckets))
-        while len(self._snaps) > 2 and self._snaps[1][0] <= t - self.window_seconds:
-            self._snaps.popleft()
-
-    def delta(self) -> tuple[tuple[float, float], ...]:
-        """Bucket counts observed within the window (the newest snapshot alone when only one)."""
-        if not self._snaps:
-            return ()
-        new = self._snaps[-1][1]
-        if len(self._snaps) == 1:
-            return new
-        old = dict(self._snaps[0][1])
-        return tuple((le, c - old.get(le, 0.0)) for le, c in new)
-
-    def quantile(self, q: float) -> float | None:
-        """The q-quantile (seconds) over the window; None with no observation in it."""
-        return histogram_quantile(q, self.delta())
-
-
-def _is_reset(old, new) -> bool:
-    o = dict(old)
-    return any(c < o.get(le, 0.0) for le, c in new)
-
-
 #: The bounds of one scrape (ServeConfig scrape_max_bytes, scrape_deadline): vLLM's /metrics is
 #: tens of KB (a data-parallel deployment with LoRA a few MB).
 MAX_SCRAPE_BYTES = 16 << 20
@@ -333,25 +271,18 @@ class ScrapeStats:
     last_error: str | None = None
 
 
-@dataclass
-class _Window:
-    ttft: HistogramWindow
-    prefix: deque = field(default_factory=deque)
-
-
 class MetricsScraper:
     """Poll vLLM's /metrics every ``interval`` seconds in a background thread.
 
     url: e.g. ``http://127.0.0.1:8000/metrics``.
     on_sample(VllmMetricsSample): called with each good scrape (from the scraper thread).
-    window_seconds: the TTFT / prefix-cache window (rules' ``prefill-blocking`` uses 5 min).
     clock: epoch seconds stamped on each sample (time.time; the sidecar passes its log clock).
-    The latest TTFT p50/p99 and prefix cache hit ratio over the window are kept in
-    :attr:`ttft_quantiles` and :attr:`prefix_cache_hit_ratio`.
+    The scraper only parses: the TTFT quantiles and the prefix cache hit ratio over a window are
+    the state's (:mod:`vllm_doctor.state.signals`).
     """
 
     def __init__(self, url: str, on_sample: Callable[[VllmMetricsSample], None], *,
-                 interval: float = 5.0, timeout: float = 2.0, window_seconds: float = 300.0,
+                 interval: float = 5.0, timeout: float = 2.0,
                  clock: Callable[[], float] = time.time, max_bytes: int = MAX_SCRAPE_BYTES,
                  deadline: float = SCRAPE_DEADLINE_SECONDS) -> None:
         self.url = url
@@ -362,10 +293,6 @@ class MetricsScraper:
         self.interval = interval
         self.timeout = timeout
         self.stats = ScrapeStats()
-        self.ttft_quantiles: dict[str, float] = {}
-        self.prefix_cache_hit_ratio: float | None = None
-        self._w = _Window(HistogramWindow(window_seconds))
-        self._window_seconds = window_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client = None
@@ -426,23 +353,6 @@ class MetricsScraper:
         self.stats.last_ok_at = now
         self.stats.rejected_values += s.rejected_values
         self.stats.bad_lines += parsed.bad_lines
-        self._w.ttft.add(now, s.ttft_buckets)
-        q = {}
-        for label, qq in (("0.5", 0.5), ("0.99", 0.99)):
-            v = self._w.ttft.quantile(qq)
-            if v is not None:
-                q[label] = v
-        self.ttft_quantiles = q
-        if parsed.prefix_cache_queries_total is not None and parsed.prefix_cache_hits_total is not None:
-            pw = self._w.prefix
-            if pw and parsed.prefix_cache_queries_total < pw[-1][1]:
-                pw.clear()  # counter reset
-            pw.append((now, parsed.prefix_cache_queries_total, parsed.prefix_cache_hits_total))
-            while len(pw) > 2 and pw[1][0] <= now - self._window_seconds:
-                pw.popleft()
-            base = pw[0] if len(pw) > 1 else (now, 0.0, 0.0)
-            dq, dh = pw[-1][1] - base[1], pw[-1][2] - base[2]
-            self.prefix_cache_hit_ratio = (dh / dq) if dq > 0 else None
 
     def start(self) -> None:
         """Start the background thread (first scrape immediately)."""

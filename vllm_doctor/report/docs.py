@@ -22,7 +22,8 @@ def fleet_ruleset(rs: RuleSet) -> RuleSet:
 def explain_text(r: Rule, rs: RuleSet, fleet: bool = False) -> str:
     win = rs.window_seconds(r)
     out = [
-        f"{r.id} {r.name} ({r.severity}, {r.category})" + (" [fleet rule]" if fleet else ""),
+        f"{r.id} {r.name} ({r.severity}, {r.category})" + (" [fleet rule]" if fleet else "")
+        + (f" (also {', '.join(r.aliases)})" if r.aliases else ""),
         f"  {r.title}",
         "",
         *([f"A fleet rule: {FLEET_RUN}.", ""] if fleet else []),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from vllm_doctor.diagnosis.advice import fix_tag
 from vllm_doctor.pipeline import Report
 from vllm_doctor.diagnosis.evaluate import RULE_ERROR_ID
+from vllm_doctor.findings import SEVERITY_ORDER
 from vllm_doctor.state.startup import PHASES as STARTUP_PHASES
 from vllm_doctor.units import human_bytes
 
@@ -287,7 +288,7 @@ def now_and_history(rep: Report) -> tuple[list, list, dict | None]:
     of one incident its latest occurrence first; those of earlier runs (before vLLM restarted); and,
     when the current run has served with no finding of its own after an earlier run's incident, the
     verdict that says so ("recovered at 10:14; healthy for 58 min"), else None."""
-    sev = {"critical": 2, "warning": 1, "info": 0}
+    sev = SEVERITY_ORDER
     runs = rep.runs or {}
     cur_run = runs.get("index") or 0
     now = [f for f in rep.findings if getattr(f, "run", 0) >= cur_run]

@@ -96,7 +96,7 @@ class WatchView:
             verdict_text.append(f"\n{v.get('first_label', 'Do this first')}: ", style="bold")
             verdict_text.append(v["first"])
         parts.append(verdict_text)
-        ttft = sc.scraper.ttft_quantiles if sc.scraper is not None else {}
+        ttft = sc.pipeline.state.signals.ttft_quantiles
         if preempt is None:
             pre = "unknown" + (", inferred from stats" if inferred else "")
         else:

@@ -16,8 +16,10 @@ the events' own timestamps: log time in ``diagnose``, wall time for collector sa
   each stats line, /metrics sample and GPU poll: per-second buckets of counts, sums, extrema,
   fit sums and quantile sketches, at most one bucket per second of the window.
 
-:meth:`State.counters` / :meth:`State.restore_counters` give the monotonic part (the exported
-counters and what they are computed from) as JSON, for the sidecar's checkpoint.
+:meth:`State.snapshot` / :meth:`State.restore` give the part a checkpoint saves (the sticky facts,
+the exported counters and what they are computed from) as a typed
+:class:`~vllm_doctor.state.snapshot.StateSnapshot`; every other attribute is declared in
+:data:`VOLATILE`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 from vllm_doctor import events as ev
 from vllm_doctor.state.windows import GpuMemory, WindowAggregate
 from vllm_doctor.report.timeline import Timeline
+from vllm_doctor.state.signals import Signals
+from vllm_doctor.state.snapshot import Scalar, StateSnapshot
 from vllm_doctor.state.startup import Startups
 from vllm_doctor.versions import STATS_FINGERPRINTS, defaults as version_defaults, parse_version
 
@@ -56,10 +60,51 @@ SERIES_KINDS = frozenset({"SchedulerStats", "VllmMetricsSample", "GpuSample", "E
 #: Events that end a start-up that had not served yet (state/startup.py).
 FAILED_START_KINDS = frozenset({"EngineFailure", "OutOfMemory", "GpuUnsupported", "NcclError", "KvCacheTooSmall",
                                 "NoCacheMemory", "InsufficientFreeMemory", "ConfigRejected"})
-#: State attributes behind the exported counters (see :meth:`State.counters`).
-COUNTER_ATTRS = ("oom_events_total", "_log_preempt_base", "_log_preempt_cum", "_v1_interval_sum",
-                 "_metrics_base", "_metrics_last", "preemptions_total", "preemptions_reported",
-                 "peak_running", "peak_waiting", "peak_kv")
+#: State attributes a checkpoint saves (:meth:`State.snapshot`, the fields of StateSnapshot).
+SAVED = frozenset(("config", "capacity", "memory", "vllm_version", "version_source", "engine", "unknown_flags",
+                   "served", "oom_events_total", "_last_oom", "_log_preempt_base", "_log_preempt_cum",
+                   "_v1_interval_sum", "_metrics_base", "_metrics_last", "preemptions_total",
+                   "preemptions_reported", "peak_running", "peak_waiting", "peak_kv", "lines_total",
+                   "unparsed_total"))
+#: State attributes a checkpoint does not save, and why: a resumed sidecar rebuilds them from the
+#: data that follows (series, windows and kept events of the minutes after the restart), they are
+#: settings or caches, or they belong to the engine run the restart interrupted.
+VOLATILE = {
+    "max_window": "a setting (the constructor's)",
+    "max_items": "a setting (the constructor's)",
+    "stats": "series: refilled by the stats lines that follow",
+    "metrics": "series: refilled by the next scrapes",
+    "gpu_series": "series: refilled by the next NVML polls",
+    "host_memory": "series: refilled by the next host-memory samples",
+    "events": "kept events: evidence of what happens after the restart",
+    "first_events": "kept events: evidence of what happens after the restart",
+    "counts": "windowed counts: refilled by the events that follow",
+    "totals": "per-kind event counts of this process (not exported as counters)",
+    "last_stats": "the newest stats line: the next one replaces it",
+    "last_stats_by_engine": "the newest stats line per engine: the next ones replace them",
+    "last_metrics": "the newest scrape: the next one replaces it",
+    "gpus": "the newest NVML sample per GPU: the next poll replaces them",
+    "run_index": "engine runs are counted from the sidecar's start",
+    "run_started": "engine runs are counted from the sidecar's start",
+    "_run_active": "engine runs are counted from the sidecar's start",
+    "_run_base": "engine runs are counted from the sidecar's start",
+    "now": "the clock: the next event or evaluation sets it",
+    "defaulted": "a cache of facts(), recomputed on each call",
+    "preemption_timeline": "the preemption window's history; restore() puts the saved total in as its base",
+    "shutting_down": "follows the ServerShutdown / engine start lines that follow",
+    "preemptions_trimmed": "follows preemption_timeline",
+    "worker_pids": "processes seen; they print again after a restart",
+    "timeline": "the charts' series: refilled by the data that follows",
+    "signals": "TTFT quantiles and prefix hit ratio of the recent window: refilled by the next scrapes",
+    "startups": "start-ups seen by this process (their phases are not re-read)",
+    "windows": "the rules' window aggregates: registered by RuleEngine.attach, refilled by the data",
+    "_stats_pending": "stats lines not yet folded into windows (flushed before a checkpoint reads)",
+    "_stats_batched": "the window aggregates split by how they are fed (add_window)",
+    "_stats_per_line": "the window aggregates split by how they are fed (add_window)",
+    "_trimmed_at": "a cache of the last trim",
+    "serial": "a change counter for the rule engine's caches",
+    "_handlers": "a cache of the event handlers",
+}
 # Events a starting engine writes before it serves or fails: they do not make a run "active"
 # (a version banner or engine start after an active run is a restart).
 QUIET_KINDS = frozenset(("VersionSeen", "EngineConfigObserved", "KvCacheCapacity", "MemoryProfile", "UnknownFlag",
@@ -125,9 +170,9 @@ class State:
         self.vllm_version: str | None = None
         self.version_source: str | None = None  # "banner" | "fingerprint"
         self.engine: str | None = None
-        self.config: dict[str, tuple[int, object]] = {}  # name -> (priority, value)
-        self.capacity: dict[str, object] = {}
-        self.memory: dict[str, object] = {}
+        self.config: dict[str, tuple[int, Scalar]] = {}  # name -> (priority, value)
+        self.capacity: dict[str, Scalar] = {}
+        self.memory: dict[str, Scalar] = {}
         self.served = False
         self.stats: deque[ev.SchedulerStats] = deque()
         # preemptions_inferred, kept as the stats arrive (was a pass over every kept line at each
@@ -152,7 +197,8 @@ class State:
         self._run_base: dict[str, int] = {}  # totals when the current run began
         self.last_metrics: ev.VllmMetricsSample | None = None
         self.gpus: dict[int, ev.GpuSample] = {}
-        self.peak_running = self.peak_waiting = None
+        self.peak_running: int | None = None
+        self.peak_waiting: int | None = None
         self.peak_kv: float | None = None
         self.lines_total: dict[str, int] = defaultdict(int)
         self.unparsed_total: dict[str, int] = defaultdict(int)
@@ -175,6 +221,7 @@ class State:
         self.worker_pids: set[tuple[str, int | None]] = set()
         self.timeline = Timeline()  # the charts' bounded series (vllm_doctor/report/timeline.py)
         self.startups = Startups()  # engine starts and their timed phases (state/startup.py)
+        self.signals = Signals()  # derived signals of the /metrics samples (TTFT quantiles, prefix hit ratio)
         self.host_memory: deque[ev.HostMemorySample] = deque()  # the sidecar's host-memory samples (bounded by the window)
         # the rules' window aggregates, fed line by line: series -> aggregates (state_windows.py)
         self.windows: dict[str, list[WindowAggregate]] = {"stats": [], "engine_metrics": [], "gpu": []}
@@ -327,27 +374,46 @@ class State:
                 if cur is None or prio >= cur[0]:
                     self.config[k] = (prio, v)
 
-    # ---- the checkpoint's part: counters --------------------------------------------------
-    def counters(self) -> dict:
-        """The monotonic counters (and what they are computed from) as JSON-able data: what a
+    # ---- the checkpoint's part (state/snapshot.py) ---------------------------------------
+    def snapshot(self) -> StateSnapshot:
+        """The sticky facts and the monotonic counters (and what they are computed from): what a
         sidecar checkpoints together with the log offsets they correspond to."""
-        return {name: getattr(self, name) for name in COUNTER_ATTRS} | {
-            "lines_total": dict(self.lines_total), "unparsed_total": dict(self.unparsed_total),
-            "_last_oom": list(self._last_oom) if self._last_oom else None,
-        }
+        return StateSnapshot(
+            config=dict(self.config), capacity=dict(self.capacity), memory=dict(self.memory),
+            vllm_version=self.vllm_version, version_source=self.version_source, engine=self.engine,
+            unknown_flags=dict(self.unknown_flags), served=self.served,
+            oom_events_total=self.oom_events_total, last_oom=self._last_oom,
+            log_preempt_base=self._log_preempt_base, log_preempt_cum=self._log_preempt_cum,
+            v1_interval_sum=self._v1_interval_sum, metrics_base=self._metrics_base,
+            metrics_last=self._metrics_last, preemptions_total=self.preemptions_total,
+            preemptions_reported=self.preemptions_reported, peak_running=self.peak_running,
+            peak_waiting=self.peak_waiting, peak_kv=self.peak_kv,
+            lines_total=dict(self.lines_total), unparsed_total=dict(self.unparsed_total))
 
-    def restore_counters(self, snap: dict) -> None:
-        """Put :meth:`counters` back (a resumed sidecar continues its counters exactly)."""
+    def restore(self, snap: StateSnapshot) -> None:
+        """Put a :meth:`snapshot` back into a fresh State (a resumed sidecar continues its counters
+        exactly; what the new run logs wins over the sticky facts later)."""
         self.serial += 1
-        for name in COUNTER_ATTRS:
-            if name in snap and snap[name] is not None:
-                setattr(self, name, snap[name])
-        for name in ("lines_total", "unparsed_total"):
-            if isinstance(snap.get(name), dict):
-                getattr(self, name).update({k: int(v) for k, v in snap[name].items()})
-        lo = snap.get("_last_oom")
-        if isinstance(lo, list) and len(lo) == 2:
-            self._last_oom = (lo[0], int(lo[1]))
+        self.config.update(snap.config)
+        self.capacity.update(snap.capacity)
+        self.memory.update(snap.memory)
+        self.unknown_flags.update(snap.unknown_flags)
+        self.vllm_version = snap.vllm_version or self.vllm_version
+        self.version_source = snap.version_source or self.version_source
+        self.engine = snap.engine or self.engine
+        self.served = snap.served
+        self.oom_events_total = snap.oom_events_total
+        self._last_oom = snap.last_oom
+        self._log_preempt_base = snap.log_preempt_base
+        self._log_preempt_cum = snap.log_preempt_cum
+        self._v1_interval_sum = snap.v1_interval_sum
+        self._metrics_base = snap.metrics_base
+        self._metrics_last = snap.metrics_last
+        self.preemptions_total = snap.preemptions_total
+        self.preemptions_reported = snap.preemptions_reported
+        self.peak_running, self.peak_waiting, self.peak_kv = snap.peak_running, snap.peak_waiting, snap.peak_kv
+        self.lines_total.update(snap.lines_total)
+        self.unparsed_total.update(snap.unparsed_total)
         if self.preemptions_reported:  # the window's base: preemptions before now are not "recent"
             self.preemption_timeline.append((None, self.preemptions_total))
 
@@ -453,6 +519,7 @@ class State:
         if len(self.metrics) > self.max_items:
             self.metrics.popleft()
         self.last_metrics = e
+        self.signals.add(e)
         if self.windows["engine_metrics"]:
             for m in e.engines or (e,):
                 for agg in self.windows["engine_metrics"]:

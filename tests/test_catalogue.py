@@ -1,0 +1,138 @@
+"""One rule catalogue: one Severity order, one loader for deployment and fleet rules (with scope and
+aliases), a size limit on expressions, and sentences built by Python helpers registered once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace as N
+
+import pytest
+
+from vllm_doctor.check.findings import RULES as CHECK_RULES
+from vllm_doctor.diagnosis.loader import MAX_EXPRESSION_CHARS, builtin_rules_dir, load_rules
+from vllm_doctor.diagnosis.sentences import SENTENCES, engine_death_cause, sentence, unknown_flag_notes
+from vllm_doctor.errors import RuleLoadError
+from vllm_doctor.findings import SEVERITY_ORDER, Finding, Severity, by_severity
+from vllm_doctor.fleet.rules import load_fleet_rules
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vllm_doctor"
+
+
+def test_severity_is_one_order_and_a_member_is_its_string():
+    assert [s.value for s in Severity] == ["info", "warning", "critical"]
+    assert SEVERITY_ORDER == {"info": 0, "warning": 1, "critical": 2}
+    assert Severity.critical.rank == 2 and Severity("warning") == "warning"
+    assert {"warning": 1}[Severity.warning] == 1 and f"{Severity.info:<8}|" == "info    |"
+    fs = [Finding(rule_id=i, name=i, severity=s, title="", message="") for i, s in
+          (("VD002", "warning"), ("VD001", "info"), ("VD003", Severity.critical), ("VD000", "warning"))]
+    assert [f.rule_id for f in sorted(fs, key=by_severity)] == ["VD003", "VD000", "VD002", "VD001"]
+    rs = load_rules()
+    assert all(isinstance(r.severity, Severity) for r in rs.rules)
+
+
+def test_no_module_spells_the_severity_order_again():
+    spelt = re.compile(r"""["']info["']\s*:\s*\d|["']critical["']\s*:\s*\d|\(\s*["']info["'],\s*["']warning["'],\s*["']critical["']""")
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in PACKAGE.rglob("*.py") if p.name != "findings.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if spelt.search(line)]
+    assert not found, found
+
+
+def test_unknown_flag_is_one_rule_with_checks_id_as_its_alias():
+    rs = load_rules()
+    r = rs.by_key("VC001")
+    assert r is not None and (r.id, r.name, r.aliases) == ("VD010", "unknown-flag", ["VC001"])
+    assert rs.by_key("vc001") is r and CHECK_RULES["VC001"][0] == r.name  # the same name in check
+
+
+def _user_rule(tmp_path: Path, text: str, name: str = "VD901-mine.yaml") -> Path:
+    d = tmp_path / "rules"
+    d.mkdir(parents=True, exist_ok=True)
+    base = (builtin_rules_dir() / "VD031-log-unread.yaml").read_text()
+    (d / name).write_text(base.replace("id: VD031", "id: VD901").replace("name: log-unread", "name: mine")
+                          .replace("values:\n", "values:\n" + text))
+    return d
+
+
+def test_an_alias_that_is_another_rules_id_is_refused(tmp_path):
+    d = _user_rule(tmp_path, "")
+    p = d / "VD901-mine.yaml"
+    p.write_text(p.read_text().replace("severity: warning", "severity: warning\naliases: [VD001]"))
+    with pytest.raises(RuleLoadError, match=r"VD901-mine.yaml: alias VD001 is already the id, name or alias"):
+        load_rules(extra_dirs=[d])
+
+
+def test_an_expression_over_the_size_limit_is_refused_at_load_naming_the_rule(tmp_path):
+    long = " + ".join(["1"] * 400)  # 1,597 characters
+    d = _user_rule(tmp_path, f"  big: \"{long}\"\n")
+    with pytest.raises(RuleLoadError) as e:
+        load_rules(extra_dirs=[d])
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg == (f"{d / 'VD901-mine.yaml'}:11: values.big: rule VD901 mine: an expression of {len(long)} characters, "
+                   f"over the limit of {MAX_EXPRESSION_CHARS}: build the sentence in Python "
+                   "(vllm_doctor/diagnosis/sentences.py)")
+    ok = " + ".join(["1"] * 100)
+    load_rules(extra_dirs=[_user_rule(tmp_path / "ok", f"  big: \"{ok}\"\n")])
+
+
+def test_fleet_rules_go_through_the_one_loader_with_their_scope(tmp_path):
+    rs = load_rules()
+    fleet = load_fleet_rules(rs.thresholds)
+    assert {r.scope for r in rs.rules} == {"deployment"} and {r.scope for r in fleet.rules} == {"fleet"}
+    src = (builtin_rules_dir() / "fleet" / "VD020-replica-imbalance.yaml").read_text()
+    d = tmp_path / "fleet"
+    d.mkdir()
+    (d / "VD020-replica-imbalance.yaml").write_text(src.replace("  all:\n", "  all:\n    - stats\n", 1))
+    with pytest.raises(RuleLoadError, match=r"unknown name 'stats'"):  # a deployment name is not a fleet name
+        load_fleet_rules(rs.thresholds, d)
+
+
+def test_sentences_are_registered_once_and_callable_from_rules():
+    assert SENTENCES["unknown_flag_notes"] is unknown_flag_notes and SENTENCES["engine_death_cause"] is engine_death_cause
+    with pytest.raises(ValueError, match="registered twice"):
+        sentence(unknown_flag_notes)
+    notes = load_rules().by_key("unknown-flag").values["notes"]
+    assert notes == "unknown_flag_notes(uniq, vllm_version)"
+
+
+# The wordings below are those the rules' YAML conditionals gave (checked against them when they
+# moved to sentences.py): every branch, byte for byte.
+@pytest.mark.parametrize("flag, real, version, note", [
+    ("--kv-cache", "--no-such-thing", "0.5.4", "no vLLM version has this; meant: --no-such-thing"),
+    ("--max_model_len", "--max-model-len", "0.4.2",
+     "not a vLLM flag in this form: vLLM 0.4.2 has --max-model-len (0.3.3–0.33.0)"),
+    ("--kv_cache", "--config", "0.4.2", "not a vLLM flag in this form: vLLM 0.4.2 lacks --config (0.6.0–0.33.0)"),
+    ("--kv-cache", "--kv-cache-dtype", None, "not a vLLM flag in this form; vLLM has --kv-cache-dtype in 0.3.3–0.33.0"),
+    ("--omni", None, "0.10.1", "no vLLM release has this flag (0.3.3-0.33.0 examined): a plugin or platform flag, "
+                               "accepted only where that plugin is installed, or a typo"),
+    ("--max-model-len", None, "0.5.4", "vLLM 0.5.4 has this flag, but the command that printed the error does not "
+                                       "take it (another entry point or subcommand)"),
+    ("--config", None, "0.5.4", "not in vLLM 0.5.4; vLLM has it in 0.6.0–0.33.0"),
+    ("--config", None, None, "vLLM has it only in 0.6.0–0.33.0, so the vLLM that rejected it is outside those "
+                             "versions (this log does not show which it is), or the command was another entry point"),
+])
+def test_unknown_flag_notes_each_case(flag, real, version, note):
+    assert unknown_flag_notes([N(flag=flag, real_flag=real)], version) == f"{flag}: {note}"
+
+
+def test_unknown_flag_notes_join_flags():
+    got = unknown_flag_notes([N(flag="--omni", real_flag=None), N(flag="--config", real_flag=None)], "0.5.4")
+    assert got.startswith("--omni: no vLLM release has this flag") and "; --config: not in vLLM 0.5.4;" in got
+
+
+def test_engine_death_cause_each_case():
+    assert engine_death_cause(None, None, None) is None
+    assert engine_death_cause("illegal-memory-access", None, None) == (
+        "Cause: a CUDA illegal memory access: a kernel read or wrote outside its memory (a kernel bug for this model, "
+        "GPU, attention backend or quantization, more rarely faulty hardware); the CUDA context is lost and the engine "
+        "cannot go on.")
+    assert engine_death_cause("device-assert", None, None) == (
+        "Cause: a CUDA device-side assert: a kernel's own check failed, mostly an index out of range (a token id "
+        "outside the vocabulary, a bad sampling parameter or a kernel bug); the CUDA context is lost.")
+    assert engine_death_cause("scheduler-assertion", "scheduler.py:412 schedule", None) == (
+        "Cause: an assertion in vLLM's scheduler (scheduler.py:412 schedule) failed: its bookkeeping of requests or "
+        "KV cache blocks broke, a bug of this vLLM version, not a capacity problem.")
+    assert engine_death_cause("kv-connector", None, "NixlConnector") == (
+        "Cause: the KV connector (NixlConnector) failed in the engine: its set-up, or a KV transfer to or from the "
+        "other instance or store, did not complete.")

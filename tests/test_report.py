@@ -251,3 +251,19 @@ def test_a_crash_vllm_recovered_from_opens_as_recovered_not_critical(tmp_path):
     rc, text = run("diagnose", loop)
     assert text.startswith("CRITICAL startup-oom: ") and "history: earlier engine run" in text
     assert rc == 1  # the run that failed last is the state
+
+
+def test_a_metrics_sample_as_evidence_says_what_it_read(tmp_path):
+    """A /metrics capture cited as evidence shows the scheduler values it held, as vLLM names them, and no
+    line number (a scrape has none): was ``m.txt:0: `` with nothing after it."""
+    import yaml
+
+    sc = yaml.safe_load((ROOT / "tests" / "scenarios" / "busy-chat-at-capacity-counter-zero.yaml").read_text())
+    (tmp_path / "l.log").write_text(sc["text"])
+    (tmp_path / "m.txt").write_text(sc["metrics_text"])
+    said = ("m.txt: vllm:num_requests_running 181, vllm:num_requests_waiting 24, vllm:kv_cache_usage_perc 0.981, "
+            "vllm:num_preemptions_total 0")
+    for fmt in ("text", "markdown", "html"):
+        rc, out = run("diagnose", str(tmp_path / "l.log"), "--metrics", str(tmp_path / "m.txt"), "--format", fmt)
+        assert said in out, fmt
+        assert "m.txt:0" not in out, fmt

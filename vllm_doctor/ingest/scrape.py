@@ -203,7 +203,7 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
     for flds in per_engine.values():
         for fld in [f for f, (_, v) in flds.items() if v > MAX_VALUE]:
             del flds[fld]
-    meta = Meta(source=source, ts=time.time() if now is None else now)
+    meta = Meta(source=source, ts=time.time() if now is None else now, text=_said(agg))
     engines = tuple(
         EngineMetrics(meta, int(label) if label.isdigit() else None, **{k: v for k, (_, v) in flds.items()})
         for label, flds in sorted(per_engine.items(), key=lambda kv: (len(kv[0]), kv[0])))
@@ -216,6 +216,17 @@ def parse_metrics(text: str, now: float | None = None, source: str = "metrics") 
     )
     return ParsedMetrics(sample, agg.get("prefix_cache_queries_total"),
                          agg.get("prefix_cache_hits_total"), bad)
+
+
+#: What a sample's evidence line says: the scheduler's gauges and counters, as vLLM names them.
+_SAID = (("num_running", V.num_requests_running), ("num_waiting", V.num_requests_waiting),
+         ("kv_cache_usage_ratio", V.kv_cache_usage_perc), ("num_preemptions_total", V.num_preemptions_total))
+
+
+def _said(agg: dict[str, float]) -> str:
+    """One line for a finding's evidence: the sample's scheduler values (numbers vLLM wrote, nothing
+    a client controls), e.g. ``vllm:num_requests_running 182, ..., vllm:num_preemptions_total 0``."""
+    return ", ".join(f"{name} {agg[fld]:g}" for fld, name in _SAID if fld in agg)
 
 
 #: The bounds of one scrape (ServeConfig scrape_max_bytes, scrape_deadline): vLLM's /metrics is

@@ -29,6 +29,14 @@ FACT_ORDER = (
 SEV_MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "INFO"}
 
 
+
+def evidence_at(e, ranges: bool = False) -> str:
+    """Where an evidence line is: ``source:line`` (``source:first-last`` with ``ranges``), or the
+    source alone for a collector's sample (/metrics, NVML: line 0)."""
+    if not e.lineno:
+        return e.source
+    return f"{e.source}:{e.lineno}-{e.end_lineno}" if ranges and e.end_lineno else f"{e.source}:{e.lineno}"
+
 def fmt_fact(name: str, v: object) -> str:
     if v is None:
         return "-"
@@ -484,9 +492,8 @@ def to_text(rep: Report, color: bool = False) -> str:
         if f.evidence:
             lines.append("  Evidence:")
             for e in f.evidence[:8]:
-                rng = f"{e.lineno}-{e.end_lineno}" if e.end_lineno else f"{e.lineno}"
                 text = e.text if len(e.text) <= 240 else e.text[:239] + "…"
-                lines.append(f"    {e.source}:{rng}: {text}")
+                lines.append(f"    {evidence_at(e, ranges=True)}: {text}")
         if f.rule_id != RULE_ERROR_ID:  # the finding about vllm-doctor itself has no rule to explain
             lines.append(f"  More: vllm-doctor explain {f.name}")
     if rep.startup:
@@ -569,7 +576,7 @@ def to_markdown(rep: Report) -> str:
             out.append("")
             out.append("```")
             for e in f.evidence[:8]:
-                out.append(f"{e.source}:{e.lineno}: {e.text[:200]}".replace("```", "'''"))
+                out.append(f"{evidence_at(e)}: {e.text[:200]}".replace("```", "'''"))
             out.append("```")
             out.append("")
     seen, dflt = split_facts(rep)
@@ -600,6 +607,7 @@ def jinja_env() -> Environment:
                            autoescape=select_autoescape(["html", "j2", "htm"], default=True))
         _env.filters["fact"] = lambda v, k: fmt_fact(k, v)
         _env.filters["ts"] = fmt_time
+        _env.globals["evidence_at"] = evidence_at
         _env.globals["fix_label"] = fix_tag  # with the evidence grade
         _env.globals["fix_size"] = fix_size
         _env.globals["fact_words"] = fact_words

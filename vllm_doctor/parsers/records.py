@@ -1120,6 +1120,11 @@ _CORE_SRC = re.compile(r"^(?:.*/)?(?:core|engine|async_llm_engine)\.py:")
 _PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine|async_llm_engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
 
 
+def _prefix_process(process: str | None) -> str | None:
+    """The vLLM process a line's process prefix names (:data:`_PROCESS_PREFIX`), or None."""
+    return next((v for k, v in _PROCESS_PREFIX if k in process), None) if process else None
+
+
 def classify_traceback(marks: set, process: str | None, src: str | None, exc_type: str,
                        level: str | None = None) -> tuple[str | None, str | None, bool]:
     """(process, phase, ended) of a traceback from the marks of its frames (:data:`FRAME_MARKS`),
@@ -1139,7 +1144,7 @@ def classify_traceback(marks: set, process: str | None, src: str | None, exc_typ
     if "p:engine-core" in marks:
         proc = "engine-core"
     elif process:
-        proc = next((v for k, v in _PROCESS_PREFIX if k in process), None)
+        proc = _prefix_process(process)
     if proc is None:
         proc = next((k for k in ("worker", "ray-actor", "api-server") if "p:" + k in marks), None)
     if proc is None and src:
@@ -1566,12 +1571,15 @@ class RecordParser:
     def cut_tracebacks(self) -> list:
         """The end of the input: each traceback still open (its exception line is not in the log:
         the excerpt or the log ends inside it) whose frames tell where it was raised, as an
-        :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``."""
+        :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``. One whose
+        frames tell nothing (only torch's or a kernel's) counts when a vLLM process logged it at
+        ERROR under its own prefix (``(VllmWorker rank=0 pid=N)``, ``(Worker_TP0 pid=N)``,
+        ``(EngineCore_DP0 pid=N)``): an error of that process all the same."""
         out = []
         for start, frames, marks, first in self._tb.values():
             proc, phase, ended = classify_traceback(marks, first.process, first.src, "", first.level)
-            if not marks and not ended:  # (ended: the engine process's own module logged it)
-                continue
+            if not marks and not ended and not (first.level in ("ERROR", "CRITICAL") and _prefix_process(first.process)):
+                continue  # (ended: the engine process's own module logged it)
             out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
                                                   "Traceback (most recent call last):"),
                                           CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))

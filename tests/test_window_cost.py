@@ -90,7 +90,7 @@ def test_the_stall_search_runs_only_when_a_kept_line_shows_no_progress():
     n = two_hours(state, engines=2)
     assert not state.may_stall()
     assert stalls(list(state.stats), [], state.now, 3) == []
-    for i in range(4):  # engine 1: requests waiting, no token processed for 40 s
+    for _ in range(4):  # engine 1: requests waiting, no token processed for 40 s
         n += 1
         state.apply(stats_line(state.now + 10, 1, n, waiting=12, tps=0.0))
     assert state.may_stall()

@@ -531,7 +531,8 @@ class RuleEngine:
             version_at_least=version_at_least, ttft_p99=ttft_p99, stats_max=stats_max, stats_min=stats_min,
             stalls=lambda: [x for x in stalls(list(state.stats), Window(state, None).engine_metrics(), state.now,
                                               int(self._thresholds.engine_stalled_min_intervals))
-                            if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start],
+                            if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start]
+            if state.may_stall() else [],
             engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(), self._thresholds.kv_cache_full_ratio,
                                                   self._thresholds.fleet_idle_kv_ratio, self._thresholds.waiting_min),
             startups=lambda: list(state.startups.items), starts_total=lambda: state.startups.total,

@@ -25,9 +25,11 @@ the exported counters and what they are computed from) as a typed
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from vllm_doctor import events as ev
@@ -76,6 +78,8 @@ VOLATILE = {
     "_stats_seq": "follows stats (the sequence number of its lines): restarts with it",
     "_stats_last": "follows stats (each engine's newest line, for the preemption signature)",
     "_preempt_sign_seq": "follows stats (where the preemption signature was last seen in it)",
+    "_stats_unordered_seq": "follows stats (where its lines were last out of time order)",
+    "_stats_stuck_seq": "follows stats (where a line last showed an engine making no progress)",
     "metrics": "series: refilled by the next scrapes",
     "gpu_series": "series: refilled by the next NVML polls",
     "host_memory": "series: refilled by the next host-memory samples",
@@ -184,6 +188,13 @@ class State:
         self._stats_seq = 0
         self._stats_last: dict[int | None, tuple[int, ev.SchedulerStats]] = {}
         self._preempt_sign_seq: int | None = None
+        # the newest stats line out of time order (no timestamp, or older than the line before
+        # it; -1: none): once it has left the deque, the kept lines are in time order and a
+        # window's lines are found by bisection (Window.stats), not by reading them all
+        self._stats_unordered_seq = -1
+        # the newest stats line that shows no progress (_stuck; -1: none): while none is kept and
+        # no scrape either, stalls() has nothing to find (may_stall)
+        self._stats_stuck_seq = -1
         self.metrics: deque[ev.VllmMetricsSample] = deque()
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
         self.events: dict[str, deque] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))  # newest per kind
@@ -455,6 +466,11 @@ class State:
         if last is not None and _preemption_signature(last[1], e) and (self._preempt_sign_seq or 0) <= last[0]:
             self._preempt_sign_seq = last[0]  # (another engine's newer pair may have come since)
         self._stats_last[e.engine_index] = (self._stats_seq, e)
+        ts = e.meta.ts
+        if ts is None or (self.stats and (prev_ts := self.stats[-1].meta.ts) is not None and ts < prev_ts):
+            self._stats_unordered_seq = self._stats_seq
+        if e.num_waiting and _stuck(e):
+            self._stats_stuck_seq = self._stats_seq
         self._stats_seq += 1
         self.stats.append(e)
         if len(self.stats) > self.max_items:
@@ -716,6 +732,11 @@ class State:
         # kept: the stats deque only grows at its end and drops at its start
         return self._preempt_sign_seq >= self._stats_seq - len(self.stats)
 
+    def may_stall(self) -> bool:
+        """False when :func:`stalls` over the kept series can find none: no kept stats line shows
+        an engine making no progress, and no /metrics sample is kept."""
+        return bool(self.metrics) or self._stats_stuck_seq >= self._stats_seq - len(self.stats)
+
     def kept(self, kind: str) -> list:
         """The kept events of ``kind``: the first one, then the newest EVENTS_KEPT."""
         ring = self.events.get(kind)
@@ -750,6 +771,10 @@ def _preemption_signature(prev: ev.SchedulerStats, s: ev.SchedulerStats) -> bool
             and s.num_running < prev.num_running)
 
 
+def _ts(e: Any) -> float | None:
+    return e.meta.ts
+
+
 class Window:
     """Series and events of one state over the last ``seconds`` before ``state.now``."""
 
@@ -764,7 +789,13 @@ class Window:
         return self.start is None or ts is None or ts >= self.start
 
     def stats(self) -> list[ev.SchedulerStats]:
-        return [s for s in self.state.stats if self._in(s.meta.ts)]
+        st = self.state
+        dq = st.stats
+        if self.start is None:
+            return list(dq)
+        if st._stats_unordered_seq < st._stats_seq - len(dq):  # every kept line timed, in order
+            return list(islice(dq, bisect_left(dq, self.start, key=_ts), None))
+        return [s for s in dq if self._in(s.meta.ts)]
 
     def metrics(self) -> list[ev.VllmMetricsSample]:
         return [s for s in self.state.metrics if self._in(s.meta.ts)]
@@ -833,6 +864,13 @@ class Stall:
     source: str
 
 
+def _stuck(x: ev.SchedulerStats) -> bool:
+    """A stats line of an engine making no progress: requests waiting, and prompt and generation
+    throughput 0.0 (a throughput no source gave (None) is unknown, not zero)."""
+    known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
+    return (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
+
+
 def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) -> list[Stall]:
     """Stalls (see :class:`Stall`) of at least ``min_intervals`` intervals, per engine: from the
     stats lines (prompt and generation throughput both 0.0 with requests waiting) and from
@@ -865,9 +903,8 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
                                  int(max(x.num_running or 0 for x in run)), ongoing, source))
 
         for x in xs:
-            if source == "log":  # a throughput no source gave (None) is unknown, not zero
-                known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
-                stuck = (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
+            if source == "log":
+                stuck = _stuck(x)
             else:
                 stuck = (prev is not None and (x.num_waiting or 0) >= 1 and (prev.num_waiting or 0) >= 1
                          and x.generation_tokens_total is not None

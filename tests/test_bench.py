@@ -522,3 +522,60 @@ def test_bench_chart_rerenders_a_saved_ladder_with_legend_objective_and_preempti
                      (tmp_path / "missing.json", "no such file")):
         r = doctor("bench", "chart", str(bad), "-o", str(tmp_path / "x.html"))
         assert r.returncode == 2 and why in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_level_whose_requests_ran_is_never_reported_as_up_to_0_running():
+    """The e2e ladder against vLLM 0.32 on CPU printed "up to 0 running, KV cache up to 0 %" for levels
+    whose requests ran: the sampler read /metrics once as the level began (before any request reached
+    the server) and once after it (the server idle again), and took the peak of those. A level too short
+    for one sample while its requests ran now says "not sampled" (None), never 0."""
+    from vllm_doctor.loadtest.ladder import limit_of
+
+    with FakeVllm(slots=4, token_seconds=0.01) as fake:
+        cfg = LadderConfig(url=fake.url, levels=[2], requests_per_level=4, input_len=8, output_len=10,
+                           metrics_interval_seconds=60.0)   # the level ends long before a first sample
+        lv = asyncio.run(run_ladder(cfg))["levels"][0]
+    assert lv["completed"] == 4 and lv["preemptions"] == 0
+    assert lv["max_running"] is None and lv["max_kv_cache_usage_ratio"] is None and lv["max_waiting"] is None
+    assert lv["metrics_samples"] == 0
+    assert lv["limited_by"] is None
+    assert lv["limited_why"].startswith("nothing was preempted; running, waiting and KV cache usage not sampled "
+                                        "(0 /metrics reads while its requests ran")
+    assert "up to 0 running" not in lv["limited_why"]
+    # a level read only where its gauges showed none of its requests says the same
+    assert limit_of({**lv, "metrics_samples": 3})[1].startswith("nothing was preempted; running, waiting and KV "
+                                                                "cache usage not sampled (3 /metrics reads")
+
+
+def test_the_peaks_are_sampled_while_the_levels_requests_are_in_flight():
+    """Samples are taken only while requests are in flight: at 1 and 2 concurrent requests every sample
+    shows them, so the peak is the level itself (the idle reads at the level's edges are no peak)."""
+    with FakeVllm(slots=4, token_seconds=0.02) as fake:
+        cfg = LadderConfig(url=fake.url, levels=[1, 2], requests_per_level=6, input_len=8, output_len=15,
+                           metrics_interval_seconds=0.1)
+        res = asyncio.run(run_ladder(cfg))
+    for lv, level in zip(res["levels"], [1, 2]):
+        assert lv["max_running"] == level and lv["max_waiting"] == 0
+        assert lv["max_kv_cache_usage_ratio"] == level / 4      # the stand-in's KV usage: running / slots
+        assert lv["metrics_samples"] >= 5
+        assert f"up to {level} running" in lv["limited_why"]
+
+
+def test_a_window_whose_samples_never_showed_the_requests_reports_no_peak():
+    """vLLM sets running / waiting after each engine step: reads during a request's first (prefill) step
+    show none of it. A level whose every sample showed 0 running and 0 waiting has no known peak."""
+    from types import SimpleNamespace
+
+    from vllm_doctor.loadtest.client import RequestResult
+    from vllm_doctor.loadtest.ladder import MetricsWindow, summarise
+
+    w = MetricsWindow(preemptions_before=0.0, preemptions_after=0.0)
+    for _ in range(3):
+        w.add(SimpleNamespace(num_running=0.0, num_waiting=0.0, kv_cache_usage_ratio=0.0))
+    done = [RequestResult(ok=True, ttft_seconds=0.5, e2e_seconds=1.0, output_tokens=10)]
+    cfg = LadderConfig(url="http://127.0.0.1:1", levels=[1])
+    lv = summarise(1, done, 0.0, 1.0, w, cfg)
+    assert (lv.max_running, lv.max_waiting, lv.max_kv_cache_usage_ratio, lv.metrics_samples) == (None, None, None, 3)
+    w.add(SimpleNamespace(num_running=1.0, num_waiting=0.0, kv_cache_usage_ratio=0.25))
+    lv = summarise(1, done, 0.0, 1.0, w, cfg)
+    assert (lv.max_running, lv.max_waiting, lv.max_kv_cache_usage_ratio, lv.metrics_samples) == (1.0, 0.0, 0.25, 4)

@@ -528,7 +528,8 @@ def test_a_level_whose_requests_ran_is_never_reported_as_up_to_0_running():
     """The e2e ladder against vLLM 0.32 on CPU printed "up to 0 running, KV cache up to 0 %" for levels
     whose requests ran: the sampler read /metrics once as the level began (before any request reached
     the server) and once after it (the server idle again), and took the peak of those. A level too short
-    for one sample while its requests ran now says "not sampled" (None), never 0."""
+    for one sample while its requests ran now says "not sampled" (None), never 0, and gives the mean
+    numbers running and waiting from vLLM's own request-time histograms (Little's law)."""
     from vllm_doctor.loadtest.ladder import limit_of
 
     with FakeVllm(slots=4, token_seconds=0.01) as fake:
@@ -538,13 +539,34 @@ def test_a_level_whose_requests_ran_is_never_reported_as_up_to_0_running():
     assert lv["completed"] == 4 and lv["preemptions"] == 0
     assert lv["max_running"] is None and lv["max_kv_cache_usage_ratio"] is None and lv["max_waiting"] is None
     assert lv["metrics_samples"] == 0
-    assert lv["limited_by"] is None
-    assert lv["limited_why"].startswith("nothing was preempted; running, waiting and KV cache usage not sampled "
-                                        "(0 /metrics reads while its requests ran")
+    # 2 in flight back to back, never more than 2 slots: about 2 running on average, none waiting
+    assert 1.0 <= lv["mean_running"] <= 2.0 and lv["mean_waiting"] == 0.0
+    assert lv["limited_by"] == "compute"
+    assert lv["limited_why"].startswith(f"on average {lv['mean_running']:.1f} running and 0.0 waiting "
+                                        "(vllm:request_inference_time_seconds, vllm:request_queue_time_seconds "
+                                        "over the level), nothing was preempted")
+    assert lv["limited_why"].endswith("; nothing was preempted; running, waiting and KV cache usage not sampled "
+                                      "(0 /metrics reads while its requests ran showed none of them: run the level "
+                                      "longer (--requests))")
     assert "up to 0 running" not in lv["limited_why"]
-    # a level read only where its gauges showed none of its requests says the same
-    assert limit_of({**lv, "metrics_samples": 3})[1].startswith("nothing was preempted; running, waiting and KV "
-                                                                "cache usage not sampled (3 /metrics reads")
+    # a server without those histograms, read only where its gauges showed none of the requests: not sampled
+    what, why = limit_of({**lv, "metrics_samples": 3, "mean_running": None, "mean_waiting": None})
+    assert what is None and why.startswith("nothing was preempted; running, waiting and KV cache usage not "
+                                           "sampled (3 /metrics reads")
+    assert limit_of({**lv, "mean_running": 3.0, "mean_waiting": 2.5})[0] == "queue"
+
+
+def test_the_level_counters_include_vllms_running_and_waiting_seconds():
+    """vLLM 0.32's own /metrics (real, on CPU: tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt): the
+    histogram sums of the seconds finished requests spent RUNNING and WAITING, read in one parse."""
+    from vllm_doctor.ingest.scrape import parse_metrics
+    from vllm_doctor.loadtest.ladder import RECOMPUTED, RUNNING_SECONDS, WAITING_SECONDS, _counters
+
+    text = (ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32-cpu-preemption.txt").read_text()
+    c = _counters(parse_metrics(text, source="fixture"), text)
+    assert c[RUNNING_SECONDS] == pytest.approx(353.1403794500002)
+    assert c[WAITING_SECONDS] == pytest.approx(237.72402132000013)
+    assert c[RECOMPUTED] is None          # vLLM 0.32 does not export it
 
 
 def test_the_peaks_are_sampled_while_the_levels_requests_are_in_flight():
@@ -554,7 +576,7 @@ def test_the_peaks_are_sampled_while_the_levels_requests_are_in_flight():
         cfg = LadderConfig(url=fake.url, levels=[1, 2], requests_per_level=6, input_len=8, output_len=15,
                            metrics_interval_seconds=0.1)
         res = asyncio.run(run_ladder(cfg))
-    for lv, level in zip(res["levels"], [1, 2]):
+    for lv, level in zip(res["levels"], [1, 2], strict=True):
         assert lv["max_running"] == level and lv["max_waiting"] == 0
         assert lv["max_kv_cache_usage_ratio"] == level / 4      # the stand-in's KV usage: running / slots
         assert lv["metrics_samples"] >= 5

@@ -8,7 +8,10 @@ during the level (peak running, waiting and KV cache usage): only while the leve
 flight (a read at the level's edges shows an idle server), at jittered intervals (a fixed period can
 lock in phase with a steady request cycle), on a connection of its own, parsed off the event loop
 (so that a 50 KB /metrics does not stall the streams being timed). A level none of whose samples
-showed its requests reports those peaks as None ("not sampled"), never as a false 0.
+showed its requests reports those peaks as None ("not sampled"), never as a false 0. The mean
+numbers running and waiting come from vLLM's own counters instead (the deltas of
+``vllm:request_inference_time_seconds_sum`` and ``vllm:request_queue_time_seconds_sum`` over the
+level's duration: Little's law), whatever the moments sampled.
 
 The knee is the last level before throughput stops paying: the first step up the ladder that
 gains less than ``knee_gain`` (default 10 %) output-token throughput while p99 TTFT grows. The
@@ -40,6 +43,10 @@ from vllm_doctor.loadtest.workload import Workload
 
 RESULT_KIND = "vllm-doctor-bench-ladder"
 RECOMPUTED = V.prompt_tokens_recomputed_total   # vLLM 0.16-0.19 export it (prompt tokens computed again); else unknown
+# seconds each finished request spent RUNNING / WAITING (histogram sums): over a level, their deltas / its
+# duration are the mean numbers running and waiting (Little's law), free of when /metrics was sampled
+RUNNING_SECONDS = V.request_inference_time_seconds + "_sum"
+WAITING_SECONDS = V.request_queue_time_seconds + "_sum"
 RESULT_VERSION = 1
 
 
@@ -199,6 +206,8 @@ class LevelResult:
     sent: int = 0                               # requests sent, warm-up included
     waiting_sample_ratio: float | None = None   # share of the /metrics samples in which requests waited
     metrics_samples: int | None = None          # /metrics samples taken while its requests were in flight
+    mean_running: float | None = None           # vllm:request_inference_time_seconds_sum delta / the level's time
+    mean_waiting: float | None = None           # vllm:request_queue_time_seconds_sum delta / the level's time
 
 
 def summarise(level: int, results: list[RequestResult], started: float, ended: float,
@@ -289,9 +298,17 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
         return None, None
     if run is None and kv is None and wait is None and not pre:
         n = lv.get("metrics_samples") or 0
-        return None, (f"nothing was preempted; running, waiting and KV cache usage not sampled ({n} /metrics "
-                      f"read{'' if n == 1 else 's'} while its requests ran showed none of them: run the level "
-                      f"longer (--requests))")
+        why = (f"nothing was preempted; running, waiting and KV cache usage not sampled ({n} /metrics "
+               f"read{'' if n == 1 else 's'} while its requests ran showed none of them: run the level "
+               f"longer (--requests))")
+        m_run, m_wait = lv.get("mean_running"), lv.get("mean_waiting")
+        if m_run is None:
+            return None, why
+        avg = (f"on average {m_run:.1f} running and {m_wait or 0:.1f} waiting ({V.request_inference_time_seconds}, "
+               f"{V.request_queue_time_seconds} over the level)")
+        if m_wait is not None and m_wait >= QUEUE_MEAN_WAITING:
+            return "queue", f"{avg}: the scheduler admitted no more; {why}"
+        return "compute", f"{avg}, nothing was preempted: the latency is the engine's step time for that batch; {why}"
     full = load_thresholds()["kv_cache_full_ratio"]
     kv_s = "unknown" if kv is None else f"{kv * 100:.0f} %"
     share = lv.get("waiting_sample_ratio")
@@ -312,6 +329,7 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
 
 
 QUEUE_SAMPLE_RATIO = 0.2
+QUEUE_MEAN_WAITING = 0.5   # requests waiting on average (Little's law) that make a queue
 LIMIT_WORDS = {"kv-cache": "the KV cache", "queue": "the queue", "compute": "compute"}
 
 
@@ -519,25 +537,26 @@ def _counters(parsed, text: str | None) -> dict[str, float | None]:
     if parsed is not None:
         out["prefix_cache_queries_total"] = parsed.sample.prefix_cache_queries_total
         out["prefix_cache_hits_total"] = parsed.sample.prefix_cache_hits_total
-    out[RECOMPUTED] = _series_sum(text or "", RECOMPUTED)
+    out.update(_series_sums(text or "", (RECOMPUTED, RUNNING_SECONDS, WAITING_SECONDS)))
     return out
 
 
-def _series_sum(text: str, name: str) -> float | None:
-    """The sum over labels of one series of a /metrics text (prometheus-client's parser); None when absent."""
+def _series_sums(text: str, names: tuple[str, ...]) -> dict[str, float | None]:
+    """The sum over labels of each series of a /metrics text (prometheus-client's parser, one pass);
+    None for one that is absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    if name not in text:
-        return None
-    total = None
+    totals: dict[str, float | None] = dict.fromkeys(names)
+    if not any(name in text for name in names):
+        return totals
     try:
         for fam in text_string_to_metric_families(text):
             for smp in fam.samples:
-                if smp.name == name and math.isfinite(smp.value):
-                    total = (total or 0.0) + smp.value
+                if smp.name in totals and math.isfinite(smp.value):
+                    totals[smp.name] = (totals[smp.name] or 0.0) + smp.value
     except ValueError:
-        return None
-    return total
+        return dict.fromkeys(names)
+    return totals
 
 
 def interval_enough(values: dict[str, list[float]], obj: Objectives, tolerance: float, seed: int) -> str | None:
@@ -612,7 +631,7 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
             try:
                 await asyncio.wait_for(stop.wait(), wait)
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             wait = cfg.metrics_interval_seconds * jitter.uniform(0.5, 1.5)
             if in_flight == 0:
@@ -702,6 +721,10 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     out = summarise(level, measured, first_measured, ended, window, cfg, warmup=min(warmup, issued),
                     rate=rate, stop_reason=stop_reason)
     out.sent = issued
+    span = max(ended - started, 1e-9)   # every request of the level, warm-up included, ran within it
+    for attr, name in (("mean_running", RUNNING_SECONDS), ("mean_waiting", WAITING_SECONDS)):
+        d = window.delta(name)
+        setattr(out, attr, None if d is None else round(d / span, 2))
     return out
 
 

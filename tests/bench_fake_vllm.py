@@ -4,8 +4,9 @@ vLLM on CPU is exercised by tests/e2e/test_e2e_bench.py).
 It behaves like a server whose KV cache holds ``slots`` sequences: at most ``slots`` requests
 decode at once, the rest wait in a queue (so TTFT grows past ``slots``), and every request admitted
 while more than ``preempt_above`` are in flight counts one preemption on
-``vllm:num_preemptions_total``. Each token takes ``token_seconds``, and ``overload_factor`` times
-that while more requests are in flight than there are slots (what recomputing preempted sequences
+``vllm:num_preemptions_total``; the seconds finished requests spent running and waiting are the sums
+of ``vllm:request_inference_time_seconds`` and ``vllm:request_queue_time_seconds``. Each token takes
+``token_seconds``, and ``overload_factor`` times that while more requests are in flight than there are slots (what recomputing preempted sequences
 costs a real server); streaming uses vLLM's chunk
 shapes (a role-only first chunk for chat, ``choices[0].text`` for completions, a final usage chunk,
 ``data: [DONE]``). Served by uvicorn (FastAPI) on 127.0.0.1 in a child process of its own, so that
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -39,6 +41,9 @@ class FakeVllm:
         self.requests = 0
         self.arrivals = 0
         self.max_in_flight = 0
+        self.running_seconds = 0.0   # vllm:request_inference_time_seconds_sum (time RUNNING, finished requests)
+        self.waiting_seconds = 0.0   # vllm:request_queue_time_seconds_sum (time WAITING)
+        self.finished = 0
         self.app = self._app()
         self.proc = None
         self.port = 0
@@ -69,7 +74,13 @@ class FakeVllm:
                 f'vllm:num_preemptions_total{{engine="0",model_name="{self.model}"}} {float(self.preemptions)}\n'
                 "# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="{self.block_size}",engine="0",'
-                f'num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0\n')
+                f'num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0\n'
+                "# TYPE vllm:request_inference_time_seconds histogram\n"
+                f'vllm:request_inference_time_seconds_sum{{engine="0",model_name="{self.model}"}} {self.running_seconds}\n'
+                f'vllm:request_inference_time_seconds_count{{engine="0",model_name="{self.model}"}} {float(self.finished)}\n'
+                "# TYPE vllm:request_queue_time_seconds histogram\n"
+                f'vllm:request_queue_time_seconds_sum{{engine="0",model_name="{self.model}"}} {self.waiting_seconds}\n'
+                f'vllm:request_queue_time_seconds_count{{engine="0",model_name="{self.model}"}} {float(self.finished)}\n')
             return PlainTextResponse(text)
 
         async def generate(body: dict, chat: bool):
@@ -85,9 +96,11 @@ class FakeVllm:
             self.max_in_flight = max(self.max_in_flight, in_flight)
             if self.preempt_above is not None and in_flight > self.preempt_above:
                 self.preemptions += 1
+            arrived = time.monotonic()
             async with sem:
                 self.waiting -= 1
                 self.running += 1
+                admitted = time.monotonic()
                 try:
                     cid = f"cmpl-{self.requests}"
                     if chat:
@@ -100,6 +113,9 @@ class FakeVllm:
                         yield "data: " + json.dumps({"id": cid, "choices": [choice]}) + "\n\n"
                 finally:
                     self.running -= 1  # the sequence is finished before the client hears so
+                    self.running_seconds += time.monotonic() - admitted
+                    self.waiting_seconds += admitted - arrived
+                    self.finished += 1
             yield "data: " + json.dumps({"id": cid, "choices": [], "usage": {
                 "prompt_tokens": prompt_tokens, "completion_tokens": n,
                 "total_tokens": prompt_tokens + n}}) + "\n\n"

@@ -522,3 +522,118 @@ def test_bench_chart_rerenders_a_saved_ladder_with_legend_objective_and_preempti
                      (tmp_path / "missing.json", "no such file")):
         r = doctor("bench", "chart", str(bad), "-o", str(tmp_path / "x.html"))
         assert r.returncode == 2 and why in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_level_whose_requests_ran_is_never_reported_as_up_to_0_running():
+    """The e2e ladder against vLLM 0.32 on CPU printed "up to 0 running, KV cache up to 0 %" for levels
+    whose requests ran: the sampler read /metrics once as the level began (before any request reached
+    the server) and once after it (the server idle again), and took the peak of those. A level too short
+    for one sample while its requests ran now says "not sampled" (None), never 0, and gives the mean
+    numbers running and waiting from vLLM's own request-time histograms (Little's law)."""
+    from vllm_doctor.loadtest.ladder import limit_of
+
+    with FakeVllm(slots=4, token_seconds=0.01) as fake:
+        cfg = LadderConfig(url=fake.url, levels=[2], requests_per_level=4, input_len=8, output_len=10,
+                           metrics_interval_seconds=60.0)   # the level ends long before a first sample
+        lv = asyncio.run(run_ladder(cfg))["levels"][0]
+    assert lv["completed"] == 4 and lv["preemptions"] == 0
+    assert lv["max_running"] is None and lv["max_kv_cache_usage_ratio"] is None and lv["max_waiting"] is None
+    assert lv["metrics_samples"] == 0
+    # 2 in flight back to back, never more than 2 slots: about 2 running on average, none waiting
+    assert 1.0 <= lv["mean_running"] <= 2.0 and lv["mean_waiting"] == 0.0
+    assert lv["limited_by"] == "compute"
+    assert lv["limited_why"].startswith(f"on average {lv['mean_running']:.1f} running and 0.0 waiting "
+                                        "(vllm:request_inference_time_seconds, vllm:request_queue_time_seconds "
+                                        "over the level), nothing was preempted")
+    assert lv["limited_why"].endswith("; nothing was preempted; running, waiting and KV cache usage not sampled "
+                                      "(0 /metrics reads while its requests ran showed none of them: run the level "
+                                      "longer (--requests))")
+    assert "up to 0 running" not in lv["limited_why"]
+    # a server without those histograms, read only where its gauges showed none of the requests: not sampled
+    what, why = limit_of({**lv, "metrics_samples": 3, "mean_running": None, "mean_waiting": None})
+    assert what is None and why.startswith("nothing was preempted; running, waiting and KV cache usage not "
+                                           "sampled (3 /metrics reads")
+    assert limit_of({**lv, "mean_running": 3.0, "mean_waiting": 2.5})[0] == "queue"
+
+
+def test_the_level_counters_include_vllms_running_and_waiting_seconds():
+    """vLLM 0.32's own /metrics (real, on CPU: tests/fixtures/metrics/vllm-0.32-cpu-preemption.txt): the
+    histogram sums of the seconds finished requests spent RUNNING and WAITING, read in one parse."""
+    from vllm_doctor.ingest.scrape import parse_metrics
+    from vllm_doctor.loadtest.ladder import RECOMPUTED, RUNNING_SECONDS, WAITING_SECONDS, _counters
+
+    text = (ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32-cpu-preemption.txt").read_text()
+    c = _counters(parse_metrics(text, source="fixture"), text)
+    assert c[RUNNING_SECONDS] == pytest.approx(353.1403794500002)
+    assert c[WAITING_SECONDS] == pytest.approx(237.72402132000013)
+    assert c[RECOMPUTED] is None          # vLLM 0.32 does not export it
+
+
+def test_the_peaks_are_sampled_while_the_levels_requests_are_in_flight():
+    """Samples are taken only while requests are in flight: at 1 and 2 concurrent requests every sample
+    shows them, so the peak is the level itself (the idle reads at the level's edges are no peak)."""
+    with FakeVllm(slots=4, token_seconds=0.02) as fake:
+        cfg = LadderConfig(url=fake.url, levels=[1, 2], requests_per_level=6, input_len=8, output_len=15,
+                           metrics_interval_seconds=0.1)
+        res = asyncio.run(run_ladder(cfg))
+    for lv, level in zip(res["levels"], [1, 2], strict=True):
+        assert lv["max_running"] == level and lv["max_waiting"] == 0
+        assert lv["max_kv_cache_usage_ratio"] == level / 4      # the stand-in's KV usage: running / slots
+        assert lv["metrics_samples"] >= 5
+        assert f"up to {level} running" in lv["limited_why"]
+
+
+def test_a_window_whose_samples_never_showed_the_requests_reports_no_peak():
+    """vLLM sets running / waiting after each engine step: reads during a request's first (prefill) step
+    show none of it. A level whose every sample showed 0 running and 0 waiting has no known peak."""
+    from types import SimpleNamespace
+
+    from vllm_doctor.loadtest.client import RequestResult
+    from vllm_doctor.loadtest.ladder import MetricsWindow, summarise
+
+    w = MetricsWindow(preemptions_before=0.0, preemptions_after=0.0)
+    for _ in range(3):
+        w.add(SimpleNamespace(num_running=0.0, num_waiting=0.0, kv_cache_usage_ratio=0.0))
+    done = [RequestResult(ok=True, ttft_seconds=0.5, e2e_seconds=1.0, output_tokens=10)]
+    cfg = LadderConfig(url="http://127.0.0.1:1", levels=[1])
+    lv = summarise(1, done, 0.0, 1.0, w, cfg)
+    assert (lv.max_running, lv.max_waiting, lv.max_kv_cache_usage_ratio, lv.metrics_samples) == (None, None, None, 3)
+    w.add(SimpleNamespace(num_running=1.0, num_waiting=0.0, kv_cache_usage_ratio=0.25))
+    lv = summarise(1, done, 0.0, 1.0, w, cfg)
+    assert (lv.max_running, lv.max_waiting, lv.max_kv_cache_usage_ratio, lv.metrics_samples) == (1.0, 0.0, 0.25, 4)
+
+
+def test_itl_is_per_token_when_chunks_arrive_together():
+    """A loaded server's chunks reach the client in bursts (the e2e ladder against vLLM 0.32 on CPU: ITL
+    p99 0 ms at 4 concurrent requests while TPOT was 2.7 ms). Timed one by one, the chunks of one network
+    read showed gaps of microseconds (the parser's time); now they share the gap since the previous read,
+    one value per token, as vLLM's own vllm:inter_token_latency_seconds is. The stream is vLLM's
+    completion chunk shape, delivered in three reads by httpx's MockTransport."""
+    import httpx
+
+    from vllm_doctor.loadtest.client import request_body, stream_one
+
+    def event(i: int) -> bytes:
+        return b"data: " + json.dumps({"id": "cmpl-1", "choices": [{"index": 0, "text": f" t{i}"}]}).encode() + b"\n\n"
+
+    async def body():
+        yield b"".join(event(i) for i in range(5))      # the first token and 4 more, in one read
+        await asyncio.sleep(0.05)
+        yield b"".join(event(i) for i in range(5, 10))  # 5 tokens read together, 50 ms later
+        await asyncio.sleep(0.05)
+        yield (b'data: {"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 10, '
+               b'"total_tokens": 13}}\n\ndata: [DONE]\n\n')
+
+    async def run():
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body()))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_one(client, "http://vllm/v1/completions", request_body("m", "a b c", 10, False, True),
+                                    False, 30.0)
+
+    res = asyncio.run(run())
+    assert res.ok and res.output_tokens == 10 and res.prompt_tokens == 3
+    # 5 gaps (the second read's tokens), equal, their sum the 50 ms or more between the reads; the 4 chunks
+    # that came with the first token have no gap of their own
+    assert len(res.itl_seconds) == 5
+    assert len(set(res.itl_seconds)) == 1 and sum(res.itl_seconds) >= 0.05
+    assert min(res.itl_seconds) >= 0.01

@@ -4,7 +4,14 @@ For each concurrency level the ladder keeps exactly that many streamed requests 
 fewer, when ``request_rate`` spaces their arrivals) until the level's request count or duration is
 reached. It reads the server's ``/metrics`` before and after each level (preemptions: the delta of
 ``vllm:num_preemptions_total``, vLLM's own counter; never a ``grep -c`` of the log) and samples it
-during the level (peak running, waiting and KV cache usage).
+during the level (peak running, waiting and KV cache usage): only while the level's requests are in
+flight (a read at the level's edges shows an idle server), at jittered intervals (a fixed period can
+lock in phase with a steady request cycle), on a connection of its own, parsed off the event loop
+(so that a 50 KB /metrics does not stall the streams being timed). A level none of whose samples
+showed its requests reports those peaks as None ("not sampled"), never as a false 0. The mean
+numbers running and waiting come from vLLM's own counters instead (the deltas of
+``vllm:request_inference_time_seconds_sum`` and ``vllm:request_queue_time_seconds_sum`` over the
+level's duration: Little's law), whatever the moments sampled.
 
 The knee is the last level before throughput stops paying: the first step up the ladder that
 gains less than ``knee_gain`` (default 10 %) output-token throughput while p99 TTFT grows. The
@@ -36,6 +43,10 @@ from vllm_doctor.loadtest.workload import Workload
 
 RESULT_KIND = "vllm-doctor-bench-ladder"
 RECOMPUTED = V.prompt_tokens_recomputed_total   # vLLM 0.16-0.19 export it (prompt tokens computed again); else unknown
+# seconds each finished request spent RUNNING / WAITING (histogram sums): over a level, their deltas / its
+# duration are the mean numbers running and waiting (Little's law), free of when /metrics was sampled
+RUNNING_SECONDS = V.request_inference_time_seconds + "_sum"
+WAITING_SECONDS = V.request_queue_time_seconds + "_sum"
 RESULT_VERSION = 1
 
 
@@ -125,7 +136,7 @@ class MetricsWindow:
     max_running: float | None = None
     max_waiting: float | None = None
     max_kv_cache_usage_ratio: float | None = None
-    samples: int = 0
+    samples: int = 0              # taken while the level's requests were in flight
     waiting_samples: int = 0      # samples in which requests waited
     waiting_known: int = 0        # samples that carried the waiting gauge
     counters_before: dict[str, float | None] = field(default_factory=dict)
@@ -140,6 +151,11 @@ class MetricsWindow:
     def delta(self, name: str) -> float | None:
         b, a = self.counters_before.get(name), self.counters_after.get(name)
         return None if a is None or b is None else max(0.0, a - b)
+
+    def seen(self) -> bool:
+        """Whether a sample showed the level's requests (running or waiting): vLLM sets these gauges
+        after each engine step, so a read during a request's first step can still show none."""
+        return bool(self.max_running) or bool(self.max_waiting)
 
     def add(self, s) -> None:
         self.samples += 1
@@ -189,6 +205,9 @@ class LevelResult:
     limited_why: str | None = None
     sent: int = 0                               # requests sent, warm-up included
     waiting_sample_ratio: float | None = None   # share of the /metrics samples in which requests waited
+    metrics_samples: int | None = None          # /metrics samples taken while its requests were in flight
+    mean_running: float | None = None           # vllm:request_inference_time_seconds_sum delta / the level's time
+    mean_waiting: float | None = None           # vllm:request_queue_time_seconds_sum delta / the level's time
 
 
 def summarise(level: int, results: list[RequestResult], started: float, ended: float,
@@ -220,6 +239,7 @@ def summarise(level: int, results: list[RequestResult], started: float, ended: f
     per_req = ([(p or 0) + r.output_tokens for p, r in zip((r.prompt_tokens for r in ok), ok)]
                if ok and len(prompt_known) == len(ok) else [])
     errors = [r.error for r in results if not r.ok and r.error]
+    sampled = window.seen()   # else the peaks are unknown: a 0 read while requests ran is no peak
     return LevelResult(
         concurrency=level, requests=len(results), completed=len(ok), errors=len(results) - len(ok),
         duration_seconds=round(dur, 3), started_at=started, ended_at=ended,
@@ -228,15 +248,18 @@ def summarise(level: int, results: list[RequestResult], started: float, ended: f
         goodput=round(sum(1 for r in ok if good(r)) / dur, 4),
         ttft_ms=stats(ttft), tpot_ms=stats(tpot), itl_ms=stats(itl), e2el_ms=stats(e2e),
         preemptions=window.preemptions, preemptions_before=window.preemptions_before,
-        preemptions_after=window.preemptions_after, max_running=window.max_running,
-        max_waiting=window.max_waiting, max_kv_cache_usage_ratio=window.max_kv_cache_usage_ratio,
+        preemptions_after=window.preemptions_after, max_running=window.max_running if sampled else None,
+        max_waiting=window.max_waiting if sampled else None,
+        max_kv_cache_usage_ratio=window.max_kv_cache_usage_ratio if sampled else None,
         error_examples=sorted(set(errors))[:3],
         mean_tokens_per_request=round(sum(per_req) / len(per_req), 1) if per_req else None,
         warmup_requests=warmup, request_rate=rate, stop_reason=stop_reason,
         prefix_cache_queries=window.delta("prefix_cache_queries_total"),
         prefix_cache_hits=window.delta("prefix_cache_hits_total"),
         prompt_tokens_recomputed=window.delta(RECOMPUTED),
-        waiting_sample_ratio=round(window.waiting_samples / window.waiting_known, 3) if window.waiting_known else None,
+        waiting_sample_ratio=(round(window.waiting_samples / window.waiting_known, 3)
+                              if window.waiting_known and sampled else None),
+        metrics_samples=window.samples if window.counters_before or window.samples else None,
     )
 
 
@@ -273,6 +296,19 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
                           lv.get("max_running"))
     if pre is None and kv is None and wait is None:
         return None, None
+    if run is None and kv is None and wait is None and not pre:
+        n = lv.get("metrics_samples") or 0
+        why = (f"nothing was preempted; running, waiting and KV cache usage not sampled ({n} /metrics "
+               f"read{'' if n == 1 else 's'} while its requests ran showed none of them: run the level "
+               f"longer (--requests))")
+        m_run, m_wait = lv.get("mean_running"), lv.get("mean_waiting")
+        if m_run is None:
+            return None, why
+        avg = (f"on average {m_run:.1f} running and {m_wait or 0:.1f} waiting ({V.request_inference_time_seconds}, "
+               f"{V.request_queue_time_seconds} over the level)")
+        if m_wait is not None and m_wait >= QUEUE_MEAN_WAITING:
+            return "queue", f"{avg}: the scheduler admitted no more; {why}"
+        return "compute", f"{avg}, nothing was preempted: the latency is the engine's step time for that batch; {why}"
     full = load_thresholds()["kv_cache_full_ratio"]
     kv_s = "unknown" if kv is None else f"{kv * 100:.0f} %"
     share = lv.get("waiting_sample_ratio")
@@ -284,14 +320,16 @@ def limit_of(lv: dict) -> tuple[str | None, str | None]:
         return "kv-cache", (f"{pre or 0} preemptions ({V.num_preemptions_total}), KV cache up to {kv_s} used, "
                             f"up to {wait or 0:.0f} waiting{waited}")
     if queued:
-        return "queue", (f"up to {wait:.0f} waiting{waited} while the KV cache had room (up to {kv_s} used) "
-                         f"and up to {run or 0:.0f} ran: the scheduler admitted no more")
+        return "queue", (f"up to {wait:.0f} waiting{waited} while the KV cache had room (up to {kv_s} used)"
+                         + ("" if run is None else f" and up to {run:.0f} ran") + ": the scheduler admitted no more")
     what = "nothing waited" if not wait else f"up to {wait:.0f} waiting only{waited}"
-    return "compute", (f"{what}, nothing was preempted (up to {run or 0:.0f} running, KV cache up to {kv_s}): "
+    ran = "running not sampled" if run is None else f"up to {run:.0f} running"
+    return "compute", (f"{what}, nothing was preempted ({ran}, KV cache up to {kv_s}): "
                        f"the latency is the engine's step time for that batch")
 
 
 QUEUE_SAMPLE_RATIO = 0.2
+QUEUE_MEAN_WAITING = 0.5   # requests waiting on average (Little's law) that make a queue
 LIMIT_WORDS = {"kv-cache": "the KV cache", "queue": "the queue", "compute": "compute"}
 
 
@@ -446,7 +484,9 @@ class _MetricsReader:
                 self.error = f"{self.url}: HTTP {r.status_code}"
                 return None
             self.last_text = r.text
-            return parse_metrics(r.text, source=self.url)
+            # off the event loop: vLLM's /metrics is about 50 KB, and parsing it there would hold back the
+            # streams being timed (their chunks then arrive "together")
+            return await asyncio.to_thread(parse_metrics, r.text, source=self.url)
         except (httpx.HTTPError, TimeoutError) as e:
             self.error = f"{self.url}: {type(e).__name__}"
             return None
@@ -497,25 +537,26 @@ def _counters(parsed, text: str | None) -> dict[str, float | None]:
     if parsed is not None:
         out["prefix_cache_queries_total"] = parsed.sample.prefix_cache_queries_total
         out["prefix_cache_hits_total"] = parsed.sample.prefix_cache_hits_total
-    out[RECOMPUTED] = _series_sum(text or "", RECOMPUTED)
+    out.update(_series_sums(text or "", (RECOMPUTED, RUNNING_SECONDS, WAITING_SECONDS)))
     return out
 
 
-def _series_sum(text: str, name: str) -> float | None:
-    """The sum over labels of one series of a /metrics text (prometheus-client's parser); None when absent."""
+def _series_sums(text: str, names: tuple[str, ...]) -> dict[str, float | None]:
+    """The sum over labels of each series of a /metrics text (prometheus-client's parser, one pass);
+    None for one that is absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    if name not in text:
-        return None
-    total = None
+    totals: dict[str, float | None] = dict.fromkeys(names)
+    if not any(name in text for name in names):
+        return totals
     try:
         for fam in text_string_to_metric_families(text):
             for smp in fam.samples:
-                if smp.name == name and math.isfinite(smp.value):
-                    total = (total or 0.0) + smp.value
+                if smp.name in totals and math.isfinite(smp.value):
+                    totals[smp.name] = (totals[smp.name] or 0.0) + smp.value
     except ValueError:
-        return None
-    return total
+        return dict.fromkeys(names)
+    return totals
 
 
 def interval_enough(values: dict[str, list[float]], obj: Objectives, tolerance: float, seed: int) -> str | None:
@@ -578,24 +619,41 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     eff = level if rate is None else max(1, math.ceil(rate))   # a rate ladder: about a second of arrivals
     min_n = cfg.min_requests_for(eff)
 
+    in_flight = 0
+    jitter = random.Random(cfg.seed * 1000003 + level + 7)
+
     async def sampler():
+        """Peaks of the level: reads only while its requests are in flight (when the read is sent and
+        when it is answered), at jittered intervals (a fixed period locks in phase with a steady request
+        cycle: at one request in flight, every read could land on the same moment of it)."""
+        wait = cfg.metrics_interval_seconds * jitter.uniform(0.25, 0.75)
         while not stop.is_set():
-            m = await metrics.read()
-            if m is not None:
-                window.add(m.sample)
             try:
-                await asyncio.wait_for(stop.wait(), cfg.metrics_interval_seconds)
-            except asyncio.TimeoutError:
+                await asyncio.wait_for(stop.wait(), wait)
+                break
+            except TimeoutError:
                 pass
+            wait = cfg.metrics_interval_seconds * jitter.uniform(0.5, 1.5)
+            if in_flight == 0:
+                wait = min(wait, 0.05)   # between requests: read as soon as one is in flight again
+                continue
+            m = await metrics.read()
+            if m is not None and in_flight > 0 and not stop.is_set():
+                window.add(m.sample)
 
     async def one(i: int):
+        nonlocal in_flight
+        in_flight += 1
         try:
             prompt, max_tokens = prompts.request(first_index + i)   # unique in the ladder: no level reuses a prompt
             sent_at[i] = time.time()
-            res = await stream_one(client, url, request_body(model, prompt, max_tokens, cfg.chat,
-                                                             cfg.ignore_eos), cfg.chat,
-                                   min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())),
-                                   cfg.max_response_bytes)
+            try:
+                res = await stream_one(client, url, request_body(model, prompt, max_tokens, cfg.chat,
+                                                                 cfg.ignore_eos), cfg.chat,
+                                       min(cfg.request_timeout_seconds, max(1.0, hard_deadline - time.monotonic())),
+                                       cfg.max_response_bytes)
+            finally:
+                in_flight -= 1
             results.append((i, res))
             if i >= warmup and res.ok:
                 for key, v in (("ttft_ms", res.ttft_seconds), ("tpot_ms", res.tpot_seconds),
@@ -657,13 +715,16 @@ async def run_level(client: httpx.AsyncClient, cfg: LadderConfig, model: str, le
     after = await metrics.read()
     if after is not None:
         window.preemptions_after = after.sample.num_preemptions_total
-        window.counters_after = _counters(after, metrics.last_text)
-        window.add(after.sample)
+        window.counters_after = _counters(after, metrics.last_text)   # its gauges show the idle server: no peak
     measured = [r for i, r in sorted(results, key=lambda x: x[0]) if i >= warmup]
     first_measured = min((t for i, t in sent_at.items() if i >= warmup), default=started)
     out = summarise(level, measured, first_measured, ended, window, cfg, warmup=min(warmup, issued),
                     rate=rate, stop_reason=stop_reason)
     out.sent = issued
+    span = max(ended - started, 1e-9)   # every request of the level, warm-up included, ran within it
+    for attr, name in (("mean_running", RUNNING_SECONDS), ("mean_waiting", WAITING_SECONDS)):
+        d = window.delta(name)
+        setattr(out, attr, None if d is None else round(d / span, 2))
     return out
 
 
@@ -685,11 +746,13 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[float, int | N
         raise BenchError(str(e)) from None
     top = cfg.max_concurrency if cfg.rates else max(cfg.levels)
     limits = httpx.Limits(max_connections=top + 4, max_keepalive_connections=top + 4)
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+    # /metrics on a client of its own: a sample never waits for a connection behind the streams
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as client, \
+            httpx.AsyncClient(limits=httpx.Limits(max_connections=1), trust_env=False) as mclient:
         model = cfg.model or await _resolve_model(client, base)
         vllm_version = await _server_version(client, base, cfg.request_timeout_seconds)
         murl = (base + "/metrics") if cfg.metrics_url is None else cfg.metrics_url
-        metrics = _MetricsReader(client, murl, cfg.request_timeout_seconds)
+        metrics = _MetricsReader(mclient, murl, cfg.request_timeout_seconds)
         first = await metrics.read()
         if first is None:
             metrics.url = None   # unreadable before any load: reading it again each second only waits

@@ -706,7 +706,9 @@ def _scoped(f: Finding, replica: str) -> Finding:
 def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]) -> list[Finding]:
     """A replica that a replica-imbalance finding names as saturated while others idled is short of
     routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no capacity
-    fix (more KV cache, fp8, more GPUs), and says where the fix is."""
+    fix (no flag, and its message's "To add capacity" offer is cut), says first where the fix is,
+    and is info: a consequence of the imbalance, so that the verdict leads with replica-imbalance
+    and the router step (its first check), not with this replica's KV cache."""
     from dataclasses import replace
 
     hot = {e.source.removeprefix("prometheus:") for f in fleet_findings if f.name == "replica-imbalance"
@@ -714,8 +716,10 @@ def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]
     out = []
     for f in findings:
         if f.name == "kv-capacity-bound" and f.values.get("replica") in hot:
-            f = replace(f, fixes=[], notes=[*f.notes, "Other replicas idled meanwhile (replica-imbalance): the "
-                                            "router, not this replica's KV cache, is the fix; see that finding."])
+            message = f.message.split(" The server is at its KV cache capacity")[0]
+            f = replace(f, severity="info", fixes=[], message=message, notes=[
+                "Other replicas idled at the same moments (replica-imbalance): the router, not this replica's "
+                "KV cache, is the fix; see that finding.", *f.notes])
         out.append(f)
     return out
 

@@ -326,7 +326,7 @@ def test_a_hot_replica_of_an_imbalance_gets_routing_not_more_kv_cache():
     before = [f for f in per if f.name == "kv-capacity-bound"]
     assert before and before[0].fixes  # the replica alone: more KV cache
     after = [f for f in _routing_not_capacity(per, fleet) if f.name == "kv-capacity-bound"]
-    assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].notes[0]
+    assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].message
 
 
 def test_a_column_holds_a_series_on_its_step_grid():

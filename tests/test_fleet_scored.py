@@ -164,4 +164,18 @@ def test_hot_and_idle_replicas_the_verdict_leads_with_the_router(fleet):
     kv = [f for f in res.report.findings if f.name == "kv-capacity-bound"]
     assert [f.values["replica"] for f in kv] == ["fleet/vllm-001"]
     assert kv[0].fixes == [] and "To add capacity" not in kv[0].message and "--kv-cache-dtype" not in kv[0].message
-    assert kv[0].notes[0].startswith("Other replicas idled at the same moments")
+    assert kv[0].message.endswith("the router, not this replica's KV cache, is the fix; see that finding.")
+    assert kv[0].severity == "info"
+
+
+def test_kv_capacity_bound_of_an_unbalanced_replica_offers_no_capacity(fleet):
+    """Issue 20 item 4: the hot replica of the imbalance (001) and the data-parallel replica whose
+    engine 0 was full beside an idle engine 1 (005): their full KV cache is a routing fault, so
+    their kv-capacity-bound gives no fix (were: --kv-cache-memory-bytes 10 MiB and --kv-cache-dtype
+    fp8 on 005) and says where the fix is."""
+    kv = {f.values["replica"]: f for f in fleet["result"].report.findings if f.name == "kv-capacity-bound"}
+    assert set(kv) == {"fleet/vllm-001", "fleet/vllm-005"}
+    for f in kv.values():
+        assert f.fixes == [] and "To add capacity" not in f.message and f.severity == "info", f.message
+    assert "(replica-imbalance): the router" in kv["fleet/vllm-001"].message
+    assert "(engine-imbalance): how requests reach the engines" in kv["fleet/vllm-005"].message

@@ -705,22 +705,31 @@ def _scoped(f: Finding, replica: str) -> Finding:
 
 
 def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]) -> list[Finding]:
-    """A replica that a replica-imbalance finding names as saturated while others idled is short of
-    routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no capacity
-    fix (no flag, and its message's "To add capacity" offer is cut), says first where the fix is,
-    and is info: a consequence of the imbalance, so that the verdict leads with replica-imbalance
-    and the router step (its first check), not with this replica's KV cache."""
+    """A replica that a replica-imbalance finding names as saturated while others idled, or whose
+    data-parallel engines were unbalanced (engine-imbalance, its own data-parallel-imbalance), is
+    short of routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no
+    capacity fix (no flag, and its message's "To add capacity" offer is cut for where the fix
+    is), and is info: a consequence of the imbalance, so that the verdict leads with the
+    imbalance and its routing step (its first check), not with this replica's KV cache."""
     from dataclasses import replace
 
-    hot = {e.source.removeprefix("prometheus:") for f in fleet_findings if f.name == "replica-imbalance"
-           for e in f.evidence}  # its evidence: the saturated replicas
+    def named(rule: str) -> set[str]:  # the replicas of a fleet finding's evidence (the hot side)
+        return {e.source.removeprefix("prometheus:").split(" engine ")[0] for f in fleet_findings
+                if f.name == rule for e in f.evidence}
+
+    why = {**{r: ("Other data-parallel engines of this replica idled at the same moments (engine-imbalance): how "
+                  "requests reach the engines, not this replica's KV cache, is the fix; see that finding.")
+              for r in named("engine-imbalance") | {str(f.values.get("replica")) for f in findings
+                                                    if f.name == "data-parallel-imbalance"}},
+           **{r: ("Other replicas idled at the same moments (replica-imbalance): the router, not this replica's "
+                  "KV cache, is the fix; see that finding.") for r in named("replica-imbalance")}}
     out = []
     for f in findings:
-        if f.name == "kv-capacity-bound" and f.values.get("replica") in hot:
-            message = f.message.split(" The server is at its KV cache capacity")[0]
-            f = replace(f, severity="info", fixes=[], message=message, notes=[
-                "Other replicas idled at the same moments (replica-imbalance): the router, not this replica's "
-                "KV cache, is the fix; see that finding.", *f.notes])
+        note = why.get(str(f.values.get("replica"))) if f.name == "kv-capacity-bound" else None
+        if note:
+            # in the message, not a note: a card of several replicas shows each one's message
+            message = f.message.split(" The server is at its KV cache capacity")[0] + " " + note
+            f = replace(f, severity="info", fixes=[], message=message)
         out.append(f)
     return out
 

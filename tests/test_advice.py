@@ -142,6 +142,13 @@ def test_max_num_seqs_below_what_ran_only_reduces_preemption():
     assert (b.admit, b.admit_stops, b.admit_method) == (8, True, "below-preempting")
     assert b.admit_text.startswith("never-preempt bound: 65,536 KV cache tokens / max_model_len 8,192 = 8 "
                                    "(4,096 blocks of 16 tokens / 512 blocks per sequence); vLLM counted preemptions with 9 running")
+    # /metrics read every 2 s (the demo's, through the fleet): 2 running at the end of a step with
+    # preemptions, after they shrank it; 2 is the never-preempt bound (no sequence of 2 can be
+    # preempted), below the 6 that ran full: the fix, as diagnose gives it from the log
+    m = Concurrency(6, "running-at-full", 6, 1.0, never_preempt=2, kv_cache_tokens=4096, max_model_len=2048,
+                    block_size=128, pressure_running=6, pressure_full=True, longest_fit=2, longest_per_sequence=1651.6,
+                    clean_running=6, preempting_running=2)
+    assert (m.admit, m.admit_stops, m.admit_method) == (2, True, "longest-observed")
     # an interval where vLLM counted no preemption with 24 running: what the server ran cleanly
     d = Concurrency(40, "running-at-full", 40, 1.0, never_preempt=8, pressure_running=40, longest_fit=20,
                     clean_running=24)

@@ -326,7 +326,7 @@ def test_a_hot_replica_of_an_imbalance_gets_routing_not_more_kv_cache():
     before = [f for f in per if f.name == "kv-capacity-bound"]
     assert before and before[0].fixes  # the replica alone: more KV cache
     after = [f for f in _routing_not_capacity(per, fleet) if f.name == "kv-capacity-bound"]
-    assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].notes[-1]
+    assert after[0].fixes == [] and "the router, not this replica's KV cache, is the fix" in after[0].message
 
 
 def test_a_column_holds_a_series_on_its_step_grid():
@@ -346,3 +346,21 @@ def test_a_column_holds_a_series_on_its_step_grid():
     kv.fold([(t0, 0.9)], "kv_cache_usage_ratio")
     assert dict(kv) == {t0: 0.9}
     assert len(c.a) * c.a.itemsize == 40
+
+
+def test_the_fleet_runs_the_one_pipeline_and_the_rules_schedule():
+    """Each replica runs in Pipeline(ruleset, clock=LogTime(), schedule=Schedule(ruleset, step)):
+    the rules come due on the series' clock at the query step, as diagnose's do on log time; a quiet
+    stretch asks the same schedule for its long-window rules only."""
+    from vllm_doctor.diagnosis.schedule import Schedule
+    from vllm_doctor.pipeline import LogTime
+
+    pipe = run_replica(replica("busy", BUSY), RULESET, 1_800_000_000, STEP)
+    assert isinstance(pipe.clock, LogTime) and pipe.schedule.eval_interval == STEP
+    long_ids = frozenset(r.id for r in RULESET.rules if (RULESET.window_seconds(r) or 0) >= 1800)
+    sched = Schedule(RULESET, STEP)
+    assert long_ids and sched.due(0.0, long_ids) == set(long_ids)
+    assert sched.due(STEP, long_ids) == set()  # run: not due again before half their window
+    # the fleet rules, through a Schedule of what they read ('*': the fleet namespace), all run
+    assert {r.reads for r in FLEET.rules} == {frozenset({"*"})}
+    assert "replica-imbalance" in judge([replica("hot", HOT), replica("idle", IDLE)])

@@ -145,3 +145,37 @@ def test_the_replica_table_shows_each_engine_and_reads_old_names(fleet):
     # vLLM 0.8.5's KV cache usage (vllm:gpu_cache_usage_perc) and ITL (vllm:time_per_output_token_seconds)
     assert 0.3 <= old["fleet/vllm-007"]["kv_cache_usage_peak_ratio"] <= 0.6
     assert old["fleet/vllm-008"]["itl_p99_seconds"] > 0.2 > old["fleet/vllm-007"]["itl_p99_seconds"]
+
+
+def test_hot_and_idle_replicas_the_verdict_leads_with_the_router(fleet):
+    """Issue 20 item 4: the hot replica beside the two idle ones (a selector picks them out of the
+    scored fleet, as an operator would for one service). Its KV cache is full with a queue, but the
+    fleet had room: the headline names replica-imbalance, the first step is the router's, and the
+    hot replica's kv-capacity-bound offers no capacity (no fix, no "To add capacity") there."""
+    from vllm_doctor.fleet import diagnose_prometheus
+    from vllm_doctor.report.render import verdict
+
+    res = diagnose_prometheus(fleet["url"], selector='pod=~"vllm-00[123]"', since=str(fleet["start"]),
+                              until=str(fleet["end"]), step="15s")
+    v = verdict(res.report)
+    assert v["headline"].startswith("WARNING replica-imbalance:"), v["headline"]
+    assert "kv-capacity-bound" in v["headline"]  # still said, after it
+    assert v["first"].startswith("Route on load"), v["first"]
+    kv = [f for f in res.report.findings if f.name == "kv-capacity-bound"]
+    assert [f.values["replica"] for f in kv] == ["fleet/vllm-001"]
+    assert kv[0].fixes == [] and "To add capacity" not in kv[0].message and "--kv-cache-dtype" not in kv[0].message
+    assert kv[0].message.endswith("the router, not this replica's KV cache, is the fix; see that finding.")
+    assert kv[0].severity == "info"
+
+
+def test_kv_capacity_bound_of_an_unbalanced_replica_offers_no_capacity(fleet):
+    """Issue 20 item 4: the hot replica of the imbalance (001) and the data-parallel replica whose
+    engine 0 was full beside an idle engine 1 (005): their full KV cache is a routing fault, so
+    their kv-capacity-bound gives no fix (were: --kv-cache-memory-bytes 10 MiB and --kv-cache-dtype
+    fp8 on 005) and says where the fix is."""
+    kv = {f.values["replica"]: f for f in fleet["result"].report.findings if f.name == "kv-capacity-bound"}
+    assert set(kv) == {"fleet/vllm-001", "fleet/vllm-005"}
+    for f in kv.values():
+        assert f.fixes == [] and "To add capacity" not in f.message and f.severity == "info", f.message
+    assert "(replica-imbalance): the router" in kv["fleet/vllm-001"].message
+    assert "(engine-imbalance): how requests reach the engines" in kv["fleet/vllm-005"].message

@@ -417,3 +417,26 @@ def test_gpu_memory_utilization_fix_shows_the_cap_in_its_arithmetic(tmp_path):
     assert (fx.value, fx.arithmetic) == ("0.95", "min(0.92 + 0.05, 0.95) = 0.95")
     fx = {x.flag: x for x in findings(diagnose_file(log("034")))["kv-capacity-bound"].fixes}["--gpu-memory-utilization"]
     assert (fx.value, fx.arithmetic) == ("0.95", "min(0.9 + 0.05, 0.95) = 0.95")   # the version's default 0.9
+
+
+@pytest.mark.parametrize("labels,want", [
+    # the real 0.32 capture: kv_cache_size_tokens 4096, kv_cache_max_concurrency 2.0 (max_model_len 2048)
+    ({"kv_cache_size_tokens": "4096", "kv_cache_max_concurrency": "2.0", "num_gpu_blocks": "32", "block_size": "128"}, 2048),
+    # vLLM's own arithmetic: int(max_concurrency * max_model_len) tokens, the concurrency a float
+    ({"kv_cache_size_tokens": str(int(7.03125 * 131072)), "kv_cache_max_concurrency": "7.03125"}, 131072),
+    ({"kv_cache_size_tokens": str(int((922496 / 40000) * 40000)), "kv_cache_max_concurrency": str(922496 / 40000)}, 40000),
+    # before 0.24 (no kv_cache_max_concurrency label), or labels that do not agree: not known
+    ({"num_gpu_blocks": "32", "block_size": "128"}, None),
+    ({"kv_cache_size_tokens": "4096", "kv_cache_max_concurrency": "None"}, None),
+    ({"kv_cache_size_tokens": "4097", "kv_cache_max_concurrency": "2.0"}, None),
+])
+def test_max_model_len_from_cache_config_info_alone(labels, want):
+    """Prometheus holds no max_model_len, but vLLM 0.24+ labels vllm:cache_config_info with
+    kv_cache_size_tokens = int(kv_cache_max_concurrency x max_model_len): the fleet reads it back."""
+    from vllm_doctor.events import Meta, VllmMetricsSample
+    from vllm_doctor.state.core import State
+
+    st = State()
+    st.apply(VllmMetricsSample(Meta(source="prometheus:x", ts=1.0, text="vllm:cache_config_info"),
+                               cache_config=tuple(sorted(labels.items()))))
+    assert st.facts()["max_model_len"] == want

@@ -141,14 +141,22 @@ class Concurrency:
         p = self.pressure_running
         if p is None:
             return self.never_preempt, None if self.never_preempt is None else "never-preempt-bound"
-        # below what ran under pressure, and below the fewest vLLM was seen preempting at
+        # below what ran under pressure, and below the fewest vLLM was seen preempting at; or, below
+        # what ran, at or under the never-preempt bound, where no sequence can be preempted: a
+        # sample's running count is read at the end of its interval, after the preemptions that
+        # shrank it (vLLM's /metrics at a 2 s step: 2 running where it preempted)
         cap = p if self.preempting_running is None else min(p, self.preempting_running)
+        never = self.never_preempt
+
+        def stops(v: int) -> bool:
+            return v < cap or (never is not None and v <= never and v < p)
+
         below = [(v, m) for v, m in ((self.clean_running, "ran-without-preemption"),
-                                     (self.longest_fit, "longest-observed")) if v is not None and v < cap]
+                                     (self.longest_fit, "longest-observed")) if v is not None and stops(v)]
         if below:
             return max(below, key=lambda x: x[0])
-        if self.never_preempt is not None and self.never_preempt < cap:
-            return self.never_preempt, "below-preempting"
+        if never is not None and stops(never):
+            return never, "below-preempting"
         return None, None
 
     @property

@@ -57,13 +57,16 @@ class Schedule:
         """False when no rule is due at ``ts`` (one comparison for most events)."""
         return ts >= self.next_windowed or (self.pending and ts >= self.next_whole)
 
-    def due(self, ts: float) -> set[str]:
-        """The ids of the rules due at log time ``ts``, marked as run."""
+    def due(self, ts: float, among: frozenset[str] | None = None) -> set[str]:
+        """The ids of the rules due at log time ``ts``, marked as run; ``among``: of these rules
+        only (the fleet's quiet steps: the long-window rules)."""
         if not self.may_be_due(ts):
             return set()
         due = set()
         whole_due = False
         for rid, w in self.windows:
+            if among is not None and rid not in among:
+                continue
             last = self.last.get(rid)
             if w is None:
                 if self.pending and (last is None or ts - last >= self.eval_interval):

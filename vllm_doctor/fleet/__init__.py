@@ -46,7 +46,8 @@ from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.errors import InputError
 from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.findings import SEVERITY_ORDER, Finding, by_severity
-from vllm_doctor.pipeline import Pipeline, Report
+from vllm_doctor.diagnosis.schedule import Schedule
+from vllm_doctor.pipeline import LogTime, Pipeline, Report
 from vllm_doctor.ingest.scrape import SAMPLE_FIELDS
 from vllm_doctor.state.signals import histogram_quantile
 from vllm_doctor.state.core import FACT_NAMES
@@ -345,20 +346,22 @@ def _pressure(e, t: dict[str, float]) -> bool:
 
 
 def run_replica(rep: Replica, ruleset, since: float, step: float, prefilter: bool = True) -> Pipeline:
-    """The replica's events through one Pipeline, the rules run on the series' clock as
-    ``diagnose`` runs them on log time (:meth:`Pipeline.tick`).
+    """The replica's events through one Pipeline on the series' clock (:class:`LogTime`), its
+    rules run by the pipeline's :class:`Schedule` at the step (``eval_interval`` = ``step``),
+    exactly as ``diagnose`` runs them on log time (:meth:`Pipeline.tick`).
 
     prefilter: like the keyword prefilter of the log pipeline (lines no parser can match are not
     parsed), steps far from any pressure (:func:`_pressure`) do not run the short-window rules: a
-    quiet stretch is judged by the long-window rules (memory growth) once per window, and by
-    every rule at the end. ``prefilter=False`` ticks every step (the tests check both agree)."""
-    pipe = Pipeline(ruleset, follow=False)
+    quiet stretch is judged by the long-window rules (memory growth) when the same schedule has
+    them due, and by every rule at the end. ``prefilter=False`` ticks every step (the tests check
+    both agree)."""
+    schedule = Schedule(ruleset, step)
+    pipe = Pipeline(ruleset, clock=LogTime(), schedule=schedule)
     t = ruleset.thresholds
     windows = {r.id: ruleset.window_seconds(r) for r in ruleset.rules}
     short_max = max([w for w in windows.values() if w is not None and w < LONG_WINDOW_SECONDS] + [0.0])
-    long_ids = {rid for rid, w in windows.items() if w is not None and w >= LONG_WINDOW_SECONDS}
+    long_ids = frozenset(rid for rid, w in windows.items() if w is not None and w >= LONG_WINDOW_SECONDS)
     last_pressure: float | None = None
-    last_long: dict[str, float] = {}
     for e in replica_events(rep, since, step):
         pipe.observe(e)
         ts = e.meta.ts
@@ -372,11 +375,9 @@ def run_replica(rep: Replica, ruleset, since: float, step: float, prefilter: boo
         if last_pressure is not None and ts - last_pressure <= short_max:
             pipe.tick(ts)
             continue
-        # quiet: a long-window rule is judged once per window (no overlap needed without pressure)
-        due = {rid for rid in long_ids if ts - last_long.get(rid, -math.inf) >= windows[rid]}
+        # quiet: only the long-window rules, when the schedule has them due
+        due = schedule.due(ts, long_ids)
         if due:
-            for rid in due:
-                last_long[rid] = ts
             pipe.active = pipe.engine.evaluate(pipe.state, due)
     pipe.active = pipe.engine.evaluate(pipe.state)
     return pipe
@@ -704,18 +705,31 @@ def _scoped(f: Finding, replica: str) -> Finding:
 
 
 def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]) -> list[Finding]:
-    """A replica that a replica-imbalance finding names as saturated while others idled is short of
-    routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no capacity
-    fix (more KV cache, fp8, more GPUs), and says where the fix is."""
+    """A replica that a replica-imbalance finding names as saturated while others idled, or whose
+    data-parallel engines were unbalanced (engine-imbalance, its own data-parallel-imbalance), is
+    short of routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no
+    capacity fix (no flag, and its message's "To add capacity" offer is cut for where the fix
+    is), and is info: a consequence of the imbalance, so that the verdict leads with the
+    imbalance and its routing step (its first check), not with this replica's KV cache."""
     from dataclasses import replace
 
-    hot = {e.source.removeprefix("prometheus:") for f in fleet_findings if f.name == "replica-imbalance"
-           for e in f.evidence}  # its evidence: the saturated replicas
+    def named(rule: str) -> set[str]:  # the replicas of a fleet finding's evidence (the hot side)
+        return {e.source.removeprefix("prometheus:").split(" engine ")[0] for f in fleet_findings
+                if f.name == rule for e in f.evidence}
+
+    why = {**{r: ("Other data-parallel engines of this replica idled at the same moments (engine-imbalance): how "
+                  "requests reach the engines, not this replica's KV cache, is the fix; see that finding.")
+              for r in named("engine-imbalance") | {str(f.values.get("replica")) for f in findings
+                                                    if f.name == "data-parallel-imbalance"}},
+           **{r: ("Other replicas idled at the same moments (replica-imbalance): the router, not this replica's "
+                  "KV cache, is the fix; see that finding.") for r in named("replica-imbalance")}}
     out = []
     for f in findings:
-        if f.name == "kv-capacity-bound" and f.values.get("replica") in hot:
-            f = replace(f, fixes=[], notes=[*f.notes, "Other replicas idled meanwhile (replica-imbalance): the "
-                                            "router, not this replica's KV cache, is the fix; see that finding."])
+        note = why.get(str(f.values.get("replica"))) if f.name == "kv-capacity-bound" else None
+        if note:
+            # in the message, not a note: a card of several replicas shows each one's message
+            message = f.message.split(" The server is at its KV cache capacity")[0] + " " + note
+            f = replace(f, severity="info", fixes=[], message=message)
         out.append(f)
     return out
 

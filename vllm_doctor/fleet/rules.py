@@ -37,6 +37,7 @@ from typing import Any
 from vllm_doctor.diagnosis.evaluate import RuleEngine
 from vllm_doctor.diagnosis.expr import Evaluator
 from vllm_doctor.diagnosis.loader import RuleSet, builtin_rules_dir, load_rule_file
+from vllm_doctor.diagnosis.schedule import Schedule
 from vllm_doctor.errors import RuleLoadError
 from vllm_doctor.findings import Finding
 from vllm_doctor.state.core import State
@@ -48,6 +49,10 @@ FLEET_NAMES = {
     "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
 }
+
+#: what the schedule of the fleet rules is told once the fleet namespace is built (an event kind
+#: no rule names: it triggers the rules that read ``*``)
+FLEET_NAMESPACE_READY = "FleetNamespace"
 
 
 def fleet_rules_dir() -> Path:
@@ -83,11 +88,19 @@ class FleetRuleEngine(RuleEngine):
         return Evaluator(names, {}), state.window(None)
 
     def run(self, now: float) -> list[Finding]:
+        """The fleet rules due at the end of the range, by a :class:`Schedule` built from what
+        they read (diagnosis/schedule.py), as the pipeline runs a replica's: the fleet namespace is
+        complete at ``now``, one change of everything a rule reading ``*`` reads; a rule reading
+        only named events (none of which a fleet has) is not due."""
         from dataclasses import replace
 
         state = State()
         state.now = now
-        self.evaluate(state)
+        schedule = Schedule(self.ruleset, self.names["step_seconds"])
+        schedule.note(FLEET_NAMESPACE_READY)
+        due = schedule.due(now)
+        # every rule due: a full evaluation (a fallback rule is judged only in one)
+        self.evaluate(state, None if due == {r.id for r in self.ruleset.rules} else due)
         spans = self.names.get("spans") or {}
         return [replace(f, first_seen=spans[f.name][0], last_seen=spans[f.name][1]) if f.name in spans else f
                 for f in self.findings.values()]

@@ -24,6 +24,7 @@ the exported counters and what they are computed from) as a typed
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_left
 
@@ -577,6 +578,14 @@ class State:
             v = num(cc.get(key))
             if v is not None:
                 self.capacity[cap] = v if cap == "max_concurrency" else int(v)
+        # vLLM 0.24+ sets kv_cache_size_tokens = int(kv_cache_max_concurrency * max_model_len)
+        # (v1/core/kv_cache_utils.py get_kv_cache_capacity): the max_model_len of its "Maximum
+        # concurrency for N tokens per request" line, where /metrics is all there is (the fleet)
+        tokens, conc = num(cc.get("kv_cache_size_tokens")), num(cc.get("kv_cache_max_concurrency"))
+        if tokens and conc and conc > 0 and "concurrency_tokens" not in self.capacity:
+            n = math.ceil(tokens / conc - 1e-6)
+            if int(conc * n) == int(tokens):
+                self.capacity["concurrency_tokens"] = n
 
     def _on_GpuSample(self, e: ev.GpuSample) -> None:
         self.gpus[e.index] = e

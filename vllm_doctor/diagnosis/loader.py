@@ -43,7 +43,7 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SEVERITIES = tuple(s.value for s in Severity)
 #: The longest expression a rule may hold (a condition, a value, a placeholder of a message): a
 #: sentence that needs more is built in Python (vllm_doctor/diagnosis/sentences.py)
-MAX_EXPRESSION_CHARS = 900
+MAX_EXPRESSION_CHARS = 600
 #: What a rule judges: one deployment (its log, /metrics, GPUs: rules/VD0xx) or a fleet of
 #: replicas read back from Prometheus (rules/fleet/VD02x)
 SCOPES = ("deployment", "fleet")

@@ -9,7 +9,7 @@ from types import SimpleNamespace as N
 
 import pytest
 
-from vllm_doctor.check.findings import RULES as CHECK_RULES
+from vllm_doctor.check.findings import check_rule
 from vllm_doctor.diagnosis.loader import MAX_EXPRESSION_CHARS, builtin_rules_dir, load_rules, rule_expressions
 from vllm_doctor.diagnosis.sentences import (SENTENCES, engine_death_cause, exception_origin, killed_by_signal,
                                              kv_capacity_buys, kv_running_shrank, request_too_long_text, sentence,
@@ -44,7 +44,7 @@ def test_unknown_flag_is_one_rule_with_checks_id_as_its_alias():
     rs = load_rules()
     r = rs.by_key("VC001")
     assert r is not None and (r.id, r.name, r.aliases) == ("VD010", "unknown-flag", ["VC001"])
-    assert rs.by_key("vc001") is r and CHECK_RULES["VC001"][0] == r.name  # the same name in check
+    assert rs.by_key("vc001") is r and check_rule("VC001").name == r.name  # the same name in check
 
 
 def _user_rule(tmp_path: Path, text: str, name: str = "VD901-mine.yaml") -> Path:
@@ -206,3 +206,34 @@ def test_request_too_long_and_kv_capacity_sentences():
     assert exception_origin(None, "weird", False) == "raised in a vLLM process during weird"
     assert exception_origin(None, None, True) is None
     assert killed_by_signal(-15) == "signal 15 (see `kill -l 15`)" and killed_by_signal(None) is None
+
+
+def test_check_rules_are_in_the_one_catalogue_with_scope_check_and_severity_as_sarif_level():
+    from vllm_doctor.check import LEVEL_ORDER
+    from vllm_doctor.check.findings import CheckFinding, load_check_rules
+    from vllm_doctor.findings import SARIF_LEVELS
+
+    check = load_check_rules()
+    assert [r.id for r in check.rules][:3] == ["VC001", "VC002", "VC003"] and len(check.rules) == 21
+    assert {r.scope for r in check.rules} == {"check"} and all(isinstance(r.severity, Severity) for r in check.rules)
+    assert all(Path(r.source).parent == builtin_rules_dir() / "check" for r in check.rules)
+    assert SARIF_LEVELS == {Severity.info: "note", Severity.warning: "warning", Severity.critical: "error"}
+    assert LEVEL_ORDER == {"note": 0, "warning": 1, "error": 2}
+    kv = check_rule("VC010")
+    assert (kv.name, kv.severity, kv.title) == (
+        "kv-capacity", Severity.critical, "The KV cache cannot hold what the launch asks for (plan's arithmetic).")
+    assert CheckFinding("VC010", "m").level == "error" and CheckFinding("VM006", "m").level == "note"
+    assert CheckFinding("VC003", "m").name == "abbreviated-flag"
+
+
+def test_a_check_rule_holds_no_condition_and_other_rules_still_need_theirs(tmp_path):
+    from vllm_doctor.diagnosis.loader import load_rule_file
+
+    src = (builtin_rules_dir() / "check" / "VC008-unpinned-image.yaml").read_text()
+    p = tmp_path / "VC008-unpinned-image.yaml"
+    p.write_text(src + "when:\n  all: [n > 1]\n")
+    with pytest.raises(RuleLoadError, match=r"VC008-unpinned-image.yaml: a check rule has no when, values"):
+        load_rule_file(p, True, {}, scope="check")
+    p.write_text(src)
+    with pytest.raises(RuleLoadError, match=r"VC008-unpinned-image.yaml: when: Field required"):
+        load_rule_file(p, True, {})  # scope "deployment"

@@ -48,8 +48,7 @@ def test_a_snapshot_through_the_state_file_restores_every_saved_attribute():
     # values the real logs leave at their default are set, so that each saved attribute is proven
     fresh = State()
     for name, value in {"_metrics_base": 40.0, "_metrics_last": 12.0, "unknown_flags": {"--kv-cache": None},
-                        "_v1_interval_sum": 5, "_log_preempt_base": 9, "_log_preempt_cum": 2,
-                        "unparsed_total": {"vllm.log": 3}}.items():
+                        "_v1_interval_sum": 5, "_log_preempt_base": 9, "_log_preempt_cum": 2}.items():
         if getattr(st, name) == getattr(fresh, name):
             setattr(st, name, value)
     unchanged = [a for a in SAVED if getattr(st, a) == getattr(fresh, a)]
@@ -121,3 +120,18 @@ def test_a_version_2_file_with_a_wrong_type_is_refused(tmp_path):
     path.write_text(json.dumps(bad))
     saved, error = read_state_file(path)
     assert saved is None and error is not None and "(state.engine: String should match pattern '^v[01]$')" in error
+
+
+def test_unparsed_lines_are_the_pipelines_and_resume_from_its_source_counters(tmp_path):
+    """State keeps no unparsed count of its own (the one it had was never written): the lines that
+    gave no event are Pipeline.unparsed, lines counted less lines parsed, both checkpointed."""
+    assert not hasattr(State(), "unparsed_total") and "unparsed_total" not in StateSnapshot.model_fields
+    old = _fed(V1_CPU)
+    assert old.state.lines_total[V1_CPU.name] == 235 and old.unparsed(V1_CPU.name) == 235 - old._parsed[V1_CPU.name]
+    assert 0 < old.unparsed(V1_CPU.name) < 235
+    # a version-2 file written while State still had the (always empty) field is read, the field dropped
+    data = {"version": 2, "files": {}, **old.snapshot().model_dump(mode="json")}
+    data["state"]["unparsed_total"] = {}
+    new = Pipeline(load_rules(), follow=True, base_year=2025)
+    new.restore(parse_state(json.loads(json.dumps(data))).snapshot)
+    assert new.unparsed(V1_CPU.name) == old.unparsed(V1_CPU.name)

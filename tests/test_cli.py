@@ -573,3 +573,18 @@ def test_explain_says_what_each_value_a_condition_or_fix_reads_is():
     values = yaml.safe_load((ROOT / "rules" / "VD004-kv-capacity-bound.yaml").read_text())["values"]
     listed = re.findall(r"^    (\w+) = ", where, re.M)
     assert set(listed) <= set(values) and "n_full" in listed
+
+
+def test_explain_and_rules_show_checks_rules():
+    rc, out, _ = run("explain", "VC010")
+    assert rc == 0 and out.startswith("VC010 kv-capacity (critical, launch) [check rule, SARIF level error]\n"
+                                      "  The KV cache cannot hold what the launch asks for (plan's arithmetic).\n")
+    assert "Example input:\n  vllm serve meta-llama/Llama-3.1-70B-Instruct" in out
+    assert run("explain", "histogram-quantile-misuse")[1].startswith("VM003 histogram-quantile-misuse (critical,")
+    assert run("explain", "VC001")[1].startswith("VD010 unknown-flag")  # the log rule answers to check's id
+    rc, out, _ = run("rules", "--format", "json")
+    check = [r for r in json.loads(out) if r["scope"] == "check"]
+    assert [r["id"] for r in check][:2] == ["VC001", "VC002"] and len(check) == 21
+    assert {"id": "VM006", "severity": "info", "category": "monitoring"}.items() <= check[-1].items()
+    rc, out, _ = run("rules")
+    assert "\nCheck rules (run by `vllm-doctor check`" in out and "\nVC015  gpu-index-outside-container  critical" in out

@@ -57,6 +57,7 @@ def test_wheel_holds_every_file_of_the_package(wheel):
     have = wheel_files(wheel)
     want = package_files()
     assert "vllm_doctor/data/rules/fleet/VD020-replica-imbalance.yaml" in want
+    assert "vllm_doctor/data/rules/check/VC010-kv-capacity.yaml" in want
     # the wordings table and its reasons are read only by tests/ and tools/: not shipped
     test_only = {"vllm_doctor/data/vllm_wordings.json", "vllm_doctor/data/vllm_wordings_reasons.yaml"}
     assert sorted(want - test_only - have) == []
@@ -65,8 +66,9 @@ def test_wheel_holds_every_file_of_the_package(wheel):
 
 def test_installed_wheel_lists_and_explains_every_rule(installed, tmp_path):
     dev = dev_rule_ids()
-    # every rule file of the checkout, the fleet rules (rules/fleet/) too
-    assert len(dev) == len(list((ROOT / "rules").glob("VD*.yaml")) + list((ROOT / "rules" / "fleet").glob("VD*.yaml")))
+    # every rule file of the checkout, the fleet rules (rules/fleet/) and check's (rules/check/) too
+    assert len(dev) == len(list((ROOT / "rules").glob("VD*.yaml")) + list((ROOT / "rules" / "fleet").glob("VD*.yaml"))
+                           + list((ROOT / "rules" / "check").glob("V*.yaml")))
     assert "VD024" in dev
     p = _run(installed, "rules", "--format", "json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -77,5 +79,8 @@ def test_installed_wheel_lists_and_explains_every_rule(installed, tmp_path):
     p = _run(installed, "explain", "VD020", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("VD020 replica-imbalance (") and "[fleet rule]" in p.stdout
+    p = _run(installed, "explain", "VC010", cwd=tmp_path)  # check's rules ship as package data too
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("VC010 kv-capacity (critical, launch) [check rule, SARIF level error]")
     p = _run(installed, "export", "alertmanager", cwd=tmp_path)
     assert p.returncode == 0 and "route:" in p.stdout, p.stderr

@@ -60,9 +60,9 @@ def wheel_files(wheel: Path) -> set[str]:
 
 def dev_rule_ids() -> list[str]:
     """The rule ids the development setup lists (`vllm-doctor rules --format json` order): the
-    deployment rules, then the fleet rules."""
+    deployment rules, then the fleet rules, then check's."""
     from vllm_doctor.diagnosis import load_rules
-    from vllm_doctor.report.docs import fleet_ruleset
+    from vllm_doctor.report.docs import check_ruleset, fleet_ruleset
 
     rs = load_rules([])
-    return [r.id for r in rs.rules] + [r.id for r in fleet_ruleset(rs).rules]
+    return [r.id for r in rs.rules] + [r.id for r in fleet_ruleset(rs).rules] + [r.id for r in check_ruleset().rules]

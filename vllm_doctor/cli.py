@@ -264,17 +264,18 @@ def rules_cmd(
         _fail(f"unknown format {format!r}: text, markdown or json")
     from vllm_doctor.diagnosis import load_rules
 
-    from vllm_doctor.report.docs import FLEET_RUN, fleet_ruleset
+    from vllm_doctor.report.docs import CHECK_RUN, FLEET_RUN, check_ruleset, fleet_ruleset
 
     try:
         rs = load_rules(rules or [])
         fleet = fleet_ruleset(rs)
+        check = check_ruleset()
     except VllmDoctorError as e:
         _fail(str(e))
     if format == "markdown":
         from vllm_doctor.report.docs import rules_markdown
 
-        sys.stdout.write(rules_markdown(rs, fleet))
+        sys.stdout.write(rules_markdown(rs, fleet, check))
         return
     if format == "json":
         import json
@@ -283,7 +284,8 @@ def rules_cmd(
                            "title": r.title, "window_seconds": None if scope == "fleet" else rs.window_seconds(r),
                            "flags": sorted({f.flag for f in r.fixes}), "scope": scope,
                            "needs": " ".join(r.docs.needs.split()) if r.docs.needs else None}
-                          for scope, rules_ in (("deployment", rs.rules), ("fleet", fleet.rules)) for r in rules_],
+                          for scope, rules_ in (("deployment", rs.rules), ("fleet", fleet.rules), ("check", check.rules))
+                          for r in rules_],
                          indent=2))
         return
     for r in rs.rules:
@@ -296,25 +298,33 @@ def rules_cmd(
             print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.category:<10} {'range':<9} {r.title}")
             if r.docs.needs:
                 print(f"       needs: {' '.join(r.docs.needs.split())}")
+    if check.rules:
+        print(f"\nCheck rules ({CHECK_RUN}):")
+        for r in check.rules:
+            print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.category:<10} {'file':<9} {r.title}")
 
 
 @app.command()
 def explain(
-    rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id (VD001) or name (preemption-storm).")],
+    rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id (VD001, VC010) or name (preemption-storm).")],
     rules: Annotated[list[Path] | None, typer.Option("--rules", metavar="DIR", help="A directory of extra rule files.")] = None,
 ) -> None:
     """Print a rule's documentation: what it means, why it matters, an example log line, the fix."""
     from vllm_doctor.diagnosis import load_rules
-    from vllm_doctor.report.docs import explain_text, fleet_ruleset
+    from vllm_doctor.report.docs import check_ruleset, explain_text, fleet_ruleset
 
     try:
         rs = load_rules(rules or [])
         fleet = fleet_ruleset(rs)
+        check = check_ruleset()
     except VllmDoctorError as e:
         _fail(str(e))
     r = rs.by_key(rule)
     if r is None and (f := fleet.by_key(rule)) is not None:
         sys.stdout.write(explain_text(f, fleet, fleet=True))
+        return
+    if r is None and (c := check.by_key(rule)) is not None:  # (VC001 is VD010's alias: VD010 answers it)
+        sys.stdout.write(explain_text(c, check))
         return
     if r is None:
         _fail(f"no rule {rule!r}; `vllm-doctor rules` lists them")

@@ -32,6 +32,10 @@ class Severity(StrEnum):
 SEVERITY_ORDER = {s.value: i for i, s in enumerate(Severity)}
 
 
+#: SARIF's level of each severity (`vllm-doctor check`'s findings: error, warning, note): the one mapping
+SARIF_LEVELS: dict[Severity, str] = {Severity.info: "note", Severity.warning: "warning", Severity.critical: "error"}
+
+
 def severity_rank(severity: str) -> int:
     """The rank of a severity given as a member or its string (``"critical"`` -> 2)."""
     return SEVERITY_ORDER[severity]

@@ -15,9 +15,9 @@ Speed: a log is handled in blocks of complete lines; :class:`~vllm_doctor.ingest
 finds (with Hyperscan, at grep speed) the few lines any matcher could match (its keywords are
 derived from the matcher table), request-logging lines (user prompts) are skipped by their head,
 and only the rest are decoded and parsed, whatever wraps the log (CRI pieces are kept whole).
-Lines are still counted (``state.lines_total``) and those that gave no event are counted as
-unparsed (``state.unparsed_total``). UTF-16/32 logs with a byte-order mark are decoded to UTF-8
-first.
+Lines are still counted (``state.lines_total``) and those that gave no event are unparsed
+(:meth:`Pipeline.unparsed`: lines counted less lines parsed, per source). UTF-16/32 logs with a
+byte-order mark are decoded to UTF-8 first.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ def gib(b: float | None) -> float | None:
     return None if b is None else b / GiB
 
 
+def thousands(x: float | None) -> str | None:
+    """``79392`` -> ``"79,392"`` (the integer part); None if None."""
+    return None if x is None else f"{int(x):,}"
+
+
 def human_bytes(b: float | None) -> str | None:
     """Bytes as a person reads them: ``4.0 MiB``, ``24.00 GiB``; None if None."""
     if b is None:

@@ -18,7 +18,8 @@ import yaml
 from packaging.version import Version
 
 from vllm_doctor import versions
-from vllm_doctor.check.findings import RULES, CheckFinding
+from vllm_doctor.check.findings import CheckFinding, check_rule, sarif_level
+from vllm_doctor.findings import SARIF_LEVELS
 from vllm_doctor.check.launch import (Launch, flags_in, line_of, image_version, lint_launch, lint_shm, parsed_flags, read_ci, read_compose,
                      read_dockerfile, read_dotenv, read_k8s, read_shell, read_vllm_config, scan_modules)
 from vllm_doctor.check.launch import lint_visible_devices
@@ -27,7 +28,7 @@ from vllm_doctor.check.monitoring import lint_grafana, lint_promql_text, lint_ru
 NEWEST = "0.33.0"
 #: libyaml's safe loader when PyYAML was built with it (25x faster on a multi-megabyte manifest bundle)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-LEVEL_ORDER = {"note": 0, "warning": 1, "error": 2}
+LEVEL_ORDER = {level: severity.rank for severity, level in SARIF_LEVELS.items()}  # note 0, warning 1, error 2
 MONITORING_KINDS = ("prometheus-rules", "grafana", "promql", "markdown")
 
 
@@ -524,8 +525,8 @@ def to_sarif(results: list[CheckResult]) -> str:
     from vllm_doctor.about import __version__
 
     used = sorted({f.rule_id for r in results for f in r.findings})
-    rules = [{"id": rid, "name": RULES[rid][0], "shortDescription": {"text": RULES[rid][2]},
-              "defaultConfiguration": {"level": RULES[rid][1]}} for rid in used]
+    rules = [{"id": rid, "name": check_rule(rid).name, "shortDescription": {"text": check_rule(rid).title},
+              "defaultConfiguration": {"level": sarif_level(rid)}} for rid in used]
     res = []
     for r in results:
         for f in r.findings:

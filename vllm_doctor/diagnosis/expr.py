@@ -33,7 +33,7 @@ from simpleeval import EvalWithCompoundTypes
 
 from vllm_doctor.diagnosis.sentences import SENTENCES
 from vllm_doctor.errors import RuleLoadError
-from vllm_doctor.units import gib, human_bytes
+from vllm_doctor.units import gib, human_bytes, thousands
 from vllm_doctor.versions import flag_ranges_text
 
 
@@ -111,7 +111,7 @@ FUNCTIONS: dict[str, Callable] = {
     "first": _agg(lambda v: v[0]), "last": _agg(lambda v: v[-1]),
     "len": lambda xs: len(xs) if xs is not None else 0,
     "slope_per_hour": slope_per_hour, "percentile": percentile,
-    "thousands": lambda x: None if x is None else f"{int(x):,}",  # 79392 -> "79,392" (for '%s' messages)
+    "thousands": thousands,  # 79392 -> "79,392" (for '%s' messages)
     "coalesce": coalesce, "clamp": clamp, "floor_to": floor_to, "gib": gib, "human_bytes": human_bytes,
     "floor": _safe(lambda x: int(math.floor(x))), "ceil": _safe(lambda x: int(math.ceil(x))),
     "round": _safe(round), "int": _safe(int), "float": _safe(float), "abs": _safe(abs),

@@ -43,10 +43,14 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SEVERITIES = tuple(s.value for s in Severity)
 #: The longest expression a rule may hold (a condition, a value, a placeholder of a message): a
 #: sentence that needs more is built in Python (vllm_doctor/diagnosis/sentences.py)
-MAX_EXPRESSION_CHARS = 900
-#: What a rule judges: one deployment (its log, /metrics, GPUs: rules/VD0xx) or a fleet of
-#: replicas read back from Prometheus (rules/fleet/VD02x)
-SCOPES = ("deployment", "fleet")
+MAX_EXPRESSION_CHARS = 600
+#: What a rule judges: one deployment (its log, /metrics, GPUs: rules/VD0xx), a fleet of
+#: replicas read back from Prometheus (rules/fleet/VD02x), or a launch or monitoring file before
+#: vLLM runs (rules/check/VCnnn, VMnnn: `vllm-doctor check` finds them in Python; the YAML holds
+#: their id, name, severity and documentation)
+SCOPES = ("deployment", "fleet", "check")
+#: Fields every rule but a check rule must have (a check rule's findings are built by check/)
+_RULE_REQUIRED = ("when", "message")
 BASE_NAMES = set(FACT_NAMES) | {"t", "stats", "metrics", "engine_metrics", "window_seconds", "vllm_version", "engine",
                                  "gpu", "None", "True", "False", "unknown_flags", "defaulted"}
 TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
@@ -139,14 +143,14 @@ class Rule(Strict):
     escalate: list[Escalation] = Field(default_factory=list)  # the first whose `if` holds sets the severity
     category: str
     window: float | str | None = None  # seconds, "5m", "t.NAME", or None for the whole history
-    when: When
+    when: When = Field(default_factory=When)  # required but in scope "check" (_RULE_REQUIRED)
     unless: list[str] = Field(default_factory=list)
     # reported only when no other rule (that is not a fallback itself) fires: "nothing else explains it"
     fallback: bool = False
     windows: dict[str, WindowSpec] = Field(default_factory=dict)  # aggregates over the window, kept by the state
     values: dict[str, str] = Field(default_factory=dict)
     evidence: list[str] = Field(default_factory=list)
-    message: str | list[MessageCase]  # a template, or cases: the first whose `if` holds
+    message: str | list[MessageCase] = ""  # a template, or cases: the first whose `if` holds
     fixes: list[Fix] = Field(default_factory=list)
     checks: list[MessageCase] = Field(default_factory=list)  # diagnostic steps (not fixes), each with an optional `if`
     grade: str = "'inferred'"  # the evidence grade of its fixes (an expression), unless a fix says otherwise
@@ -156,7 +160,7 @@ class Rule(Strict):
     # other ids this rule answers to (another tool's id for the same check: VD010 is check's VC001)
     aliases: list[str] = Field(default_factory=list)
     source: str = ""
-    scope: Literal["deployment", "fleet"] = "deployment"  # set by the loader from where the file is
+    scope: Literal["deployment", "fleet", "check"] = "deployment"  # set by the loader from where the file is
 
     @cached_property
     def reads(self) -> frozenset[str]:
@@ -507,8 +511,9 @@ class _Types:
 def load_rule_file(path: Path, is_builtin: bool, thresholds: dict[str, float], scope: str = "deployment",
               scope_names: frozenset[str] | set[str] = frozenset()) -> Rule:
     """One rule file, validated. ``scope`` "deployment" (names: :data:`BASE_NAMES`, the state's
-    functions, event kinds) or "fleet" (names: ``scope_names``, the fleet namespace; evidence are
-    values). The one loader of both (fleet/rules.py calls it)."""
+    functions, event kinds), "fleet" (names: ``scope_names``, the fleet namespace; evidence are
+    values) or "check" (no condition nor message: check/ finds them). The one loader of all three
+    (fleet/rules.py and check/findings.py call it)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -527,6 +532,13 @@ def load_rule_file(path: Path, is_builtin: bool, thresholds: dict[str, float], s
         raise RuleLoadError(f"{path}: {loc}: {err['msg']}") from None
     except TypeError as e:
         raise RuleLoadError(f"{path}: {e}") from None
+    for required in _RULE_REQUIRED if scope != "check" else ():
+        if required not in raw:
+            raise RuleLoadError(f"{path}: {required}: Field required")
+    if scope == "check" and (rule.when.all or rule.when.any or rule.values or rule.windows or rule.message
+                             or rule.checks or rule.fixes or rule.collect or rule.escalate):
+        raise RuleLoadError(f"{path}: a check rule has no when, values, windows, message, checks, collect, fixes or "
+                            "escalate: `vllm-doctor check` finds it (vllm_doctor/check/)")
     if not re.fullmatch(r"[A-Z]{2,8}\d{3}", rule.id):
         raise RuleLoadError(f"{path}: id {rule.id!r} must be letters then 3 digits (VD001)")
     if is_builtin and not path.name.startswith(rule.id + "-"):

@@ -11,10 +11,12 @@ belongs here.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vllm_doctor.units import thousands
 from vllm_doctor.versions import flag_exists, flag_ranges_text
 
 #: name -> function; the names rules call (``unknown_flag_notes(uniq, vllm_version)``)
@@ -151,3 +153,132 @@ def issue_search_term(exc_type: str, message: str | None) -> str:
         if budget <= 0:
             break
     return " ".join(f'"{p}"' for p in out)
+
+
+@sentence
+def request_too_long_text(n: int, longest: int | None, limit: int | None, batched_bound: bool) -> str:
+    """What happened to the requests too long to serve (rule request-too-long): ignored by V0's
+    scheduler at its prompt limit (``batched_bound``), or rejected with HTTP 400."""
+    plural = "request" if n == 1 else "requests"
+    longest_text = "" if longest is None else f" (the longest {thousands(longest)} tokens"
+    if batched_bound:
+        if limit is None:
+            limit_text = ""
+        else:
+            limit_text = f", limit {thousands(limit)})" if longest is not None else f" of {thousands(limit)}"
+        return (f"vLLM's scheduler ignored {int(n)} {plural} whose prompt alone was over its prompt limit{longest_text}"
+                f"{limit_text}: each finished with no output. With chunked prefill off that limit is min(max_model_len, "
+                "max_num_batched_tokens), so a limit below the model's context is max_num_batched_tokens.")
+    if longest is None:
+        limit_text = ""
+    else:
+        limit_text = f", max_model_len {thousands(limit)})" if limit is not None else ")"
+    return f"vLLM rejected {int(n)} {plural} for length{longest_text}{limit_text}: each got an error (HTTP 400) instead of an answer."
+
+
+@sentence
+def startup_oom_after_weights(graphs: bool, in_capture: bool, fit_ratio: float | None, oom_free_gib: float | None,
+                              oom_tried_gib: float | None, oom_len: int | None, oom_mnbt: int | None) -> str:
+    """Which start-up step ran out of memory after the weights loaded (rule startup-oom): CUDA
+    graph capture, or the profiling run and how much of its batch fits."""
+    if graphs:
+        if in_capture:
+            return "The traceback runs through CUDA graph capture: the graphs did not fit next to the weights and the KV cache."
+        return ("The KV cache had been sized before it, so this is what comes after the profiling run: CUDA graph "
+                "capture or warm-up.")
+    text = ("No KV cache size was logged before it, so this is the profiling run of the longest batch (vLLM sizes the "
+            "KV cache after it and captures CUDA graphs after that), not the weights nor CUDA graphs: its activations "
+            "grow with the batch vLLM profiles (--max-num-batched-tokens, or --max-model-len where chunked prefill is "
+            "off).")
+    if fit_ratio is None:
+        return text
+    unsized = "" if oom_len or oom_mnbt else ": this log shows neither value, so no size can be computed"
+    return text + (f" At most {math.floor(fit_ratio * 100):.0f}% of that batch fits in what was free "
+                   f"({oom_free_gib:.2f} / {oom_tried_gib:.2f} GiB){unsized}.")
+
+
+@sentence
+def tensor_parallel_arithmetic(w_gib: float | None, tp_now: int, tp_need: int | None, max_ratio: float,
+                               dev_gib: float | None, tensor_parallel_size: int | None,
+                               parallel_size_seen: int | None) -> str:
+    """How the tensor-parallel size that fits the weights was found (rule startup-oom)."""
+    if tp_need is not None:
+        return (f"{w_gib:.2f} GiB of weights per GPU x {int(tp_now)} GPUs / {int(tp_need)} GPUs = "
+                f"{w_gib * tp_now / tp_need:.2f} GiB each, at most {int(max_ratio * 100)}% of the {dev_gib:.2f} GiB device")
+    if tensor_parallel_size is not None:
+        base = f"the next power of two above tensor_parallel_size {tensor_parallel_size}"
+    elif parallel_size_seen:
+        base = f"the next power of two above the {int(tp_now)} GPUs the worker processes show (at least {int(parallel_size_seen)})"
+    else:
+        base = "tensor_parallel_size 1 (the default; this log does not show it) x 2"
+    return base + " (the size of the weights is not in this log)"
+
+
+@sentence
+def kv_capacity_buys(kv_cache_memory_bytes: int | None, gpu_memory_utilization: float | None, gmu_max: float,
+                     kv_device: str | None, gmu_tokens: int | None, kv_cache_dtype: str | None,
+                     kv_cache_tokens: int | None, seqs_each: str) -> str:
+    """What each way of adding KV cache capacity buys (rule kv-capacity-bound), each ``;``-ended."""
+    out = ""
+    if not (kv_cache_memory_bytes is not None or gpu_memory_utilization is None or gpu_memory_utilization >= gmu_max
+            or kv_device == "CPU"):
+        gained = f"about {thousands(gmu_tokens)} KV cache tokens" if gmu_tokens else "5% of the device's memory for KV cache blocks"
+        out += f" --gpu-memory-utilization +0.05 buys {gained};"
+    if not (kv_cache_dtype not in (None, "auto") or kv_device == "CPU" or kv_cache_tokens is None):
+        out += f" --kv-cache-dtype fp8 about doubles the {thousands(kv_cache_tokens)} tokens;"
+    if kv_device != "CPU":
+        out += " a larger --tensor-parallel-size leaves each GPU less of the weights, the rest goes to KV cache blocks;"
+    if kv_cache_tokens is not None:
+        out += f" another replica behind the load balancer adds its own {thousands(kv_cache_tokens)} tokens{seqs_each}."
+    return out
+
+
+@sentence
+def kv_running_shrank(shrank: bool, counted_n: int | None, running_max: int | None, running_min: int | None,
+                      waiting_max: int | None) -> str:
+    """Running fell while the KV cache stayed full (rule kv-capacity-bound): what vLLM's preemption
+    counter (``counted_n``: None where no source counts) says of it; ``""`` when it did not fall."""
+    if not shrank:
+        return ""
+    fell = f"from {thousands(running_max)} to {thousands(running_min)} while the cache stayed full"
+    if counted_n == 0:
+        return (f" Running dipped {fell}, but vLLM counted no preemption in this window: requests finished, none "
+                "was preempted.")
+    if counted_n is None:
+        return (f" Running fell {fell} and up to {thousands(waiting_max)} requests waited: running requests were "
+                "probably preempted to make room (inferred: no source here counts preemptions).")
+    return f" Running fell {fell}."
+
+
+_RAISED_IN = {"engine-core": "the engine core", "worker": "a worker", "ray-actor": "a Ray worker actor",
+              "api-server": "the API server"}
+_PHASE = {"serving-step": "a model step while serving", "output-handler": "the output handler while serving",
+          "loading": "weight loading", "profiling": "the memory profiling run", "kv-cache": "KV cache allocation",
+          "graph-capture": "CUDA graph capture", "startup": "start-up", "worker-rpc": "its wait for a worker's step"}
+
+
+@sentence
+def exception_origin(raised_in: str | None, phase: str | None, ended: bool) -> str | None:
+    """``raised in a worker during weight loading, which ended that process`` (rule engine-dead);
+    None when neither the process nor the phase is known."""
+    if raised_in is None and phase is None:
+        return None
+    return ("raised in " + _RAISED_IN.get(raised_in, "a vLLM process")
+            + ("" if phase is None else " during " + _PHASE.get(phase, phase))
+            + (", which ended that process" if ended else ""))
+
+
+@sentence
+def killed_by_signal(code: int | None) -> str | None:
+    """What killed a vLLM process that exited with ``code`` < 0 (rule engine-dead), or None."""
+    if code is None:
+        return None
+    if code == -4:
+        return ("signal 4, SIGILL (illegal instruction): the CPU lacks an instruction this vLLM build or one of its "
+                "kernels uses (a wheel built for newer CPU features, e.g. AVX-512 or AMX, than this CPU has, or a "
+                "kernel that trips on this CPU model); run a vLLM build made for this CPU")
+    if code == -9:
+        return ('signal 9, SIGKILL: usually the kernel OOM killer (check `dmesg` or `journalctl -k` for "Out of '
+                'memory: Killed process"; in Kubernetes the container is OOMKilled): give vLLM more memory or make it '
+                "take less (fewer concurrent sequences, a smaller KV cache)")
+    return "signal " + str(-code) + " (see `kill -l " + str(-code) + "`)"

@@ -67,8 +67,7 @@ FAILED_START_KINDS = frozenset({"EngineFailure", "OutOfMemory", "GpuUnsupported"
 SAVED = frozenset(("config", "capacity", "memory", "vllm_version", "version_source", "engine", "unknown_flags",
                    "served", "oom_events_total", "_last_oom", "_log_preempt_base", "_log_preempt_cum",
                    "_v1_interval_sum", "_metrics_base", "_metrics_last", "preemptions_total",
-                   "preemptions_reported", "peak_running", "peak_waiting", "peak_kv", "lines_total",
-                   "unparsed_total"))
+                   "preemptions_reported", "peak_running", "peak_waiting", "peak_kv", "lines_total"))
 #: State attributes a checkpoint does not save, and why: a resumed sidecar rebuilds them from the
 #: data that follows (series, windows and kept events of the minutes after the restart), they are
 #: settings or caches, or they belong to the engine run the restart interrupted.
@@ -169,7 +168,8 @@ class State:
 
     Attributes used by sinks (see docs/CONTRACTS.md): ``facts()``, ``last_stats``,
     ``last_metrics``, ``gpus``, ``preemptions_total``, ``oom_events_total``, ``lines_total``,
-    ``unparsed_total``, ``vllm_version``, ``engine``, ``now``.
+    ``vllm_version``, ``engine``, ``now`` (the lines that gave no event are the pipeline's:
+    ``Pipeline.unparsed(source)``).
     """
 
     def __init__(self, max_window_seconds: float = 7200.0, max_items: int = 20000) -> None:
@@ -216,7 +216,6 @@ class State:
         self.peak_waiting: int | None = None
         self.peak_kv: float | None = None
         self.lines_total: dict[str, int] = defaultdict(int)
-        self.unparsed_total: dict[str, int] = defaultdict(int)
         self.oom_events_total = 0
         self._last_oom: tuple[float | None, int] | None = None  # (ts, lineno) of the last OOM line
         self.now: float | None = None
@@ -403,7 +402,7 @@ class State:
             metrics_last=self._metrics_last, preemptions_total=self.preemptions_total,
             preemptions_reported=self.preemptions_reported, peak_running=self.peak_running,
             peak_waiting=self.peak_waiting, peak_kv=self.peak_kv,
-            lines_total=dict(self.lines_total), unparsed_total=dict(self.unparsed_total))
+            lines_total=dict(self.lines_total))
 
     def restore(self, snap: StateSnapshot) -> None:
         """Put a :meth:`snapshot` back into a fresh State (a resumed sidecar continues its counters
@@ -428,7 +427,6 @@ class State:
         self.preemptions_reported = snap.preemptions_reported
         self.peak_running, self.peak_waiting, self.peak_kv = snap.peak_running, snap.peak_waiting, snap.peak_kv
         self.lines_total.update(snap.lines_total)
-        self.unparsed_total.update(snap.unparsed_total)
         if self.preemptions_reported:  # the window's base: preemptions before now are not "recent"
             self.preemption_timeline.append((None, self.preemptions_total))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictBool, StrictFloat, StrictInt, model_validator
 
 #: A configuration, capacity or memory value as vLLM logged it (a Python scalar).
 Scalar = StrictBool | StrictInt | StrictFloat | str | None
@@ -53,7 +53,15 @@ class StateSnapshot(BaseModel):
     peak_waiting: NonNegativeInt | None = None
     peak_kv: _Amount | None = None
     lines_total: dict[str, NonNegativeInt] = Field(default_factory=dict)
-    unparsed_total: dict[str, NonNegativeInt] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unparsed_total(cls, data: object) -> object:
+        """Version-2 files written before State lost ``unparsed_total`` (never written: always
+        ``{}``; the unparsed lines are the pipeline's, from ``sources``) are read without it."""
+        if isinstance(data, dict) and "unparsed_total" in data:
+            data = {k: v for k, v in data.items() if k != "unparsed_total"}
+        return data
 
 
 class SourceCounters(BaseModel):

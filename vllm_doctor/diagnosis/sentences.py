@@ -202,7 +202,7 @@ def tensor_parallel_arithmetic(w_gib: float | None, tp_now: int, tp_need: int | 
                                dev_gib: float | None, tensor_parallel_size: int | None,
                                parallel_size_seen: int | None) -> str:
     """How the tensor-parallel size that fits the weights was found (rule startup-oom)."""
-    if tp_need is not None:
+    if tp_need is not None and w_gib is not None:
         return (f"{w_gib:.2f} GiB of weights per GPU x {int(tp_now)} GPUs / {int(tp_need)} GPUs = "
                 f"{w_gib * tp_now / tp_need:.2f} GiB each, at most {int(max_ratio * 100)}% of the {dev_gib:.2f} GiB device")
     if tensor_parallel_size is not None:
@@ -263,7 +263,7 @@ def exception_origin(raised_in: str | None, phase: str | None, ended: bool) -> s
     None when neither the process nor the phase is known."""
     if raised_in is None and phase is None:
         return None
-    return ("raised in " + _RAISED_IN.get(raised_in, "a vLLM process")
+    return ("raised in " + _RAISED_IN.get(raised_in or "", "a vLLM process")
             + ("" if phase is None else " during " + _PHASE.get(phase, phase))
             + (", which ended that process" if ended else ""))
 

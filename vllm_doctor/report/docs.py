@@ -130,10 +130,10 @@ def rules_markdown(rs: RuleSet, fleet: RuleSet | None = None, check: RuleSet | N
         out += [f"| {r.id} | [`{r.name}`](#{r.id.lower()}-{r.name}) | {r.severity} | {r.title} |" for r in check.rules]
     for r in rs.rules:
         out += ["", f"## {r.name}", "", "```", explain_text(r, rs).rstrip(), "```"]
-    for r in (fleet.rules if fleet is not None else ()):
-        out += ["", f"## {r.name}", "", "```", explain_text(r, fleet, fleet=True).rstrip(), "```"]
-    for r in (check.rules if check is not None else ()):  # (ids in the headings: VC001's name is also VD010's)
-        out += ["", f"## {r.id} {r.name}", "", "```", explain_text(r, check).rstrip(), "```"]
+    for fr in (fleet,) if fleet is not None else ():
+        out += [ln for r in fr.rules for ln in ("", f"## {r.name}", "", "```", explain_text(r, fr, fleet=True).rstrip(), "```")]
+    for cr in (check,) if check is not None else ():  # (ids in the headings: VC001's name is also VD010's)
+        out += [ln for r in cr.rules for ln in ("", f"## {r.id} {r.name}", "", "```", explain_text(r, cr).rstrip(), "```")]
     return "\n".join(out) + "\n"
 
 

@@ -801,7 +801,7 @@ class Window:
         if self.start is None:
             return list(dq)
         if st._stats_unordered_seq < st._stats_seq - len(dq):  # every kept line timed, in order
-            return list(islice(dq, bisect_left(dq, self.start, key=_ts), None))
+            return list(islice(dq, bisect_left(dq, self.start, key=_ts), None))  # type: ignore[arg-type]  # every ts is set here
         return [s for s in dq if self._in(s.meta.ts)]
 
     def metrics(self) -> list[ev.VllmMetricsSample]:

@@ -637,3 +637,36 @@ def test_itl_is_per_token_when_chunks_arrive_together():
     assert len(res.itl_seconds) == 5
     assert len(set(res.itl_seconds)) == 1 and sum(res.itl_seconds) >= 0.05
     assert min(res.itl_seconds) >= 0.01
+
+
+def test_metrics_reader_retries_a_closed_connection_and_one_failed_read_is_not_the_runs_error():
+    """vLLM may close a kept-alive connection between two /metrics reads (httpx: RemoteProtocolError): the
+    read is tried once more. A read that fails among good ones is counted, and the run does not say
+    "/metrics not read" (it did, on vLLM 0.32 on CPU, though every later read worked)."""
+    import asyncio
+
+    import httpx
+
+    from vllm_doctor.loadtest.ladder import _MetricsReader
+
+    body = (ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32-cpu-preemption.txt").read_text()
+    answers = iter(["closed", "ok", "500", "ok"])
+
+    def handler(request):
+        a = next(answers)
+        if a == "closed":
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(500 if a == "500" else 200, text=body)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = _MetricsReader(client, "http://vllm/metrics")
+            first = await r.read()          # closed, then read again: a sample
+            assert first is not None and first.sample.num_preemptions_total == 105
+            assert (r.reads_ok, r.reads_failed, r.error) == (1, 0, None)
+            assert await r.read() is None   # HTTP 500: one failed read
+            assert await r.read() is not None
+            return r
+
+    r = asyncio.run(go())
+    assert (r.reads_ok, r.reads_failed, r.error, r.last_error) == (2, 1, None, "http://vllm/metrics: HTTP 500")

@@ -210,6 +210,10 @@ def _run_and_print(cfg, output: Path | None, chart: Path | None, format: OutForm
             print(f"KV cache: {result['kv_cache_tokens']:,} tokens ({V.cache_config_info})")
         if result.get("metrics_error"):
             print(f"/metrics not read ({result['metrics_error']}): preemptions and KV usage unknown")
+        elif (result.get("metrics_reads") or {}).get("failed"):
+            mr = result["metrics_reads"]
+            print(f"/metrics: {mr['failed']} of {mr['ok'] + mr['failed']} reads failed ({mr['last_error']}); "
+                  f"the server's figures come from the other {mr['ok']}")
         print(ladder_table(result))
         print("\n" + objectives_table(result))
         print("\n" + server_table(result))

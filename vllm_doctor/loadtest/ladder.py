@@ -471,25 +471,42 @@ def _recommend_rate(levels: list[LevelResult], knee: Knee, objectives: Objective
 class _MetricsReader:
     def __init__(self, client: httpx.AsyncClient, url: str | None, timeout_seconds: float = 10.0):
         self.client, self.url, self.timeout = client, url, min(10.0, timeout_seconds)
-        self.error: str | None = None
+        self.last_error: str | None = None
+        self.reads_ok = 0
+        self.reads_failed = 0
         self.last_text: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        """Why /metrics could not be read, when no read succeeded (a failed read among good ones
+        is :attr:`reads_failed`, not an error of the run)."""
+        return self.last_error if self.reads_ok == 0 else None
 
     async def read(self):
         if not self.url:
             return None
-        try:
-            async with asyncio.timeout(self.timeout):   # total: httpx's timeout is per read
-                r = await self.client.get(self.url, timeout=self.timeout)
-            if r.status_code != 200:
-                self.error = f"{self.url}: HTTP {r.status_code}"
-                return None
-            self.last_text = r.text
-            # off the event loop: vLLM's /metrics is about 50 KB, and parsing it there would hold back the
-            # streams being timed (their chunks then arrive "together")
-            return await asyncio.to_thread(parse_metrics, r.text, source=self.url)
-        except (httpx.HTTPError, TimeoutError) as e:
-            self.error = f"{self.url}: {type(e).__name__}"
-            return None
+        for attempt in (1, 2):
+            try:
+                async with asyncio.timeout(self.timeout):   # total: httpx's timeout is per read
+                    r = await self.client.get(self.url, timeout=self.timeout)
+                break
+            except httpx.RemoteProtocolError as e:   # the server closed a kept-alive connection: once more
+                if attempt == 2:
+                    return self._failed(f"{self.url}: {type(e).__name__}")
+            except (httpx.HTTPError, TimeoutError) as e:
+                return self._failed(f"{self.url}: {type(e).__name__}")
+        if r.status_code != 200:
+            return self._failed(f"{self.url}: HTTP {r.status_code}")
+        self.reads_ok += 1
+        self.last_text = r.text
+        # off the event loop: vLLM's /metrics is about 50 KB, and parsing it there would hold back the
+        # streams being timed (their chunks then arrive "together")
+        return await asyncio.to_thread(parse_metrics, r.text, source=self.url)
+
+    def _failed(self, why: str) -> None:
+        self.reads_failed += 1
+        self.last_error = why
+        return None
 
 
 def _cache_tokens(parsed) -> int | None:
@@ -779,6 +796,7 @@ async def run_ladder(cfg: LadderConfig, on_level_start: Callable[[float, int | N
     knee = find_knee(levels, cfg.knee_gain)
     rec = recommend(levels, knee, kv_tokens, cfg.objectives)
     out = result_dict(cfg, model, levels, knee, rec, kv_tokens, metrics.error)
+    out["metrics_reads"] = {"ok": metrics.reads_ok, "failed": metrics.reads_failed, "last_error": metrics.last_error}
     out["vllm_version"] = vllm_version   # `bench compare` refuses runs of different versions
     out["simulated"] = bool(vllm_version and "simulated" in vllm_version)
     out["workload"] = workload.describe()

@@ -670,3 +670,20 @@ def test_metrics_reader_retries_a_closed_connection_and_one_failed_read_is_not_t
 
     r = asyncio.run(go())
     assert (r.reads_ok, r.reads_failed, r.error, r.last_error) == (2, 1, None, "http://vllm/metrics: HTTP 500")
+
+
+def test_the_recommended_level_itself_met_the_objectives():
+    """The highest level that passed (8) lies above an UNDECIDED one (4), and the KV cache holds 4 of these
+    requests: min(8, 4) = 4 was recommended though level 4 did not clearly meet the objective (the e2e
+    ladder against vLLM 0.32 on CPU did this). The answer is the highest level at or below it that did: 2."""
+    from vllm_doctor.loadtest.ladder import find_knee, recommend
+    from vllm_doctor.loadtest.objectives import Objectives
+
+    levels = [_level(1, 300, [150] * 16), _level(2, 450, [250] * 16),
+              _level(4, 600, [400] * 15 + [520]), _level(8, 700, [300] * 16)]
+    obj = Objectives(ttft_p99_ms=500, itl_p99_ms=100)
+    rec = recommend(levels, find_knee(levels, 0.10), 4 * 30, obj)   # 30 tokens a request: the KV cache holds 4
+    text = "\n".join(rec.arithmetic)
+    assert "= min(8 (the highest level that met every objective), 4 (what the KV cache holds for these requests)) = 4" in text
+    assert "4 concurrent requests was UNDECIDED on the objectives: 2, the highest level below it that met them" in text
+    assert rec.value == 2

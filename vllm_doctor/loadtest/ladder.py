@@ -441,6 +441,21 @@ def recommend(levels: list[LevelResult], knee: Knee, kv_cache_tokens: int | None
         return Recommendation("--max-num-seqs", None, "no level completed: nothing to recommend", lines)
     value, what, reason = min(candidates, key=lambda c: c[0])  # a tie: the first named (knee, KV, preemption)
     lines.append(f"--max-num-seqs = min({', '.join(f'{v} ({w})' for v, w, _ in candidates)}) = {value}")
+    if objectives is not None and objectives.items():
+        # a level that was run at that value must itself have met the objectives (the highest level that
+        # did may lie above one that failed or stayed UNDECIDED): else the highest below it that did
+        status = {lv.concurrency: level_status(judge(asdict(lv), objectives)) for lv in levels if lv.completed}
+        if status.get(value, "PASS") != "PASS":
+            passed = max((c for c, st in status.items() if c < value and st == "PASS"), default=None)
+            lines.append(f"{value} concurrent requests was {status[value]} on the objectives: "
+                         + (f"{passed}, the highest level below it that met them" if passed else "no level below it met them"))
+            if passed is None:
+                limit, lwhy, line = _limit_line(levels, None)
+                return Recommendation("--max-num-seqs", None, f"{value} concurrent requests was {status[value]} on the "
+                                      "objectives and no lower level met them: try lower levels or more requests per "
+                                      "level (--requests)", lines + ([line] if line else []), limit, lwhy)
+            value, what = passed, "the highest level at or below that which met every objective"
+            reason = f"the level above it did not clearly meet the objectives ({objectives.describe()})"
     limit, lwhy, line = _limit_line(levels, value)
     if line:
         lines.append(line)

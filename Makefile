@@ -60,7 +60,7 @@ lint: setup
 # and assertion-rewrote every test module again (collection 7.0 s of CPU, 2.6 s with the cache)
 # and every `vllm-doctor` the tests start compiled the package from source.
 test-fast: setup
-	env -u PYTHONDONTWRITEBYTECODE VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -m "not e2e and not slow" -p no:cacheprovider
+	env -u PYTHONDONTWRITEBYTECODE VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -m "not e2e and not slow" -p no:cacheprovider -n 2
 
 test-quick: setup
 	VLLM_DOCTOR_SKIP_E2E=1 $(BIN)/python -m pytest -q -x

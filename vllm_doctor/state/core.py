@@ -612,7 +612,7 @@ class State:
         if last is None or last[0] != e.meta.ts or e.meta.ts is None and last[1] + 50 < e.meta.lineno:
             self.oom_events_total += 1
         self._last_oom = (e.meta.ts, e.meta.lineno)
-        self.keep("OutOfMemory:" + e.phase, e)  # a phase selector (events.PHASE_SELECTORS)
+        self.keep(f"OutOfMemory:{e.phase}", e)  # a phase selector (events.PHASE_SELECTORS); apply set the phase
 
     def _on_ExceptionRaised(self, e: ev.ExceptionRaised) -> None:
         if self.engine is None and e.exc_type.startswith("vllm.v1."):

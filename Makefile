@@ -73,6 +73,7 @@ bundle: setup
 
 docs: setup
 	$(BIN)/vllm-doctor rules --format markdown > docs/rules.md
+	$(BIN)/python -m vllm_doctor.report.docs --write-check-table docs/check.md
 
 # requirements.lock: every runtime dependency pinned, with hashes, for images and installs
 # (pip install --require-hashes -r requirements.lock). Run after changing pyproject.toml's

@@ -301,6 +301,21 @@ def test_demo_log_in_readme_exists():
     assert (ROOT / demo).is_file()
 
 
+def test_docs_check_md_findings_table_is_generated_from_the_check_rules():
+    """docs/check.md's table of findings is made from rules/check/ (make docs), not written by hand:
+    every check rule has its row with its SARIF level, and nothing else is in the table."""
+    from vllm_doctor.report.docs import CHECK_TABLE_BEGIN, CHECK_TABLE_END, check_ruleset, with_check_table
+
+    text = (ROOT / "docs" / "check.md").read_text()
+    assert with_check_table(text, check_ruleset()) == text, "run: make docs"
+    table = text.split(CHECK_TABLE_BEGIN)[1].split(CHECK_TABLE_END)[0]
+    ids = [ln.split("|")[1].strip() for ln in table.strip().splitlines()[2:]]
+    assert ids == [r.id for r in check_ruleset().rules] and len(ids) == 21
+    assert "| VM006 | [`not-a-vllm-series`](rules.md#vm006-not-a-vllm-series) | info | note |" in table
+    with pytest.raises(ValueError, match="lost the markers"):
+        with_check_table(text.replace(CHECK_TABLE_END, ""), check_ruleset())
+
+
 def test_docs_rules_md_is_generated_from_the_rules():
     rc, out, _ = run("rules", "--format", "markdown")
     assert rc == 0 and out == (ROOT / "docs" / "rules.md").read_text(), "run: vllm-doctor rules --format markdown > docs/rules.md"

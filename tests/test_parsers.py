@@ -230,6 +230,11 @@ def test_a_held_oom_reaches_the_state_in_serve_before_any_evaluation():
     assert pipe.state.oom_events_total == 0  # held: the next lines may tell its phase
     pipe.evaluate()
     assert pipe.state.oom_events_total == 1 and pipe.state.run_total("OutOfMemory:startup") == 1
+    # the phase is the event's own field from the state on (the parser left it undecided: None),
+    # in the kind's ring, the phase selector's ring and the timeline alike (issue 26 item 3)
+    kept = pipe.state.run_events("OutOfMemory")
+    assert [e.phase for e in kept] == ["startup"]
+    assert pipe.state.run_events("OutOfMemory:startup") == kept
 
 
 # ---- start-up tracebacks cut before their error (corpus 012, 026)

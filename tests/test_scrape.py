@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import math
 import pytest
 
 from serve_helpers import Pages, timeline_pages
@@ -152,3 +153,22 @@ def test_the_state_computes_the_signals_once_on_the_samples_clock():
     p.observe(parse_metrics(PREEMPT, now=1_600.0).sample)
     p.observe(parse_metrics(PREEMPT, now=1_601.0).sample)
     assert sig.ttft_quantiles == {} and sig.prefix_cache_hit_ratio is None
+
+
+def test_the_rules_window_and_the_sidecar_window_use_the_same_signal_arithmetic():
+    """quantile_between / hit_ratio_between are what Signals, the rules' ttft_p99() and the
+    prefix-cache collapse series compute with (issue 26 item 3: one signals layer)."""
+    from vllm_doctor.state.signals import hit_ratio_between, quantile_between
+
+    old = ((0.5, 10.0), (1.0, 20.0), (math.inf, 20.0))
+    new = ((0.5, 10.0), (1.0, 120.0), (math.inf, 120.0))  # 100 observations, all in (0.5, 1]
+    assert quantile_between(0.99, old, new) == pytest.approx(0.5 + 0.5 * 99 / 100)
+    assert quantile_between(0.99, new, new) is None  # nothing observed in between
+    w = HistogramWindow(300.0)
+    w.add(0.0, old)
+    w.add(60.0, new)
+    assert w.quantile(0.99) == quantile_between(0.99, old, new)
+    assert hit_ratio_between(100.0, 40.0, 300.0, 90.0) == pytest.approx(50 / 200)
+    assert hit_ratio_between(300.0, 90.0, 300.0, 90.0) is None  # no query in between
+    assert hit_ratio_between(300.0, 90.0, 100.0, 10.0) is None  # a reset: the counters fell
+    assert hit_ratio_between(100.0, 40.0, 110.0, 60.0) is None  # more hits than queries: not vLLM's counters

@@ -592,3 +592,20 @@ EVENT_KINDS: dict[str, type] = {
 
 for _cls in (Meta, EngineMetrics, *EVENT_KINDS.values()):
     _fast_init(_cls)
+
+
+def _phases(cls: type) -> tuple[str, ...]:
+    """The values of ``cls``'s ``phase`` field when it is typed ``Literal[...] | None`` (else ())."""
+    import typing
+
+    hint = typing.get_type_hints(cls).get("phase")
+    lits = [a for a in typing.get_args(hint) if typing.get_origin(a) is typing.Literal]
+    return tuple(v for lit in lits for v in typing.get_args(lit))
+
+
+#: Kind selectors by phase: ``OutOfMemory:startup`` names the OutOfMemory events whose ``phase``
+#: field is "startup" (the state sets the field on every such event it applies, see
+#: State.resolve_phase); rules read them like a kind (``exists('OutOfMemory:startup')``), and the
+#: state counts and keeps them apart. Derived from the events' ``phase: Literal[...]`` fields.
+PHASE_SELECTORS: frozenset[str] = frozenset(
+    f"{name}:{phase}" for name, cls in EVENT_KINDS.items() for phase in _phases(cls))

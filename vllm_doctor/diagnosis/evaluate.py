@@ -19,7 +19,7 @@ from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fix
 from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix, by_severity
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
-from vllm_doctor.state.signals import histogram_quantile
+from vllm_doctor.state.signals import quantile_between
 from vllm_doctor.state.windows import WindowAggregate
 from vllm_doctor.versions import flag_exists, flag_first_version, parse_version
 from vllm_doctor.diagnosis.expr import Evaluator, compile_line, names_in, parse_expr
@@ -515,13 +515,7 @@ class RuleEngine:
         def ttft_p99() -> float | None:
             """TTFT p99 (seconds) over the window, from the first and last /metrics samples."""
             ms = [m for m in win.metrics() if m.ttft_buckets]
-            if len(ms) < 2:
-                return None
-            old = dict(ms[0].ttft_buckets)
-            diff = tuple((le, c - old.get(le, 0.0)) for le, c in ms[-1].ttft_buckets)
-            if not diff or diff[-1][1] <= 0:
-                return None
-            return histogram_quantile(0.99, diff)
+            return quantile_between(0.99, ms[0].ttft_buckets, ms[-1].ttft_buckets) if len(ms) >= 2 else None
 
         funcs = dict(
             count=count, total=total, exists=exists, recent=recent, last_event=last_event,

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vllm_doctor.errors import RuleLoadError
 from vllm_doctor.findings import Severity
-from vllm_doctor.events import EVENT_KINDS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
+from vllm_doctor.events import EVENT_KINDS, PHASE_SELECTORS, EngineMetrics, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.state.core import FACT_NAMES
 from vllm_doctor.state.windows import GpuMemory
 from vllm_doctor.textscan import top_level
@@ -64,7 +64,7 @@ def split_placeholder(inner: str) -> tuple[str, str | None]:
     if cut >= 0 and _SPEC_RE.fullmatch(inner[cut + 1 :]):
         return inner[:cut], inner[cut + 1 :]
     return inner, None
-DERIVED_KINDS = {"OutOfMemory:startup", "OutOfMemory:runtime"}
+DERIVED_KINDS = PHASE_SELECTORS  # ``Kind:phase`` selectors (events.PHASE_SELECTORS)
 
 
 class Strict(BaseModel):

@@ -29,7 +29,7 @@ import re
 from bisect import bisect_left
 
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -300,6 +300,8 @@ class State:
             self.startups.seen(ts)
         if kind in FAILED_START_KINDS:
             self.startups.failed()
+        if kind == "OutOfMemory" and e.phase is None:
+            e = self.resolve_phase(e)
         handler = self._handlers.get(kind, self)
         if handler is self:  # first event of this kind: look its handler up once
             handler = self._handlers[kind] = getattr(self, "_on_" + kind, None)
@@ -312,6 +314,12 @@ class State:
             self.totals[kind] += 1
         if self.now != self._trimmed_at:
             self._trim()
+
+    def resolve_phase(self, e: ev.OutOfMemory) -> ev.OutOfMemory:
+        """``e`` with its ``phase`` set when its traceback did not tell it: "runtime" once the
+        engine served (requests or stats lines seen), else "startup". Every OOM the state keeps,
+        the timeline notes and a rule reads has its phase in its own field."""
+        return replace(e, phase="runtime" if self.served else "startup")
 
     def keep(self, kind: str, e: Any) -> None:
         """Count one event of ``kind`` and keep it in the kind's capped ring."""
@@ -604,8 +612,7 @@ class State:
         if last is None or last[0] != e.meta.ts or e.meta.ts is None and last[1] + 50 < e.meta.lineno:
             self.oom_events_total += 1
         self._last_oom = (e.meta.ts, e.meta.lineno)
-        phase = e.phase or ("runtime" if self.served else "startup")
-        self.keep("OutOfMemory:" + phase, e)
+        self.keep(f"OutOfMemory:{e.phase}", e)  # a phase selector (events.PHASE_SELECTORS); apply set the phase
 
     def _on_ExceptionRaised(self, e: ev.ExceptionRaised) -> None:
         if self.engine is None and e.exc_type.startswith("vllm.v1."):

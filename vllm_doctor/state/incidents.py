@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_doctor.state.signals import hit_ratio_between
+
 
 @dataclass(frozen=True)
 class QueueGrowth:
@@ -94,10 +96,10 @@ def prefix_collapse(stats: list, metrics: list, collapse_ratio: float) -> Prefix
         source = "metrics"
         ms = [m for m in metrics if m.prefix_cache_queries_total is not None and m.prefix_cache_hits_total is not None]
         for a, b in zip(ms, ms[1:]):
-            q = b.prefix_cache_queries_total - a.prefix_cache_queries_total
-            h = b.prefix_cache_hits_total - a.prefix_cache_hits_total
-            if q > 0 and 0 <= h <= q:
-                series.append((h / q, b.kv_cache_usage_ratio, b))
+            ratio = hit_ratio_between(a.prefix_cache_queries_total, a.prefix_cache_hits_total,
+                                      b.prefix_cache_queries_total, b.prefix_cache_hits_total)
+            if ratio is not None:
+                series.append((ratio, b.kv_cache_usage_ratio, b))
     if len(series) < 2:
         return None
     peak = max(r for r, _, _ in series)

@@ -2,8 +2,9 @@
 the state applies them, on the samples' own clock: the TTFT quantiles over the recent window
 (``histogram_quantile(q, rate(h[window]))``) and the prefix cache hit ratio over it (hits / queries
 of the window). The scraper only parses; the sidecar's /metrics, /api/state and ``watch`` read
-:class:`Signals` (``state.signals``), and the rules' ``ttft_p99()`` the same
-:func:`histogram_quantile` over their own window.
+:class:`Signals` (``state.signals``); the rules' ``ttft_p99()`` (:func:`quantile_between`) and the
+prefix-cache collapse series (:func:`hit_ratio_between`) read the same arithmetic over their own
+window.
 """
 
 from __future__ import annotations
@@ -37,6 +38,32 @@ def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...] | list
     return prev_le
 
 
+def buckets_delta(old: tuple[tuple[float, float], ...] | list,
+                  new: tuple[tuple[float, float], ...] | list) -> tuple[tuple[float, float], ...]:
+    """What a cumulative histogram counted between two scrapes: ``new`` minus ``old``, bucket by
+    bucket (a bucket ``old`` lacks counts from 0)."""
+    before = dict(old)
+    return tuple((le, c - before.get(le, 0.0)) for le, c in new)
+
+
+def quantile_between(q: float, old: tuple[tuple[float, float], ...] | list,
+                     new: tuple[tuple[float, float], ...] | list) -> float | None:
+    """The q-quantile of what a histogram observed between two scrapes (``old`` then ``new``,
+    cumulative buckets); None when it observed nothing in between."""
+    diff = buckets_delta(old, new)
+    if not diff or diff[-1][1] <= 0:
+        return None
+    return histogram_quantile(q, diff)
+
+
+def hit_ratio_between(queries_before: float, hits_before: float, queries: float, hits: float) -> float | None:
+    """Prefix cache hits / queries between two readings of vLLM's counters
+    (``prefix_cache_queries_total``, ``prefix_cache_hits_total``); None when nothing was queried in
+    between or the counters do not add up (a reset: hits fell, or more hits than queries)."""
+    q, h = queries - queries_before, hits - hits_before
+    return h / q if q > 0 and 0 <= h <= q else None
+
+
 class HistogramWindow:
     """Quantiles of a cumulative histogram over the last ``window_seconds``, like
     ``histogram_quantile(q, rate(h[window]))``: the newest snapshot minus the newest one at
@@ -65,8 +92,7 @@ class HistogramWindow:
         new = self._snaps[-1][1]
         if len(self._snaps) == 1:
             return new
-        old = dict(self._snaps[0][1])
-        return tuple((le, c - old.get(le, 0.0)) for le, c in new)
+        return buckets_delta(self._snaps[0][1], new)
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (seconds) over the window; None with no observation in it."""
@@ -109,5 +135,4 @@ class Signals:
             while len(pw) > 2 and pw[1][0] <= t - self.window_seconds:
                 pw.popleft()
             base = pw[0] if len(pw) > 1 else (t, 0.0, 0.0)
-            dq, dh = pw[-1][1] - base[1], pw[-1][2] - base[2]
-            self.prefix_cache_hit_ratio = (dh / dq) if dq > 0 else None
+            self.prefix_cache_hit_ratio = hit_ratio_between(base[1], base[2], pw[-1][1], pw[-1][2])

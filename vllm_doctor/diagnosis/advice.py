@@ -346,9 +346,17 @@ class BalanceCriteria:
     def saturated(self, kv: float | None, waiting: float | None) -> bool:
         return kv is not None and kv >= self.full_ratio and (waiting or 0) >= self.waiting_min
 
+    def spare_kv(self, kv: float | None) -> bool:
+        """KV cache clearly below full."""
+        return kv is None or kv < self.room_ratio
+
+    def short_queue(self, waiting: float | None, hot_waiting: float) -> bool:
+        """A queue an order of magnitude shorter than ``hot_waiting`` (the saturated member's), or none."""
+        return (waiting or 0) <= self.queue_ratio * hot_waiting
+
     def room(self, kv: float | None, waiting: float | None, hot_waiting: float) -> bool:
         """Room beside a saturated member whose queue is ``hot_waiting``."""
-        return (kv is None or kv < self.room_ratio) and (waiting or 0) <= self.queue_ratio * hot_waiting
+        return self.spare_kv(kv) and self.short_queue(waiting, hot_waiting)
 
     def idle(self, kv: float | None, waiting: float | None) -> bool:
         return (waiting or 0) < self.waiting_min and (kv is None or kv < self.idle_ratio)

@@ -39,13 +39,16 @@ HEALTHY_CAPTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32-cpu-basic
 
 EXPECTED = {  # replica -> the rules that must fire on it (and nothing else)
     **{f"fleet/vllm-{i:03d}": {"preemption-storm"} for i in (0, 1, 2)},
+    # KV cache full with a queue while the healthy replicas ran at 30-60 % with none: also the hot
+    # side of replica-imbalance (their kv-capacity-bound gives no capacity fix)
     **{f"fleet/vllm-{i:03d}": {"kv-capacity-bound"} for i in (3, 4, 5)},
     **{f"fleet/vllm-{i:03d}": {"prefill-blocking"} for i in (6, 7)},
     # saturated while others idle: their own KV cache is full with a queue (kv-capacity-bound),
     # and the fleet rule names them as the hot replicas of the imbalance
     **{f"fleet/vllm-{i:03d}": {"kv-capacity-bound"} for i in (8, 9)},
-    # engine 0 full, engine 1 idle: VD026 per replica; engine-imbalance names it
-    "fleet/vllm-014": {"data-parallel-imbalance", "kv-capacity-bound"},
+    # engine 0 full, engine 1 idle: VD026 per replica (from the first saturated sample, so no
+    # kv-capacity-bound before it); engine-imbalance names it
+    "fleet/vllm-014": {"data-parallel-imbalance"},
     "live/dead": {"engine-dead"},  # from its sidecar (vllm_doctor_finding_active)
 }
 
@@ -128,9 +131,16 @@ def test_names_exactly_the_replicas_in_trouble_and_their_incident(prometheus):
     fleet = {f["name"]: f for f in rep["findings"] if "VD020" <= f["rule_id"] <= "VD025"}  # rules/fleet/
     assert set(fleet) == {"replica-imbalance", "engine-imbalance", "latency-objective-missed"}
     imb = fleet["replica-imbalance"]
-    assert sorted(e["source"] for e in imb["evidence"]) == ["prometheus:fleet/vllm-008", "prometheus:fleet/vllm-009"]
-    assert ("4 of 26 replicas (fleet/vllm-010, fleet/vllm-011, fleet/vllm-012, fleet/vllm-013) sat idle"
-            in imb["message"])
+    # two episodes, each of saturated replicas beside others with room: 003-005 (KV cache full, 115
+    # waiting, for 45 min) while the healthy ones ran at 30-60 % with no queue, the longest; 008-009
+    # while 010-013 idled. Every saturated replica is the router's, not its KV cache's
+    assert sorted(e["source"] for e in imb["evidence"]) == [f"prometheus:fleet/vllm-{i:03d}" for i in (3, 4, 5, 8, 9)]
+    msg = " ".join(imb["message"].split())
+    assert "For 45 min" in msg and "3 replica(s) (fleet/vllm-003, fleet/vllm-004, fleet/vllm-005)" in msg, msg
+    assert "had room (KV cache 30-60 %, no request waiting) (2 such episodes; this is the longest)" in msg, msg
+    routed = {f["values"]["replica"] for f in rep["findings"] if f["name"] == "kv-capacity-bound"
+              and f["severity"] == "info" and not f["fixes"] and "(replica-imbalance): the router" in f["message"]}
+    assert routed == {f"fleet/vllm-{i:03d}" for i in (3, 4, 5, 8, 9)}
     assert "fleet/vllm-014 engine(s) 0" in fleet["engine-imbalance"]["message"]
     assert "TTFT p99" in fleet["latency-objective-missed"]["message"]
     # the per-replica findings carry their replica and the fixes of the same rules as diagnose

@@ -51,7 +51,8 @@ def judge(reps: list[Replica], latency: dict | None = None) -> dict[str, object]
 
 
 N = 80  # 20 minutes of 15 s steps
-BUSY = [(10, 0, 0.5, 0)] * N
+BUSY = [(10, 0, 0.85, 0)] * N  # near full, nothing waiting: no room to take a saturated replica's queue
+ROOM = [(10, 2, 0.5, 0)] * N  # half its KV cache free, 2 waiting: room beside HOT's 40
 IDLE = [(0, 0, 0.02, 0)] * N
 HOT = [(35, 40, 1.0, 0)] * N
 
@@ -90,7 +91,8 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     assert set(got) == {"replica-imbalance"}
     f = got["replica-imbalance"]
     assert [e.source for e in f.evidence] == ["prometheus:llm/hot"]
-    assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas (llm/idle) sat idle" in " ".join(f.message.split())
+    assert "1 replica(s) (llm/hot)" in f.message and "1 of 3 replicas (llm/idle) idled (KV cache 2 %, no request waiting)" \
+        in " ".join(f.message.split())
     assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
     # its real first and last seen: hot only from step 20 to 59 of 80
     f = judge([replica("hot", BUSY[:20] + HOT[:40] + BUSY[:20]), replica("idle", IDLE)])["replica-imbalance"]
@@ -98,6 +100,21 @@ def test_replica_imbalance_fires_on_hot_while_idle_and_not_while_busy():
     # shorter than fleet_imbalance_min_seconds: not yet an imbalance
     short = int(T["fleet_imbalance_min_seconds"] / STEP) - 2
     assert "replica-imbalance" not in judge([replica("hot", HOT[:short] + BUSY[short:]), replica("idle", IDLE)])
+
+
+def test_a_replica_with_room_that_does_not_idle_is_the_other_side_of_an_imbalance():
+    """A replica at half its KV cache with 2 requests waiting beside one full with 40 waiting has
+    room (the bench's stats8 shape across replicas): the router is the fault, though it never
+    idled. With a queue of the same order (30 waiting) or its KV cache near full, it has none."""
+    f = judge([replica("hot", HOT), replica("room", ROOM)])["replica-imbalance"]
+    msg = " ".join(f.message.split())
+    assert "1 of 2 replicas (llm/room) had room (KV cache 50 %, at most 2 waiting)" in msg, msg
+    assert "replica-imbalance" not in judge([replica("hot", HOT), replica("queued", [(10, 30, 0.5, 0)] * N)])
+    assert "replica-imbalance" not in judge([replica("hot", HOT), replica("busy", BUSY)])
+    dp = replica("dp", HOT, engine="0")
+    replica("dp", ROOM, engine="1", rep=dp)
+    got = judge([dp])
+    assert "had room (KV cache 50 %, at most 2 waiting) at the same moments" in " ".join(got["engine-imbalance"].message.split())
 
 
 def test_imbalance_is_decided_at_a_moment_not_summed_over_the_range():
@@ -118,7 +135,7 @@ def test_imbalance_is_decided_at_a_moment_not_summed_over_the_range():
     f = judge([replica("hot", hot), replica("c", c), replica("d", d)])["replica-imbalance"]
     msg = " ".join(f.message.split())
     assert msg.startswith("For 15 min from 2027-01-15 08:00 UTC 1 replica(s) (llm/hot)"), msg
-    assert "1 of 3 replicas (llm/c) sat idle" in msg and "(2 such episodes; this is the longest)" in msg
+    assert "1 of 3 replicas (llm/c) idled" in msg and "(2 such episodes; this is the longest)" in msg
     assert (f.first_seen, f.last_seen) == (1_800_000_000, 1_800_000_000 + (e1 + 40 + e2 - 1) * STEP)
 
 

@@ -207,7 +207,7 @@ def test_fleet_text_report_lists_each_finding_once_after_the_replica_table(monke
     # hot replicas beside idle ones: the headline names the imbalance, whose first step (route on load) is the
     # fix, and the hot replicas' kv-capacity-bound follows (issue 20 item 4)
     head = text.splitlines()[0]
-    assert head.startswith("WARNING replica-imbalance: Some replicas are saturated while others sit idle"), head
+    assert head.startswith("WARNING replica-imbalance: Some replicas are saturated while others have room"), head
     assert head.endswith("1 more finding: kv-capacity-bound"), head
     assert text.index("Replicas (8)") < text.index("Findings (")
     assert text.count("VD004 kv-capacity-bound") == 1

@@ -407,6 +407,28 @@ def test_kv_capacity_bound_silent_on_a_busy_healthy_server(tmp_path):
     assert not findings(diagnose_file(p))
 
 
+def test_two_saturated_engines_beside_six_with_room_is_imbalance_not_capacity(tmp_path):
+    """bench/gen_log.py --shape stats8: for an hour engines 000 and 001 sit at 98-100 % KV cache
+    with 100-400 waiting while 002-007 run at 20-70 % with 0-2 waiting. Six engines have KV cache
+    to spare: the routing is the fault (data-parallel-imbalance), not the KV cache size
+    (kv-capacity-bound, whose --gpu-memory-utilization led the report), also in the storm's last
+    minutes, while its saturated lines are still in the window."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_log import generate_stats8
+
+    p = tmp_path / "dp8.log"
+    with open(p, "w") as fh:
+        generate_stats8(0, fh, seed=1, storm_at=0.4, span=3 * 3600)  # storm from 1:12 to 2:12, quiet after
+    rep = diagnose_file(p)
+    assert [f.name for f in rep.findings] == ["data-parallel-imbalance"]
+    f = rep.findings[0]
+    assert "engine 0 (" in f.message and "engine 1 (" in f.message
+    assert "while engines 2, 3, 4, 5, 6 and 7 had room (KV cache 20-70 %, at most 2 waiting)" in f.message
+    assert "idled" not in f.message and not f.fixes
+
+
 def test_gpu_memory_utilization_fix_shows_the_cap_in_its_arithmetic(tmp_path):
     # 0.92 + 0.05 is 0.97, but the fix stops at 0.95: the arithmetic shown must give the value recommended
     p = tmp_path / "vllm.log"

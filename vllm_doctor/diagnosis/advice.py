@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.plan.capacity import concurrency_at_length, max_num_seqs_that_fit
@@ -319,21 +320,77 @@ def concurrency(stats: list, metrics: list, kv_cache_tokens: int | None, max_mod
 
 
 @dataclass(frozen=True)
+class BalanceCriteria:
+    """When one member of a group (a data-parallel engine of a server, a replica of a fleet) is
+    saturated while another has room: the one test of data-parallel-imbalance (VD026),
+    replica-imbalance and engine-imbalance (rules/thresholds.yaml names each figure).
+
+    *Saturated*: the KV cache full (``kv_cache_full_ratio``) with requests waiting
+    (``waiting_min``). *Room*: the KV cache clearly below full (under ``balance_room_kv_ratio``)
+    and a queue an order of magnitude shorter than the saturated member's (at most
+    ``balance_queue_ratio`` of it), or none. *Idle* (room with nothing running to speak of: no
+    request waiting, KV cache under ``fleet_idle_kv_ratio``) only changes the words. Members all
+    near full with similar queues are capacity, not imbalance: none of them has room."""
+
+    full_ratio: float
+    waiting_min: float
+    room_ratio: float
+    queue_ratio: float
+    idle_ratio: float
+
+    @classmethod
+    def from_thresholds(cls, t: Mapping[str, float]) -> BalanceCriteria:
+        return cls(t["kv_cache_full_ratio"], t["waiting_min"], t["balance_room_kv_ratio"], t["balance_queue_ratio"],
+                   t["fleet_idle_kv_ratio"])
+
+    def saturated(self, kv: float | None, waiting: float | None) -> bool:
+        return kv is not None and kv >= self.full_ratio and (waiting or 0) >= self.waiting_min
+
+    def spare_kv(self, kv: float | None) -> bool:
+        """KV cache clearly below full."""
+        return kv is None or kv < self.room_ratio
+
+    def short_queue(self, waiting: float | None, hot_waiting: float) -> bool:
+        """A queue an order of magnitude shorter than ``hot_waiting`` (the saturated member's), or none."""
+        return (waiting or 0) <= self.queue_ratio * hot_waiting
+
+    def room(self, kv: float | None, waiting: float | None, hot_waiting: float) -> bool:
+        """Room beside a saturated member whose queue is ``hot_waiting``."""
+        return self.spare_kv(kv) and self.short_queue(waiting, hot_waiting)
+
+    def idle(self, kv: float | None, waiting: float | None) -> bool:
+        return (waiting or 0) < self.waiting_min and (kv is None or kv < self.idle_ratio)
+
+
+def room_text(kvs: list[float], waiting_max: float, idled: bool) -> str:
+    """What the members with room had: ``idled (KV cache 0-1 %, no request waiting)`` or ``had
+    room (KV cache 20-70 %, at most 2 waiting)``."""
+    lo, hi = (round(100 * min(kvs)), round(100 * max(kvs))) if kvs else (None, None)
+    kv = "" if lo is None else f"KV cache {lo} %, " if lo == hi else f"KV cache {lo}-{hi} %, "
+    queue = "no request waiting" if waiting_max <= 0 else f"at most {waiting_max:,.0f} waiting"
+    return f"{'idled' if idled else 'had room'} ({kv}{queue})"
+
+
+@dataclass(frozen=True)
 class EngineBalance:
-    """How the data-parallel engines of one server compare over a window. hot: engines whose KV
-    cache was full with requests waiting in most of their samples; idle: engines with no request
-    waiting and the KV cache below the idle ratio in most of theirs; ``lines``: the newest sample
-    of each hot and idle engine (the evidence); ``peak``: engine -> (most running, most waiting,
-    highest KV cache usage) over the window."""
+    """How the data-parallel engines of one server compare over a window (:class:`BalanceCriteria`).
+    hot: engines saturated in most of their samples; room: engines with room beside them in most
+    of theirs (``idle``: those of them that idled); ``lines``: the newest sample of each hot and
+    room engine (the evidence); ``peak``: engine -> (most running, most waiting, highest KV cache
+    usage) over the window; ``room_kv`` / ``room_waiting``: the KV cache usage and the most waiting
+    of the room engines' samples with room."""
 
     hot: list[int]
-    idle: list[int]
+    room: list[int]
     lines: list
     peak: dict
+    idle: list[int] = field(default_factory=list)
+    room_kv: list[float] = field(default_factory=list)
+    room_waiting: float = 0
 
     @property
     def imbalanced(self) -> bool:
-        return bool(self.hot) and bool(self.idle)
+        return bool(self.hot) and bool(self.room)
 
     def describe(self, engines: list[int]) -> str:
         """``engine 0 (200 running, 300 waiting, KV cache 100%)``, joined with "and"."""
@@ -343,11 +400,19 @@ class EngineBalance:
             out.append(f"engine {e} ({r:,} running, {w:,} waiting, KV cache {kv:.0%})")
         return " and ".join(out)
 
+    def room_text(self) -> str:
+        """``engines 2, 3, 4, 5, 6 and 7 had room (KV cache 20-70 %, at most 2 waiting)``."""
+        names = [str(e) for e in self.room]
+        who = f"engine {names[0]}" if len(names) == 1 else f"engines {', '.join(names[:-1])} and {names[-1]}"
+        return f"{who} {room_text(self.room_kv, self.room_waiting, set(self.idle) == set(self.room))}"
 
-def engine_balance(stats: list, metrics: list, full_ratio: float, idle_ratio: float,
-                   waiting_min: int) -> EngineBalance:
+
+def engine_balance(stats: list, metrics: list, criteria: BalanceCriteria) -> EngineBalance:
     """Compare the engines (``engine_index``: V1's "Engine 000" stats lines, /metrics' ``engine``
-    label) of one window: see :class:`EngineBalance`. Fewer than two engines: nothing is hot or idle."""
+    label) of one window, from the first to the last sample in which an engine was saturated: see
+    :class:`EngineBalance`. Fewer than two engines: nothing is hot or has room. The saturated
+    engines' queue is the smallest median queue of a hot engine over its saturated samples: an
+    engine with room has a queue an order of magnitude shorter than that."""
     per: dict[int, list] = {}
     for s in list(stats) + list(metrics):  # a /metrics sample without an engine label has no engine_index
         if (getattr(s, "engine_index", None) is not None and s.kv_cache_usage_ratio is not None
@@ -355,19 +420,37 @@ def engine_balance(stats: list, metrics: list, full_ratio: float, idle_ratio: fl
             per.setdefault(int(s.engine_index), []).append(s)
     if len(per) < 2:
         return EngineBalance([], [], [], {})
-    hot, idle, lines, peak = [], [], [], {}
+    c = criteria
+    # judged over the stretch of the window in which an engine was saturated (its first to its last
+    # saturated sample): as long as kv-capacity-bound sees saturated lines in its window, so does this
+    tss = [x.meta.ts for ss in per.values() for x in ss
+           if x.meta.ts is not None and c.saturated(x.kv_cache_usage_ratio, x.num_waiting)]
+    if tss:
+        lo, hi = min(tss), max(tss)
+        per = {e: k for e, k in ((e, [x for x in ss if x.meta.ts is None or lo <= x.meta.ts <= hi])
+                                 for e, ss in per.items()) if k}
+    hot, lines, peak, queues = [], [], {}, []
     for e, ss in sorted(per.items()):
         peak[e] = (int(max(x.num_running or 0 for x in ss)), int(max(x.num_waiting for x in ss)),
                    max(x.kv_cache_usage_ratio for x in ss))
-        n_hot = sum(1 for x in ss if x.kv_cache_usage_ratio >= full_ratio and x.num_waiting >= waiting_min)
-        n_idle = sum(1 for x in ss if x.kv_cache_usage_ratio < idle_ratio and x.num_waiting == 0)
-        if 2 * n_hot >= len(ss) and n_hot:
+        sat = sorted(x.num_waiting for x in ss if c.saturated(x.kv_cache_usage_ratio, x.num_waiting))
+        if sat and 2 * len(sat) >= len(ss):
             hot.append(e)
             lines.append(ss[-1])
-        elif 2 * n_idle >= len(ss) and n_idle:
-            idle.append(e)
+            queues.append(sat[len(sat) // 2])
+    room, idle, kvs, waiting = [], [], [], 0
+    for e, ss in sorted(per.items()):
+        if not hot or e in hot:
+            continue
+        ok = [x for x in ss if c.room(x.kv_cache_usage_ratio, x.num_waiting, min(queues))]
+        if ok and 2 * len(ok) >= len(ss):
+            room.append(e)
             lines.append(ss[-1])
-    return EngineBalance(hot, idle, lines, peak)
+            kvs += [x.kv_cache_usage_ratio for x in ok]
+            waiting = max(waiting, max(x.num_waiting for x in ok))
+            if 2 * sum(1 for x in ss if c.idle(x.kv_cache_usage_ratio, x.num_waiting)) >= len(ss):
+                idle.append(e)
+    return EngineBalance(hot, room, lines, peak, idle, kvs, waiting)
 
 
 def relate_fixes(fixes: list[FlagFix], options: list[str | None]) -> None:

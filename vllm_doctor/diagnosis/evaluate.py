@@ -15,7 +15,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_doctor.diagnosis.advice import concurrency, engine_balance, relate_fixes
+from vllm_doctor.diagnosis.advice import BalanceCriteria, concurrency, engine_balance, relate_fixes
 from vllm_doctor.findings import GRADES, Evidence, Finding, FlagFix, by_severity
 from vllm_doctor.state.core import State, Window, stalls
 from vllm_doctor.state.incidents import host_trend, prefix_collapse, queue_growth
@@ -527,8 +527,8 @@ class RuleEngine:
                                               int(self._thresholds.engine_stalled_min_intervals))
                             if win.start is None or x.samples[0].meta.ts + x.seconds >= win.start]
             if state.may_stall() else [],
-            engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(), self._thresholds.kv_cache_full_ratio,
-                                                  self._thresholds.fleet_idle_kv_ratio, self._thresholds.waiting_min),
+            engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(),
+                                                  BalanceCriteria.from_thresholds(vars(self._thresholds))),
             startups=lambda: list(state.startups.items), starts_total=lambda: state.startups.total,
             host_memory=lambda: [x for x in state.host_memory if win.start is None or (x.meta.ts or 0) >= win.start],
             queue_growth=lambda: queue_growth(win.stats(), win.metrics()),

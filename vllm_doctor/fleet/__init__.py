@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from vllm_doctor.catalogue import V, either
 from vllm_doctor.diagnosis import load_rules
+from vllm_doctor.diagnosis.advice import BalanceCriteria
 from vllm_doctor.errors import InputError
 from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.findings import SEVERITY_ORDER, Finding, by_severity
@@ -257,7 +258,8 @@ class Summary:
     meta: Meta
     latency_p99: dict[str, float | None] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
-    status: dict[float, str] = field(default_factory=dict, repr=False)  # ts -> "saturated" | "idle" | "busy"
+    status: dict[float, str] = field(default_factory=dict, repr=False)  # ts -> "saturated" | "idle" | "room" | "busy"
+    load: dict[float, tuple[float, float | None]] = field(default_factory=dict, repr=False)  # ts -> (waiting, fullest KV)
     key: tuple[str, ...] = ()  # the replica's (namespace, pod) or (instance,)
 
 
@@ -409,9 +411,10 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
             gts = sorted(g)
             inc = sum(_delta(g[a], g[b]) for a, b in zip(gts, gts[1:]))
             gen_rates.append(inc / (gts[-1] - gts[0]) if gts[-1] > gts[0] else 0.0)
-    full, waiting_min, idle_kv = t["kv_cache_full_ratio"], t["waiting_min"], t["fleet_idle_kv_ratio"]
+    c = BalanceCriteria.from_thresholds(t)
     sat = idle = 0
     status: dict[float, str] = {}
+    load: dict[float, tuple[float, float | None]] = {}
     kvs, kv_tops, running, waiting = [], [], [], []  # KV usage: mean of the engines, and the fullest engine
     for ts, rows in per_t.items():
         r = sum(x[0] or 0 for x in rows)
@@ -423,13 +426,18 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
             kvs.append(sum(ks) / len(ks))
             kv_tops.append(max(ks))
         # a replica is saturated when every engine is (no room anywhere in it), idle when every
-        # engine idles: one full engine beside an idle one is the replica's own engine imbalance
-        if all(x[2] is not None and x[2] >= full and (x[1] or 0) >= waiting_min for x in rows):
+        # engine idles, has room when every engine's KV cache is clearly below full (whether its
+        # queue is short enough is judged beside a saturated one: rules.episodes): one full engine
+        # beside one with room is the replica's own engine imbalance
+        load[ts] = (w, max(ks) if ks else None)
+        if all(c.saturated(x[2], x[1]) for x in rows):
             sat += 1
             status[ts] = "saturated"
-        elif all((x[1] or 0) < waiting_min and (x[2] is None or x[2] < idle_kv) for x in rows):
+        elif all(c.idle(x[2], x[1]) for x in rows):
             idle += 1
             status[ts] = "idle"
+        elif all(c.spare_kv(x[2]) for x in rows):
+            status[ts] = "room"
         else:
             status[ts] = "busy"
     n = len(per_t)
@@ -444,7 +452,7 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         meta=Meta(source=f"prometheus:{rep.name}", text=""),
         latency_p99=dict(rep.latency_p99) if engine is None else {},
         findings=sorted(f.name for f in pipe.engine.findings.values()) if pipe is not None else [],
-        status=status, key=rep.key,
+        status=status, load=load, key=rep.key,
     )
     kv_txt = "-" if s.kv_peak is None else f"{s.kv_peak:.0%}"
     s.meta = Meta(source=f"prometheus:{name}", text=(
@@ -705,7 +713,7 @@ def _scoped(f: Finding, replica: str) -> Finding:
 
 
 def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]) -> list[Finding]:
-    """A replica that a replica-imbalance finding names as saturated while others idled, or whose
+    """A replica that a replica-imbalance finding names as saturated while others had room, or whose
     data-parallel engines were unbalanced (engine-imbalance, its own data-parallel-imbalance), is
     short of routing, not of KV cache: its kv-capacity-bound finding keeps its facts but gives no
     capacity fix (no flag, and its message's "To add capacity" offer is cut for where the fix
@@ -717,11 +725,11 @@ def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]
         return {e.source.removeprefix("prometheus:").split(" engine ")[0] for f in fleet_findings
                 if f.name == rule for e in f.evidence}
 
-    why = {**{r: ("Other data-parallel engines of this replica idled at the same moments (engine-imbalance): how "
+    why = {**{r: ("Other data-parallel engines of this replica had room at the same moments (engine-imbalance): how "
                   "requests reach the engines, not this replica's KV cache, is the fix; see that finding.")
               for r in named("engine-imbalance") | {str(f.values.get("replica")) for f in findings
                                                     if f.name == "data-parallel-imbalance"}},
-           **{r: ("Other replicas idled at the same moments (replica-imbalance): the router, not this replica's "
+           **{r: ("Other replicas had room at the same moments (replica-imbalance): the router, not this replica's "
                   "KV cache, is the fix; see that finding.") for r in named("replica-imbalance")}}
     out = []
     for f in findings:

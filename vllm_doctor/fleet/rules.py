@@ -11,12 +11,16 @@ The fleet namespace (what a fleet rule's expressions may name):
   ``engines``: the same per engine, for replicas running several (data parallel) engines;
 * ``n_replicas``; ``window_seconds`` (the range diagnosed); ``step_seconds``;
 * imbalance is decided at a moment: an episode is a run of moments at which a replica was
-  saturated (KV cache full, requests waiting) while another sat idle, lasting at least
-  ``t.fleet_imbalance_min_seconds``; ``imbalance_seconds``, ``imbalance_start`` (``imbalance_from`` as text),
-  ``imbalance_hot`` / ``imbalance_cold``: the longest episode's length, start, and the replicas
-  saturated / idle at its moments (in half of them or more); ``imbalance_episodes``: how many;
-  ``engine_imbalance``: per replica with several engines, ``(replica, seconds, hot engines, cold
-  engines, start, end, episodes)`` of its longest episode between its engines;
+  saturated (KV cache full, requests waiting) while another had room (idle, or its KV cache under
+  ``t.balance_room_kv_ratio`` with a queue at most ``t.balance_queue_ratio`` of the saturated
+  one's), lasting at least ``t.fleet_imbalance_min_seconds``; ``imbalance_seconds``,
+  ``imbalance_start`` (``imbalance_from`` as text), ``imbalance_hot`` / ``imbalance_cold``: the
+  longest episode's length, start, and the replicas saturated / with room at its moments (in half
+  of them or more), ``imbalance_room_text`` what those had ("had room (KV cache 20-70 %, at most 2
+  waiting)"); ``imbalance_episodes``: how many, ``imbalance_hot_all``: the replicas hot in any of
+  them; ``engine_imbalance``: per replica with several
+  engines, ``(replica, seconds, hot engines, cold engines, room_text, start, end, episodes)`` of its
+  longest episode between its engines;
 * ``preemptions_first_half`` / ``preemptions_second_half``: fleet preemptions in each half of
   the range (the trend); ``kv_slope_per_hour``: slope of the fleet's mean KV cache usage;
 * ``latency_p99[signal]`` and ``slo_good_ratio[signal]`` over the fleet (signals ``ttft``,
@@ -34,6 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_doctor.diagnosis.advice import BalanceCriteria, room_text
 from vllm_doctor.diagnosis.evaluate import RuleEngine
 from vllm_doctor.diagnosis.expr import Evaluator
 from vllm_doctor.diagnosis.loader import RuleSet, builtin_rules_dir, load_rule_file
@@ -44,7 +49,9 @@ from vllm_doctor.state.core import State
 
 FLEET_NAMES = {
     "replicas", "engines", "n_replicas", "window_seconds", "step_seconds", "imbalance_seconds",
-    "imbalance_hot", "imbalance_cold", "imbalance_start", "imbalance_from", "imbalance_episodes", "engine_imbalance",
+    "imbalance_hot", "imbalance_hot_all", "imbalance_cold", "imbalance_room_text", "imbalance_start", "imbalance_from",
+    "imbalance_episodes",
+    "engine_imbalance",
     "preemptions_first_half",
     "preemptions_second_half", "kv_slope_per_hour", "latency_p99", "slo_good_ratio", "vanished", "t",
     "None", "True", "False",
@@ -106,18 +113,24 @@ class FleetRuleEngine(RuleEngine):
                 for f in self.findings.values()]
 
 
-def episodes(by_ts: dict[float, dict[str, str]], grid: float, since: float, min_seconds: float) -> list[SimpleNamespace]:
-    """The imbalance episodes of ``by_ts`` (ts -> member -> "saturated" | "idle" | "busy"): runs
-    of consecutive moments on the ``grid`` (one missed moment allowed) at which one member was
-    saturated while another sat idle, lasting ``min_seconds`` or more. Each with its start,
-    end, seconds, and the members hot and cold *at those moments* (in at least half of them)."""
+def episodes(by_ts: dict[float, dict[str, tuple[str, float, float | None]]], grid: float, since: float,
+             min_seconds: float, criteria: BalanceCriteria) -> list[SimpleNamespace]:
+    """The imbalance episodes of ``by_ts`` (ts -> member -> (status, waiting, fullest KV cache
+    usage), status "saturated" | "idle" | "room" | "busy"): runs of consecutive moments on the
+    ``grid`` (one missed moment allowed) at which one member was saturated while another had room
+    (idle, or its KV cache clearly below full with a queue an order of magnitude shorter than the
+    saturated members': :class:`~vllm_doctor.diagnosis.advice.BalanceCriteria`), lasting
+    ``min_seconds`` or more. Each with its start, end, seconds, the members hot and cold *at those
+    moments* (in at least half of them), and ``room_text``: what the cold ones had then."""
     moments = sorted(ts for ts in by_ts if abs((ts - since) / grid - round((ts - since) / grid)) < 1e-6)
-    runs: list[list[tuple[float, list[str], list[str]]]] = []
+    runs: list[list[tuple[float, list[str], list[tuple[str, float, float | None, bool]]]]] = []
     last = None
     for ts in moments:
         sts = by_ts[ts]
-        hot = [r for r, st in sts.items() if st == "saturated"]
-        cold = [r for r, st in sts.items() if st == "idle"]
+        hot = [r for r, (st, _, _) in sts.items() if st == "saturated"]
+        queue = min((w for st, w, _ in sts.values() if st == "saturated"), default=0)
+        cold = [(r, w, kv, st == "idle") for r, (st, w, kv) in sts.items()
+                if st == "idle" or st == "room" and criteria.short_queue(w, queue)]
         if not (hot and cold):
             continue
         if last is None or ts - last > 2 * grid + 1e-6:
@@ -134,12 +147,16 @@ def episodes(by_ts: dict[float, dict[str, str]], grid: float, since: float, min_
         for _, hot, cold in run:
             for r in hot:
                 hot_n[r] = hot_n.get(r, 0) + 1
-            for r in cold:
+            for r, *_ in cold:
                 cold_n[r] = cold_n.get(r, 0) + 1
         need = len(run) / 2
+        cold_names = sorted(r for r, n in cold_n.items() if n >= need)
+        had = [x for _, _, cold in run for x in cold if x[0] in cold_names]
         out.append(SimpleNamespace(start=run[0][0], end=run[-1][0], seconds=seconds,
-                                   hot=sorted(r for r, n in hot_n.items() if n >= need),
-                                   cold=sorted(r for r, n in cold_n.items() if n >= need)))
+                                   hot=sorted(r for r, n in hot_n.items() if n >= need), cold=cold_names,
+                                   room_text=room_text([kv for _, _, kv, _ in had if kv is not None],
+                                                       max((w for _, w, _, _ in had), default=0),
+                                                       all(idle for *_, idle in had))))
     return out
 
 
@@ -151,12 +168,13 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     from vllm_doctor.diagnosis.expr import slope_per_hour
 
     grid = grid or step
-    by_ts: dict[float, dict[str, str]] = {}
+    criteria = BalanceCriteria.from_thresholds(t)
+    by_ts: dict[float, dict[str, tuple[str, float, float | None]]] = {}
     for s in replicas:
         for ts, st in s.status.items():
-            by_ts.setdefault(ts, {})[s.replica] = st
-    sat_times = sorted(ts for ts, sts in by_ts.items() if "saturated" in sts.values())
-    eps = episodes(by_ts, grid, since, t["fleet_imbalance_min_seconds"])
+            by_ts.setdefault(ts, {})[s.replica] = (st, *s.load.get(ts, (0.0, None)))
+    sat_times = sorted(ts for ts, sts in by_ts.items() if any(x[0] == "saturated" for x in sts.values()))
+    eps = episodes(by_ts, grid, since, t["fleet_imbalance_min_seconds"], criteria)
     longest = max(eps, key=lambda e: (e.seconds, e.end), default=None)
     engine_imb = []
     eng_times: list[float] = []
@@ -165,15 +183,16 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
     for e in engines:
         per_rep.setdefault(e.replica, []).append(e)
     for rep, es in per_rep.items():
-        by_eng: dict[float, dict[str, str]] = {}
+        by_eng: dict[float, dict[str, tuple[str, float, float | None]]] = {}
         for e in es:
             for ts, st in e.status.items():
-                by_eng.setdefault(ts, {})[e.engine] = st
-        e_eps = episodes(by_eng, step, since, t["fleet_imbalance_min_seconds"])
+                by_eng.setdefault(ts, {})[e.engine] = (st, *e.load.get(ts, (0.0, None)))
+        e_eps = episodes(by_eng, step, since, t["fleet_imbalance_min_seconds"], criteria)
         if e_eps:
             worst = max(e_eps, key=lambda x: (x.seconds, x.end))
             eng_times += [e_eps[0].start, e_eps[-1].end]
             engine_imb.append(SimpleNamespace(replica=rep, seconds=worst.seconds, hot=worst.hot, cold=worst.cold,
+                                              room_text=worst.room_text,
                                               start=worst.start, end=worst.end, episodes=len(e_eps),
                                               meta=next(e.meta for e in es if e.engine in worst.hot)))
     imb_times = [eps[0].start, eps[-1].end] if eps else []
@@ -224,7 +243,9 @@ def fleet_namespace(replicas, engines, reps, t: dict[str, float], since: float, 
         # the longest episode of replica imbalance: its length, and the replicas hot and idle then
         "imbalance_seconds": longest.seconds if longest else 0.0,
         "imbalance_hot": longest.hot if longest else [],
+        "imbalance_hot_all": sorted({r for e in eps for r in e.hot}),
         "imbalance_cold": longest.cold if longest else [],
+        "imbalance_room_text": longest.room_text if longest else "",
         "imbalance_start": longest.start if longest else None,
         "imbalance_from": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(longest.start)) if longest else None,
         "imbalance_episodes": len(eps),

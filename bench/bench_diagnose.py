@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -240,9 +241,32 @@ def bench_shape(shape: str, size: int, runs: int, folder: str, stats_days: float
           f"CPU-time ratio {cpu_ratio:.2f}x; peak RSS {rss / 2**20:.1f} MiB (target <= 150 MB): "
           f"{'OK' if rss <= 150e6 else 'OVER'}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
           f"(a loaded machine stretches the wall times)")
+    if shape == "stats8":
+        floor = python_floor(path)
+        print(f"stats8 floor: Python only reading each stats line's numbers (a loop, one regex search, six numbers; no "
+              f"event, state or rule) takes CPU {floor:.2f} s = {floor / max(res['grep -c preempt'][2], 1e-3):.1f}x grep's "
+              f"CPU: a design that reads every stats line cannot be within 3x grep on this shape")
     if clean:
         path.unlink()
     return ratio
+
+
+STATS_NUMBERS_RE = re.compile(rb"Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: "
+                              rb"([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%")
+
+
+def python_floor(path: Path) -> float:
+    """CPU seconds of the least any Python reader of every stats line does: iterate the lines,
+    search each for the stats wording and turn its six numbers into ints and floats."""
+    search = STATS_NUMBERS_RE.search
+    t0 = time.process_time()
+    with open(path, "rb") as fh:
+        for line in fh:
+            m = search(line)
+            if m is not None:
+                g = m.groups()
+                (int(g[0]), float(g[1]), float(g[2]), int(g[3]), int(g[4]), float(g[5]))
+    return time.process_time() - t0
 
 
 def main() -> None:

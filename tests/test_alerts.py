@@ -71,6 +71,14 @@ def test_thresholds_come_from_thresholds_yaml():
     exprs = {a.name: a.expr for group in bundle.alert_definitions(changed).values() for a in group}
     assert exprs["VllmPreemptionStorm"].startswith("increase(vllm_preemptions_total[10m]) >= 7\n")
     assert "increase(vllm:num_preemptions_total[10m])) >= 7" in exprs["VllmPreemptionStorm"]
+    # room beside a saturated replica or engine: the fleet rules' balance_room_kv_ratio and balance_queue_ratio
+    room = next(r["expr"] for r in records() if r["record"] == "namespace_model_name:vllm_replicas_room:count")
+    for expr in (room, by_name["VllmEngineImbalance"]):
+        assert f"< {t['balance_room_kv_ratio']}\n" in expr and f"({t['balance_queue_ratio']} * min by" in expr
+    changed = dict(t, balance_room_kv_ratio=0.6, balance_queue_ratio=0.25)
+    exprs = {a.name: a.expr for group in bundle.alert_definitions(changed).values() for a in group}
+    assert "< 0.6\n" in exprs["VllmEngineImbalance"] and "(0.25 * min by" in exprs["VllmEngineImbalance"]
+    assert any("< 0.6\n" in r["expr"] and "(0.25 * min by" in r["expr"] for r in bundle.recording_rules(changed))
 
 
 def test_duration_formatting():
@@ -333,6 +341,43 @@ def test_every_alert_names_a_rule_of_the_catalogue():
         assert names and names <= catalogue, f"{r['alert']}: rule {names - catalogue} is not in the catalogue"
     assert _rule_names(next(r for r in rules() if r["alert"] == "VllmOutOfMemory")) == {"runtime-oom", "startup-oom"}
 
+
+
+def test_the_imbalance_alerts_fire_where_the_fleet_report_finds_an_imbalance():
+    """VllmReplicaImbalance and VllmEngineImbalance fire on the models and pods of fleet.test.yaml
+    where ``diagnose --prometheus`` (the fleet rules, BalanceCriteria) reports replica-imbalance and
+    engine-imbalance on the same series: beside a saturated replica or engine, one that idles or
+    has room (m6, dpr-room) counts, none near full with a similar queue (m5, dpr-near) or with a
+    long queue (m2, dpr-queue) does."""
+    from test_fleet_rules import N, judge, replica
+
+    group = next(g for g in yaml.safe_load((ROOT / "alerts" / "tests" / "fleet.test.yaml").read_text())["tests"]
+                 if any(c["alertname"] == "VllmReplicaImbalance" for c in g.get("alert_rule_test", [])))
+    rows: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # model -> pod -> engine -> metric -> value
+    for s in group["input_series"]:
+        name, body = re.fullmatch(r"vllm:(\w+)\{(.*)\}", s["series"]).groups()
+        if name in ("kv_cache_usage_perc", "num_requests_waiting", "num_requests_running"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', body))
+            value, _ = str(s["values"]).split("x")  # one value held over the test
+            rows.setdefault(labels["model_name"], {}).setdefault(labels["pod"], {}).setdefault(
+                labels["engine"], {})[name] = float(value)
+    fleet_replica, fleet_engine = set(), set()
+    for model, pods in rows.items():
+        reps = []
+        for pod, engines in pods.items():
+            rep = None
+            for engine, m in engines.items():
+                rep = replica(pod, [(m["num_requests_running"], m["num_requests_waiting"], m["kv_cache_usage_perc"], 0)] * N,
+                              engine=engine, rep=rep)
+            reps.append(rep)
+        got = judge(reps)
+        if "replica-imbalance" in got:
+            fleet_replica.add(model)
+        if "engine-imbalance" in got:
+            fleet_engine |= {e.source.removeprefix("prometheus:llm/").split(" engine ")[0] for e in got["engine-imbalance"].evidence}
+    expected = {c["alertname"]: c["exp_alerts"] for c in group["alert_rule_test"] if c["exp_alerts"]}
+    assert {a["exp_labels"]["model_name"] for a in expected["VllmReplicaImbalance"]} == fleet_replica == {"m1", "m6"}
+    assert {a["exp_labels"]["pod"] for a in expected["VllmEngineImbalance"]} == fleet_engine == {"dp", "dp2", "dpr-room"}
 
 def test_vllm_example_preemption_name_never_fires_ours_does(tmp_path):
     """vLLM's and llm-d's example alerts query vllm:num_preemptions; vLLM exports

@@ -130,7 +130,8 @@ def test_the_fleet_overview_and_the_drill_down():
     stats = [p for p in panels(fleet) if p["type"] == "stat"]
     assert len(stats) == 8  # p99 and SLO tiles of TTFT, ITL, e2e, queue time
     assert all("namespace_model_name:" in p["targets"][0]["expr"] for p in stats)
-    assert "vllm_replicas_saturated:count" in json.dumps(titles["Replicas saturated / idle"])
+    balance = json.dumps(titles["Replicas saturated / with room"])  # the series VllmReplicaImbalance reads
+    assert "vllm_replicas_saturated:count" in balance and "vllm_replicas_room:count" in balance
     pre = " ".join(t["expr"] for t in titles["Preemptions per 5m"]["targets"])
     assert "increase(vllm:num_preemptions_total" in pre and "vllm:num_preemptions{" not in pre
     anns = {a["name"]: a for a in fleet["annotations"]["list"]}

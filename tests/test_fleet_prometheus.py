@@ -21,7 +21,8 @@ import json
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,11 +62,18 @@ def cli() -> str:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory) -> dict:
+def prometheus(tmp_path_factory) -> Iterator[dict]:
+    with fleet_prometheus(tmp_path_factory.mktemp("fleet")) as prom:
+        yield prom
+
+
+@contextmanager
+def fleet_prometheus(tmp: Path) -> Iterator[dict]:
+    """The Prometheus of this module's docstring, its files under ``tmp``: {url, start, tmp}, the
+    processes stopped on exit (also README.md's fleet example: tests/record_fleet_example.py)."""
     prom = tool("prometheus", "apt-get install prometheus; listed in .ci/apt-packages.txt")
     promtool_ = promtool()
     serve = sidecar_command()
-    tmp = tmp_path_factory.mktemp("fleet")
     data = tmp / "data"
     data.mkdir()
     now = time.time()

@@ -531,15 +531,35 @@ def _saturated(t: dict[str, float]) -> str:
     return f"{KV} >= {_num(t['kv_cache_full_ratio'])} and {V.num_requests_waiting} >= {_num(t['waiting_min'])}"
 
 
-def _idle(t: dict[str, float]) -> str:
-    """An engine with no request waiting and an almost empty KV cache (the fleet rules' "idle")."""
-    return f"{V.num_requests_waiting} < {_num(t['waiting_min'])} and {KV} < {_num(t['fleet_idle_kv_ratio'])}"
+def _saturated_replica(t: dict[str, float]) -> str:
+    """A replica (REPLICA_BY) every engine of which is saturated: a data-parallel replica with one
+    full engine beside one with room is no hot replica (its engine imbalance, VllmEngineImbalance)."""
+    return f"count by ({REPLICA_BY}) ({_saturated(t)}) == count by ({REPLICA_BY}) {KV}"
+
+
+def _room(t: dict[str, float], kv: str, queue: str, none: str, hot: str, group: str, on: str = "") -> str:
+    """Members (engines, or replicas with ``on``) with room beside the saturated members of their
+    ``group``: the test of BalanceCriteria.room that the fleet rules apply. The KV cache (``kv``,
+    a replica's fullest engine) under balance_room_kv_ratio, and a queue (``queue``) at most
+    balance_queue_ratio of the saturated members' shortest (``hot``: their queues), or none
+    (``none``, a replica's longest engine queue, under waiting_min). Members all near full with
+    similar queues have none: capacity, not imbalance."""
+    match = f" on({on})" if on else ""
+    return (f"{kv} < {_num(t['balance_room_kv_ratio'])}\n"
+            f"  and{match} ({queue} <= on({group}) group_left() ({_num(t['balance_queue_ratio'])} * min by ({group}) ({hot}))\n"
+            f"  or {none} < {_num(t['waiting_min'])})")
+
+
+def _room_words(t: dict[str, float], members: str) -> str:
+    """What "had room" means in an alert's description (the thresholds of :func:`_room`)."""
+    return (f"KV cache under {t['balance_room_kv_ratio']:.0%}, and no request waiting or at most "
+            f"{t['balance_queue_ratio']:.0%} of the saturated {members}' shortest queue")
 
 
 def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
     """Fleet-level signals, recorded so that dashboards, the alerts and ``diagnose --prometheus``
     stay cheap: latency p99 per model from the summed buckets, SLO error ratios per window, load
-    and KV cache per model, saturated and idle replicas."""
+    and KV cache per model, saturated and idle replicas and those with room beside the saturated."""
     rules: list[dict[str, Any]] = []
     for sig, (name, slo_key, _) in LATENCY_SIGNALS.items():
         rules.append({"record": record(f"vllm_{sig}_seconds:p99_rate5m"),
@@ -564,7 +584,7 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
                 "expr": f"1 - (({_hist(name, 'bucket', REPLICA_BY, w, good)}) / ({_hist(name, 'count', REPLICA_BY, w)}))",
                 "labels": {"slo": sig},
             })
-    sat = _saturated(t)
+    sat_replica = _saturated_replica(t)
     rules += [
         {"record": record("vllm_num_requests_running:sum"), "expr": f"sum by ({FLEET_BY}) ({V.num_requests_running})"},
         {"record": record("vllm_num_requests_waiting:sum"), "expr": f"sum by ({FLEET_BY}) ({V.num_requests_waiting})"},
@@ -576,10 +596,14 @@ def recording_rules(t: dict[str, float]) -> list[dict[str, Any]]:
          "expr": f"sum by ({FLEET_BY}) (rate({V.generation_tokens_total}[5m]))"},
         {"record": record("vllm_replicas:count"),
          "expr": f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_running}))"},
-        # every engine of the replica saturated: a data-parallel replica with one full engine beside
-        # an idle one has room (its engine imbalance, VllmEngineImbalance), it is no hot replica
-        {"record": record("vllm_replicas_saturated:count"),
-         "expr": f"count by ({FLEET_BY}) (count by ({REPLICA_BY}) ({sat}) == count by ({REPLICA_BY}) {KV})"},
+        {"record": record("vllm_replicas_saturated:count"), "expr": f"count by ({FLEET_BY}) ({sat_replica})"},
+        # replicas with room beside the saturated ones (VllmReplicaImbalance; the idle ones among them)
+        {"record": record("vllm_replicas_room:count"),
+         "expr": "count by ({}) (\n  {}\n)".format(FLEET_BY, _room(
+             t, f"max by ({REPLICA_BY}) {KV}", f"sum by ({REPLICA_BY}) ({V.num_requests_waiting})",
+             f"max by ({REPLICA_BY}) ({V.num_requests_waiting})",
+             f"sum by ({REPLICA_BY}) ({V.num_requests_waiting}) and on({REPLICA_BY}) ({sat_replica})",
+             FLEET_BY, on=REPLICA_BY).replace("\n", "\n  "))},
         {"record": record("vllm_replicas_idle:count"),  # every engine of the replica idle
          "expr": (f"count by ({FLEET_BY}) (max by ({REPLICA_BY}) ({V.num_requests_waiting}) < {_num(t['waiting_min'])}\n"
                   f"  and max by ({REPLICA_BY}) {KV} < {_num(t['fleet_idle_kv_ratio'])})")},
@@ -678,7 +702,8 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
         ),
     ))
     sat = _saturated(t)
-    idle = _idle(t)
+    engine_room = _room(t, KV, V.num_requests_waiting, V.num_requests_waiting, f"{V.num_requests_waiting} and {sat}",
+                        REPLICA_BY)
     storm = _num(t["preemption_storm_min"])
     pre_w = duration(t["preemption_window_seconds"])
     wide = _num(t["fleet_wide_min_ratio"])
@@ -690,14 +715,13 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
             rule="replica-imbalance",
             severity="warning",
             expr=(f"{record('vllm_replicas_saturated:count')}\n"
-                  f"and on({FLEET_BY}) {record('vllm_replicas_idle:count')} >= 1"),
+                  f"and on({FLEET_BY}) {record('vllm_replicas_room:count')} >= 1"),
             for_=duration(t["fleet_imbalance_min_seconds"]),
-            summary=f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} are saturated while others idle",
+            summary=f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} are saturated while others have room",
             description=(
-                f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} have a full KV cache with requests waiting while "
-                f"at least one replica idles (no request waiting, KV cache under "
-                f"{t['fleet_idle_kv_ratio']:.0%}), for {duration(t['fleet_imbalance_min_seconds'])}. The router "
-                "does not balance on load."
+                f"{{{{ $value }}}} replica(s) of {FLEET_WHERE} had a full KV cache with requests waiting while "
+                f"at least one other replica had room ({_room_words(t, 'replicas')}), for "
+                f"{duration(t['fleet_imbalance_min_seconds'])}. The router does not balance on load."
             ),
         ),
         Alert(
@@ -706,12 +730,13 @@ def fleet_alerts(t: dict[str, float]) -> dict[str, list[Alert]]:
             rule="engine-imbalance",
             severity="warning",
             expr=(f"count by ({REPLICA_BY}) ({sat})\n"
-                  f"and on({REPLICA_BY}) count by ({REPLICA_BY}) ({idle})"),
+                  f"and on({REPLICA_BY}) count by ({REPLICA_BY}) (\n  {engine_room}\n)"),
             for_=duration(t["fleet_imbalance_min_seconds"]),
-            summary=f"{{{{ $value }}}} data-parallel engine(s) of {WHERE} are saturated while another idles",
+            summary=f"{{{{ $value }}}} data-parallel engine(s) of {WHERE} are saturated while another has room",
             description=(
-                f"On {WHERE}, {{{{ $value }}}} engine(s) have a full KV cache with requests waiting while another "
-                f"engine of the same replica idles, for {duration(t['fleet_imbalance_min_seconds'])}."
+                f"On {WHERE}, {{{{ $value }}}} engine(s) had a full KV cache with requests waiting while another "
+                f"engine of the same replica had room ({_room_words(t, 'engines')}), for "
+                f"{duration(t['fleet_imbalance_min_seconds'])}."
             ),
         ),
         Alert(
@@ -1121,12 +1146,15 @@ def fleet_dashboard(t: dict[str, float] | None = None):
         x += 6
     panels += [
         RowPanel(title="Saturation", gridPos=GridPos(1, 24, 0, 9)),
-        _series("Replicas saturated / idle", [
+        _series("Replicas saturated / with room", [
             _target(f"{record('vllm_replicas:count')}{{{FSEL}}}", "{{model_name}} replicas", "A"),
             _target(f"{record('vllm_replicas_saturated:count')}{{{FSEL}}}", "{{model_name}} saturated (KV full, queue)", "B"),
             _target(f"{record('vllm_replicas_idle:count')}{{{FSEL}}}", "{{model_name}} idle", "C"),
+            _target(f"{record('vllm_replicas_room:count')}{{{FSEL}}}", "{{model_name}} with room (idle included)", "D"),
         ], (8, 8, 0, 10), unit="short", min_=0,
-            description="Saturated and idle replicas at the same time: the load is not balanced (VllmReplicaImbalance)."),
+            description="Saturated replicas while others have room (KV cache under "
+                        f"{t['balance_room_kv_ratio']:.0%}, a queue at most {t['balance_queue_ratio']:.0%} of the "
+                        "saturated ones' or none): the load is not balanced (VllmReplicaImbalance)."),
         _series("KV cache usage", [
             _target(f"{record('vllm_kv_cache_usage:avg')}{{{FSEL}}}", "{{model_name}} mean", "A"),
             _target(f"{record('vllm_kv_cache_usage:max')}{{{FSEL}}}", "{{model_name}} max", "B"),

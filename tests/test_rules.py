@@ -427,6 +427,13 @@ def test_two_saturated_engines_beside_six_with_room_is_imbalance_not_capacity(tm
     assert "engine 0 (" in f.message and "engine 1 (" in f.message
     assert "while engines 2, 3, 4, 5, 6 and 7 had room (KV cache 20-70 %, at most 2 waiting)" in f.message
     assert "idled" not in f.message and not f.fixes
+    # the log goes on healthy for 48 min after the storm: the headline says it is over, not current
+    from vllm_doctor.report.render import verdict
+
+    assert not f.active
+    head = verdict(rep)["headline"]
+    assert head.startswith("WARNING data-parallel-imbalance: ")
+    assert "; ended 48 min before the log's newest line, " in head, head
 
 
 def test_gpu_memory_utilization_fix_shows_the_cap_in_its_arithmetic(tmp_path):

@@ -232,6 +232,9 @@ def verdict(rep: Report) -> dict:
         return recovered
     top = current[0]  # the most severe incident of the current run, its latest occurrence
     when = fmt_span(top.first_seen, top.last_seen)
+    ended = ended_before_end(top, rep)
+    if when and ended:  # over before the log ends: not what is going on now
+        when += f"; {ended}"
     more = list(dict.fromkeys(f.name for f in current if f.name != top.name))
     title = top.title
     reps = [str(f.values["replica"]) for f in current if f.name == top.name and (f.values or {}).get("replica")]
@@ -320,6 +323,21 @@ def now_and_history(rep: Report) -> tuple[list, list, dict | None]:
         "first": ", then ".join(f"{p} {c}".strip() for p, c in parts) or None, "first_parts": parts,
         "first_label": "Against a repeat", "why": fixes[0].why if fixes else None, "first_size": "",
         "more": [f.name for f in past]}
+
+
+#: an incident whose last sign is this long before the log's newest line is said to have ended
+ENDED_MIN_SECONDS = 60.0
+
+
+def ended_before_end(f, rep: Report) -> str | None:
+    """``ended 11.5 h before the log's newest line, 03-02 07:19:50`` when finding ``f`` is no
+    longer active and its last sign is at least ENDED_MIN_SECONDS before the newest line of the
+    logs (an operator reading a day's log asks first whether it is going on now); else None."""
+    end = (rep.runs or {}).get("log_last_ts")
+    last = getattr(f, "last_seen", None)
+    if getattr(f, "active", True) or end is None or last is None or end - last < ENDED_MIN_SECONDS:
+        return None
+    return f"ended {_ago(end - last)} before the log's newest line, {fmt_time(end)}"
 
 
 def _ago(seconds: float) -> str:

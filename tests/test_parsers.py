@@ -96,6 +96,25 @@ def test_nccl_watchdog():
     assert (n.kind, n.op_type, n.timeout_seconds) == ("watchdog-timeout", "ALLREDUCE", 1800.0)
 
 
+@pytest.mark.parametrize("line", [
+    # shm_broadcast.py 0.11+ (INFO; held-back round 3 r03, r04) and 0.6.3 (WARNING, "No available block found")
+    "(EngineCore pid=109) INFO 05-04 01:03:58 [shm_broadcast.py:681] No available shared memory broadcast block found in "
+    "60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, "
+    "weight/kv cache quantization).",
+    "(VllmWorkerProcess pid=236) WARNING 10-01 10:00:00 shm_broadcast.py:396] No available block found in 60 second. ",
+])
+def test_shared_memory_broadcast_wait_is_not_an_nccl_error(line):
+    w = one(line, "BroadcastWait")
+    assert w.seconds == 60.0
+    assert not any(isinstance(e, ev.NcclError) for e in parse_lines([line]))
+
+
+def test_offline_progress_bar_tells_the_engine_served_once():
+    bar = "Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]"
+    evs = parse_lines([bar, bar.replace(" 0/4", " 1/4").replace("  0%", " 25%")])
+    assert [(type(e).__name__, e.inferred, e.meta.lineno) for e in evs] == [("ServerReady", True, 1)]
+
+
 def test_config_echoes_of_every_version():
     ns = one("INFO 07-10 10:00:00 api_server.py:178] args: Namespace(host=None, port=8000, max_model_len=4096, "
              "gpu_memory_utilization=0.85, max_num_seqs=128, block_size=16, enable_chunked_prefill=None, "

@@ -639,8 +639,8 @@ def _process_exit(m, meta):
          examples=(
              'INFO 11-11 01:44:59 [shm_broadcast.py:542] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).',
          ))
-def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.7, DEBUG 0.8-0.10, INFO 0.33)
-    return ev.NcclError(meta, "shm-broadcast-stall", meta.text[:300], None, float(m["s"]))
+def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.6.3, DEBUG 0.6.6-0.10, INFO 0.11+): shared memory, not NCCL
+    return ev.BroadcastWait(meta, float(m["s"]))
 
 
 # ---- configuration and version
@@ -800,6 +800,16 @@ def _rejected(m, meta):  # config/model.py validation
          ))
 def _ready(m, meta):
     return ev.ServerReady(meta)
+
+
+@matcher("offline-progress", r"Processed prompts:\s+\d{1,3}%\|",
+         keywords=('Processed prompts:',),
+         versions='0.1-0.33', source='entrypoints/llm.py (LLM._run_engine: tqdm(desc="Processed prompts"))',
+         examples=(
+             'Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]',
+         ))
+def _offline_progress(m, meta):  # the offline LLM's progress bar: requests were handed to a started engine
+    return ev.ServerReady(meta, inferred=True)
 
 
 @matcher("shutdown", r"(?:\[shutdown\] API server: shutdown triggered|Received (?:SIGTERM|SIGINT|signal SIGTERM|signal SIGINT)\b)",
@@ -1437,6 +1447,10 @@ class RecordParser:
                 self._held_left = HOLD_RECORDS
         if released:
             out = released + out
+        if ev.ServerReady in kinds and any(type(e) is ev.ServerReady and e.inferred for e in out):
+            if self._served_seen:  # the offline progress bar again (tqdm redraws it): served already
+                out = [e for e in out if not (type(e) is ev.ServerReady and e.inferred)]
+            self._served_seen = True
         if not self._served_seen and ev.SchedulerStats in kinds:
             self._served_seen = True  # periodic stats: the engine is up and serving
             out.append(ev.ServerReady(meta, inferred=True))
@@ -1600,10 +1614,10 @@ class RecordParser:
         return ev.KvCacheTooSmall(meta, max_len, tokens)
 
 
-# The events that parse() reads after the matchers (phase of an OOM, the first stats line of a
-# run, the config echo, V0's block count against max_model_len; unknown flags only where the
+# The events that parse() reads after the matchers (phase of an OOM, the first stats line or
+# offline progress bar of a run, the config echo, V0's block count against max_model_len; unknown flags only where the
 # text may name one).
-_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity))
+_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity, ev.ServerReady))
 
 # What a wrapper's prefix before an unread vLLM message holds: a time, a date or a level (text
 # glued before vLLM's wording in a sentence, a quote or a exception head is not a wrapper).

@@ -80,6 +80,7 @@ VOLATILE = {
     "_preempt_sign_seq": "follows stats (where the preemption signature was last seen in it)",
     "_stats_unordered_seq": "follows stats (where its lines were last out of time order)",
     "_stats_stuck_seq": "follows stats (where a line last showed an engine making no progress)",
+    "_hang_waits": "follows stats (the engine's broadcast waits since its last stats line with progress)",
     "metrics": "series: refilled by the next scrapes",
     "gpu_series": "series: refilled by the next NVML polls",
     "host_memory": "series: refilled by the next host-memory samples",
@@ -196,6 +197,9 @@ class State:
         # the newest stats line that shows no progress (_stuck; -1: none): while none is kept and
         # no scrape either, stalls() has nothing to find (may_stall)
         self._stats_stuck_seq = -1
+        # the engine core's (or V0 driver's) shared-memory broadcast waits after it served, since the
+        # last stats line that showed a token processed (bounded: the newest EVENTS_KEPT; hang_waits)
+        self._hang_waits: deque[ev.BroadcastWait] = deque(maxlen=EVENTS_KEPT)
         self.metrics: deque[ev.VllmMetricsSample] = deque()
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
         self.events: dict[str, deque] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))  # newest per kind
@@ -353,6 +357,7 @@ class State:
             if self._run_active:
                 self.run_index += 1
                 self.last_stats_by_engine.clear()
+                self._hang_waits.clear()
                 self._run_base = dict(self.totals)
             self._run_active = False
             self.run_started = e.meta.ts if e.meta.ts is not None else self.now
@@ -487,6 +492,8 @@ class State:
             self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
             self.served = True
+        if self._hang_waits and ((e.prompt_tps or 0) > 0 or (e.generation_tps or 0) > 0):
+            self._hang_waits.clear()  # tokens processed since: the engine was busy, not hung
         self.peak_running = max(self.peak_running or 0, e.num_running)
         self.peak_waiting = max(self.peak_waiting or 0, e.num_waiting)
         if e.kv_cache_usage_ratio is not None:
@@ -615,6 +622,23 @@ class State:
         self.served = True
         self.startups.ready(e.meta, e.inferred)
         self.shutting_down = False
+
+    def _on_BroadcastWait(self, e: ev.BroadcastWait) -> None:
+        """A wait on the shared-memory broadcast queue. At start-up (the engine had not served, nor
+        logged its init-engine time) it is start-up work (compilation, profiling, warm-up) that
+        slow-startup judges; a worker's (its process prefix) is a reader waiting for the engine's
+        next step, which tells nothing of the engine (its own wait does). The engine core's or V0
+        driver's after it served is kept in :meth:`hang_waits` until a stats line shows progress."""
+        if "Worker" in (e.meta.process or ""):
+            return
+        cur = self.startups.current
+        if self.served or (cur is not None and "init_engine" in cur.phases):
+            self._hang_waits.append(e)
+
+    def hang_waits(self) -> list:
+        """The engine's broadcast waits after it served with no stats line showing a token processed
+        since the first of them (oldest first; the newest EVENTS_KEPT): its workers never answered."""
+        return list(self._hang_waits)
 
     def _on_StartupPhase(self, e: ev.StartupPhase) -> None:
         self.startups.phase(e)

@@ -502,7 +502,8 @@ class KvTransferFailure:
     scheduler's connector-agnostic KV load failure). kind: "transfer-failed", "handshake-failed",
     "expired" (prefill blocks released because no decode worker fetched them in time),
     "load-failed" (the scheduler failed or rescheduled requests whose KV could not be loaded),
-    "unavailable" (the connector's library is missing)."""
+    "unavailable" (the connector's library is missing), "connector-error" (a traceback raised
+    through the connector's own code, known by its frames' files)."""
 
     meta: Meta
     connector: str

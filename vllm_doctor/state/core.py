@@ -473,7 +473,7 @@ class State:
         ts = e.meta.ts
         if ts is None or (self.stats and (prev_ts := self.stats[-1].meta.ts) is not None and ts < prev_ts):
             self._stats_unordered_seq = self._stats_seq
-        if e.num_waiting and _stuck(e):
+        if _stuck(e):
             self._stats_stuck_seq = self._stats_seq
         self._stats_seq += 1
         self.stats.append(e)
@@ -879,7 +879,7 @@ STALL_SAMPLES_KEPT = 4
 
 @dataclass(frozen=True)
 class Stall:
-    """A stretch in which one engine had requests waiting and processed no token.
+    """A stretch in which one engine had requests waiting or running and processed no token.
 
     engine: engine index (None: unnumbered); samples: the stats lines / scrapes that show it
     (cited as evidence: the first and last STALL_SAMPLES_KEPT of a long one; ``intervals`` counts them all); seconds: from the first of them to the first sample that shows
@@ -896,17 +896,24 @@ class Stall:
 
 
 def _stuck(x: ev.SchedulerStats) -> bool:
-    """A stats line of an engine making no progress: requests waiting, and prompt and generation
-    throughput 0.0 (a throughput no source gave (None) is unknown, not zero)."""
+    """A stats line of an engine making no progress: requests waiting or running (a running
+    request that makes no progress is stalled too), and prompt and generation throughput 0.0 (a
+    throughput no source gave (None) is unknown, not zero). An idle engine (none waiting, none
+    running) is not stuck."""
     known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
-    return (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
+    return _busy(x) and bool(known) and not any(known)
+
+
+def _busy(x) -> bool:
+    """Requests waiting or running (a stats line or a scrape)."""
+    return (x.num_waiting or 0) >= 1 or (x.num_running or 0) >= 1
 
 
 def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) -> list[Stall]:
     """Stalls (see :class:`Stall`) of at least ``min_intervals`` intervals, per engine: from the
-    stats lines (prompt and generation throughput both 0.0 with requests waiting) and from
-    /metrics (prompt and generation token counters unchanged between scrapes with requests
-    waiting). A stretch counts by its lines, or by its length in time over the engine's usual
+    stats lines (prompt and generation throughput both 0.0 with requests waiting or running) and
+    from /metrics (prompt and generation token counters unchanged between scrapes with requests
+    waiting or running). A stretch counts by its lines, or by its length in time over the engine's usual
     stats interval (V1 prints an unchanged all-zero line once, then stays silent)."""
     out: list[Stall] = []
     by_engine: dict[tuple[str, int | None], list] = defaultdict(list)
@@ -937,7 +944,7 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
             if source == "log":
                 stuck = _stuck(x)
             else:
-                stuck = (prev is not None and (x.num_waiting or 0) >= 1 and (prev.num_waiting or 0) >= 1
+                stuck = (prev is not None and _busy(x) and _busy(prev)
                          and x.generation_tokens_total is not None
                          and x.generation_tokens_total == prev.generation_tokens_total
                          and x.prompt_tokens_total == prev.prompt_tokens_total)

@@ -114,6 +114,7 @@ def test_offline_progress_bar_tells_the_engine_served_once():
     bar = "Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]"
     evs = parse_lines([bar, bar.replace(" 0/4", " 1/4").replace("  0%", " 25%")])
     assert [(type(e).__name__, e.inferred, e.meta.lineno) for e in evs] == [("ServerReady", True, 1)]
+    assert one("Adding requests: 100%|██████████| 4/4 [00:00<00:00, 1520.78it/s]", "ServerReady").inferred
 
 
 def test_config_echoes_of_every_version():

@@ -805,7 +805,7 @@ def _ready(m, meta):
 @matcher("offline-progress", r"(?:Processed prompts|Adding requests):\s+\d{1,3}%\|",
          keywords=('Processed prompts:', 'Adding requests:'),
          versions='0.1-0.33',
-         source='entrypoints/llm.py (LLM._run_engine: tqdm(desc="Processed prompts"); "Adding requests" 0.1x), entrypoints/common/offline.py',
+         source='entrypoints/llm.py (tqdm "Processed prompts", "Adding requests" 0.1x), entrypoints/common/offline.py',
          examples=(
              'Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]',
              'Adding requests: 100%|██████████| 4/4 [00:00<00:00, 1520.78it/s]',

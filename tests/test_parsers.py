@@ -6,6 +6,7 @@ import pytest
 
 from vllm_doctor import events as ev
 from test_envelope import one, parse_lines
+from vllm_doctor.parsers.records import CUT_TRACEBACK
 
 GIB = 1 << 30
 
@@ -94,6 +95,26 @@ def test_nccl_watchdog():
     n = one("(RayWorkerVllm pid=1) [E ProcessGroupNCCL.cpp:474] [Rank 1] Watchdog caught collective operation timeout: "
             "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800762 milliseconds before timing out.", "NcclError")
     assert (n.kind, n.op_type, n.timeout_seconds) == ("watchdog-timeout", "ALLREDUCE", 1800.0)
+
+
+@pytest.mark.parametrize("line", [
+    # shm_broadcast.py 0.11+ (INFO; held-back round 3 r03, r04) and 0.6.3 (WARNING, "No available block found")
+    "(EngineCore pid=109) INFO 05-04 01:03:58 [shm_broadcast.py:681] No available shared memory broadcast block found in "
+    "60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, "
+    "weight/kv cache quantization).",
+    "(VllmWorkerProcess pid=236) WARNING 10-01 10:00:00 shm_broadcast.py:396] No available block found in 60 second. ",
+])
+def test_shared_memory_broadcast_wait_is_not_an_nccl_error(line):
+    w = one(line, "BroadcastWait")
+    assert w.seconds == 60.0
+    assert not any(isinstance(e, ev.NcclError) for e in parse_lines([line]))
+
+
+def test_offline_progress_bar_tells_the_engine_served_once():
+    bar = "Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]"
+    evs = parse_lines([bar, bar.replace(" 0/4", " 1/4").replace("  0%", " 25%")])
+    assert [(type(e).__name__, e.inferred, e.meta.lineno) for e in evs] == [("ServerReady", True, 1)]
+    assert one("Adding requests: 100%|██████████| 4/4 [00:00<00:00, 1520.78it/s]", "ServerReady").inferred
 
 
 def test_config_echoes_of_every_version():
@@ -251,6 +272,48 @@ def test_kv_cache_check_and_kv_allocation_seen_only_through_their_tracebacks():
     # the definition, or a mention in a message, is no traceback line
     assert not parse_lines(["def raise_if_cache_size_invalid(num_gpu_blocks, block_size,",
                             "INFO 01-01 00:00:00 x.py:1] calling initialize_kv_cache_tensors( now"])
+
+
+# ---- a worker's traceback cut at both ends, logged with no process prefix (held-back round 3, class 2)
+def _with_cut(lines: list[str]) -> list:
+    from vllm_doctor.ingest.envelope import Envelope, LogClock
+    from vllm_doctor.parsers.records import RecordParser
+
+    env, p, out = Envelope(LogClock(2026)), RecordParser("t.log"), []
+    for i, ln in enumerate(lines, 1):
+        for rec in env.records(i, ln.encode()):
+            out.extend(e for e in p.parse(rec) if e is not None)
+    return out + p.cut_tracebacks()
+
+
+W = "ERROR 11-14 08:06:22 [multiproc_executor.py:597] "  # V1's WorkerProc handler, in the worker process
+NIXL_FRAMES = [
+    W + '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 4010, in initialize_kv_cache',
+    W + "    kv_transfer_group.register_kv_caches(kv_caches)",
+    W + '  File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py", line 816, in register_kv_caches',
+    W + "    self.nixl_wrapper.register_memory(descs, backends=self.nixl_backends)",
+]
+
+
+def test_cut_worker_traceback_known_by_its_logger_file_and_kv_connector_frames():
+    evs = _with_cut(NIXL_FRAMES)
+    exc = [e for e in evs if isinstance(e, ev.ExceptionRaised)]
+    kv = [e for e in evs if isinstance(e, ev.KvTransferFailure)]
+    assert [(e.exc_type, e.raised_in, e.meta.lineno) for e in exc] == [(CUT_TRACEBACK, "worker", 1)]
+    assert [(e.connector, e.kind, e.meta.lineno) for e in kv] == [("nixl", "connector-error", 1)]
+    # the connector library's own frames (as installed), with only a third-party frame around them
+    lib = _with_cut([W + '  File "/opt/venv/lib/python3.12/site-packages/mooncake/engine.py", line 88, in register_memory',
+                     W + "    ret = self.engine.register_memory(addr, size)"])
+    assert [(e.connector, e.kind) for e in lib if isinstance(e, ev.KvTransferFailure)] == [("mooncake", "connector-error")]
+    # with its exception line: one event each, a wording the matchers know keeps its own kind
+    done = _with_cut(NIXL_FRAMES + [W + "nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND"])
+    assert [(e.connector, e.kind) for e in done if isinstance(e, ev.KvTransferFailure)] == [("nixl", "transfer-failed")]
+
+
+def test_a_venv_named_after_a_connector_is_no_connector_frame():
+    evs = _with_cut(["ERROR 05-18 12:25:44 [core.py:489]   File \"/data1/user/venvs/nixl/lib/python3.12/site-packages/vllm/v1/engine/"
+                     "core.py\", line 480, in run_engine_core"])
+    assert [type(e).__name__ for e in evs] == ["ExceptionRaised"]
 
 
 # ---- a hard-wrapped args echo (corpus 048)

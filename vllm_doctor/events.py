@@ -268,8 +268,8 @@ class NcclError:
 
     kind: "error" (``NCCL error: ...`` from pynccl_wrapper.py 0.4.3+, ``NCCL Error N``),
     "watchdog-timeout" (torch ProcessGroupNCCL.cpp ``Watchdog caught collective operation
-    timeout: WorkNCCL(... OpType=ALLREDUCE ... Timeout(ms)=T) ran for M milliseconds``),
-    "shm-broadcast-stall" (``No available [shared memory broadcast] block found in N second``).
+    timeout: WorkNCCL(... OpType=ALLREDUCE ... Timeout(ms)=T) ran for M milliseconds``). The
+    shared-memory broadcast queue's wait is not NCCL's: :class:`BroadcastWait`.
     """
 
     meta: Meta
@@ -277,6 +277,21 @@ class NcclError:
     message: str = ""
     op_type: str | None = None
     timeout_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastWait:
+    """A vLLM process waited on the shared-memory broadcast queue between the engine and its
+    workers (distributed/device_communicators/shm_broadcast.py ``MessageQueue``, 0.5+: ``No
+    available [shared memory broadcast] block found in N second(s)``), logged once every N seconds
+    (VLLM_RINGBUFFER_WARNING_INTERVAL, 60) of the same wait. The writer (the engine core, V0's
+    driver) waits for workers that have not read its last message, a reader (the engine core for
+    its workers' replies, a V0 worker for the next step) for a message that has not come: some
+    process hangs or does time-consuming work (torch.compile, weight or KV cache quantization,
+    vLLM's own wording). Shared memory, not NCCL: by itself no NCCL evidence. seconds: N."""
+
+    meta: Meta
+    seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +502,8 @@ class KvTransferFailure:
     scheduler's connector-agnostic KV load failure). kind: "transfer-failed", "handshake-failed",
     "expired" (prefill blocks released because no decode worker fetched them in time),
     "load-failed" (the scheduler failed or rescheduled requests whose KV could not be loaded),
-    "unavailable" (the connector's library is missing)."""
+    "unavailable" (the connector's library is missing), "connector-error" (a traceback raised
+    through the connector's own code, known by its frames' files)."""
 
     meta: Meta
     connector: str
@@ -538,6 +554,7 @@ Event = (
     | OutOfMemory
     | EngineFailure
     | NcclError
+    | BroadcastWait
     | ExceptionRaised
     | ConfigRejected
     | ServerReady
@@ -584,8 +601,8 @@ EVENT_KINDS: dict[str, type] = {
     for cls in (
         VersionSeen, EngineConfigObserved, KvCacheCapacity, MemoryProfile, SchedulerStats,
         Preemption, PreemptionCount, KvCacheTooSmall, NoCacheMemory, InsufficientFreeMemory,
-        OutOfMemory, EngineFailure, NcclError, ExceptionRaised, ConfigRejected, ServerReady, ServerShutdown,
-        UnknownFlag, UnreadLine, ProcessExited, VllmMetricsSample, GpuSample, StartupPhase, RequestTooLong,
+        OutOfMemory, EngineFailure, NcclError, BroadcastWait, ExceptionRaised, ConfigRejected, ServerReady,
+        ServerShutdown, UnknownFlag, UnreadLine, ProcessExited, VllmMetricsSample, GpuSample, StartupPhase, RequestTooLong,
         KvTransferFailure, GpuUnsupported, HostMemorySample,
     )
 }

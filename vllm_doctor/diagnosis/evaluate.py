@@ -530,6 +530,7 @@ class RuleEngine:
             engine_balance=lambda: engine_balance(win.stats(), win.engine_metrics(),
                                                   BalanceCriteria.from_thresholds(vars(self._thresholds))),
             startups=lambda: list(state.startups.items), starts_total=lambda: state.startups.total,
+            hang_waits=state.hang_waits,
             host_memory=lambda: [x for x in state.host_memory if win.start is None or (x.meta.ts or 0) >= win.start],
             queue_growth=lambda: queue_growth(win.stats(), win.metrics()),
             prefix_collapse=lambda: prefix_collapse(win.stats(), win.metrics(), self._thresholds.prefix_cache_collapse_ratio),

@@ -124,7 +124,7 @@ FUNCTIONS: dict[str, Callable] = {
 STATE_FUNCTIONS = ("count", "total", "exists", "recent", "last_event", "first_event", "events", "recent_events",
                    "preemptions", "preemptions_counted", "preemptions_total", "flag_exists", "fired", "version_at_least", "ttft_p99",
                    "stats_max", "stats_min", "concurrency", "stalls", "engine_balance", "startups", "starts_total",
-                   "host_memory", "queue_growth", "prefix_collapse", "host_trend")
+                   "host_memory", "queue_growth", "prefix_collapse", "host_trend", "hang_waits")
 
 
 @lru_cache(maxsize=8192)

@@ -639,8 +639,8 @@ def _process_exit(m, meta):
          examples=(
              'INFO 11-11 01:44:59 [shm_broadcast.py:542] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).',
          ))
-def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.7, DEBUG 0.8-0.10, INFO 0.33)
-    return ev.NcclError(meta, "shm-broadcast-stall", meta.text[:300], None, float(m["s"]))
+def _shm(m, meta):  # shm_broadcast.py 0.5+ (WARNING until 0.6.3, DEBUG 0.6.6-0.10, INFO 0.11+): shared memory, not NCCL
+    return ev.BroadcastWait(meta, float(m["s"]))
 
 
 # ---- configuration and version
@@ -800,6 +800,18 @@ def _rejected(m, meta):  # config/model.py validation
          ))
 def _ready(m, meta):
     return ev.ServerReady(meta)
+
+
+@matcher("offline-progress", r"(?:Processed prompts|Adding requests):\s+\d{1,3}%\|",
+         keywords=('Processed prompts:', 'Adding requests:'),
+         versions='0.1-0.33',
+         source='entrypoints/llm.py (tqdm "Processed prompts", "Adding requests" 0.1x), entrypoints/common/offline.py',
+         examples=(
+             'Processed prompts:   0%|          | 0/4 [00:00<?, ?it/s, est. speed input: 0.00 toks/s, output: 0.00 toks/s]',
+             'Adding requests: 100%|██████████| 4/4 [00:00<00:00, 1520.78it/s]',
+         ))
+def _offline_progress(m, meta):  # the offline LLM's progress bar: requests were handed to a started engine
+    return ev.ServerReady(meta, inferred=True)
 
 
 @matcher("shutdown", r"(?:\[shutdown\] API server: shutdown triggered|Received (?:SIGTERM|SIGINT|signal SIGTERM|signal SIGINT)\b)",
@@ -1028,7 +1040,25 @@ EXC_LINE_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interru
 # V0 MQLLMEngine's ``logger.exception(repr(e))``: the exception's repr as the message (``KeyError('x')``),
 # read as the exception where the engine's own module logged it at ERROR (a literal ``^M`` a paste kept)
 EXC_REPR_RE = re.compile(r"^(?P<t>[A-Za-z_][\w.]*(?:Error|Exception))\((?P<m>.*)\)(?:\^M)?\s*$")
-FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+(?:, in (?P<f>\w+|<module>))?')
+FRAME_RE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+(?:, in (?P<f>\w+|<module>))?')
+# A frame in a KV connector's code, by its file: the connectors' libraries (LMCache, NIXL and ROCm's
+# RIXL, Mooncake) as installed, LMCache's source tree, and vLLM's own connector modules
+# (distributed/kv_transfer/: kv_connector/v1/lmcache_connector.py and lmcache_integration/,
+# nixl_connector.py, mooncake/, p2p/p2p_nccl_*.py, offloading_connector.py, ... in 0.9-0.33). The
+# connector is the library's or the module's name; another kv_transfer module is "kv-connector".
+KV_CONNECTOR_PATH_RE = re.compile(r"(?:site|dist)-packages/(?P<pkg>lmcache|nixl|rixl|mooncake)/|/(?P<src>lmcache)/(?:v1|integration)/"
+                                  r"|/vllm/distributed/kv_transfer/(?P<mod>[\w/]+)\.py$")
+_KV_CONNECTOR_NAMES = (("lmcache", "lmcache"), ("nixl", "nixl"), ("rixl", "nixl"), ("mooncake", "mooncake"), ("p2p", "p2pnccl"))
+
+
+def kv_connector_of(path: str) -> str | None:
+    """The KV connector whose code a traceback frame's file is (:data:`KV_CONNECTOR_PATH_RE`), or None."""
+    m = KV_CONNECTOR_PATH_RE.search(path) if ("kv_transfer" in path or "mooncake" in path or "lmcache" in path
+                                               or "ixl" in path) else None
+    if m is None:
+        return None
+    name = m["pkg"] or m["src"] or m["mod"]
+    return next((c for k, c in _KV_CONNECTOR_NAMES if k in name), "kv-connector")
 # What the traceback joiner and the unknown-flag scan read, besides the matcher table.
 TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
 FLAG_KEYWORDS = tuple(FAKE_FLAGS)
@@ -1117,7 +1147,14 @@ _PROCESS_PREFIX = (("EngineCore", "engine-core"), ("APIServer", "api-server"), (
 # AsyncLLMEngine (engine/async_llm_engine.py, 0.2-0.10), whose only one is its background loop's end
 # ("Engine background task failed", _log_task_completion)
 _CORE_SRC = re.compile(r"^(?:.*/)?(?:core|engine|async_llm_engine)\.py:")
-_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)|(?P<core>core|engine|async_llm_engine)|(?P<worker>worker_base|gpu_worker|worker))\.py:")
+# The worker's: worker_base.py, gpu_worker.py, worker.py, and the files whose handlers log a worker
+# process's traceback: V1's multiproc_executor.py (WorkerProc: "WorkerProc failed to start." /
+# "WorkerProc failed." / "WorkerProc hit an exception.", "Error getting async model runner output",
+# 0.8-0.33: its every logger.exception runs in the worker) and V0's multiproc_worker_utils.py
+# (_run_worker_process: "Exception in worker %s while processing method %s." / "Worker failed").
+_PROCESS_SRC = re.compile(r"^(?:.*/)?(?:(?P<api>serving\w*|api_server|launcher|api_router|async_llm|api_utils)"
+                          r"|(?P<core>core|engine|async_llm_engine)"
+                          r"|(?P<worker>worker_base|gpu_worker|worker|multiproc_executor|multiproc_worker_utils))\.py:")
 
 
 def _prefix_process(process: str | None) -> str | None:
@@ -1158,6 +1195,13 @@ def classify_traceback(marks: set, process: str | None, src: str | None, exc_typ
 
 
 MAX_FRAMES = 12  # function names kept per traceback (the innermost)
+
+
+def _connector_error(marks, meta: ev.Meta) -> ev.KvTransferFailure | None:
+    """A traceback raised through a KV connector's code (a ``kv:`` mark of its frames) as the
+    connector's failure ("connector-error"); None when no frame is a connector's."""
+    conn = next((m[3:] for m in sorted(marks) if m.startswith("kv:")), None)
+    return None if conn is None else ev.KvTransferFailure(meta, conn, "connector-error")
 _NO_MARKS: frozenset = frozenset()
 CUT_TRACEBACK = "(traceback cut before its exception line)"  # the exc_type of a traceback the log ends inside
 MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress
@@ -1369,7 +1413,10 @@ class RecordParser:
                 # excerpt, a rotated file) begins inside the traceback; its frames still tell
                 tb = self._tb[key] = (rec.lineno, [], set(), rec)
             if tb is not None:
-                f = FRAME_RE.match(msg).group("f")
+                f, path = FRAME_RE.match(msg).group("f", "path")
+                conn = kv_connector_of(path)
+                if conn is not None:
+                    tb[2].add("kv:" + conn)  # raised through a KV connector's code
                 if f is not None:
                     tb[1].append(f)
                     marks = FRAME_MARKS.get(f)
@@ -1382,7 +1429,7 @@ class RecordParser:
         if exc_line is None and not matchers and not self._held and not flag_text and unread is None and repr_exc is None:
             return out  # no matcher matches, no flag, no held OOM: nothing below can give an event
         meta = ev.Meta(self.source, rec.lineno, rec.lineno, rec.ts, rec.process, rec.level, msg[:400])
-        tb_phase = None
+        tb_phase = kv_error = None
         if exc_line is not None:  # the exception line: (type span, message span or None) in msg
             (t0, t1), m_span = exc_line
             start, frames, marks, _ = self._tb.pop(key if key in self._tb else self._orphan(key), (rec.lineno, [], _NO_MARKS, None))
@@ -1392,6 +1439,7 @@ class RecordParser:
             out.append(ev.ExceptionRaised(tmeta, exc_type, msg[m_span[0] : m_span[1]][:400] if m_span else "",
                                           tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
             tb_phase = phase
+            kv_error = _connector_error(marks, tmeta)
         elif repr_exc is not None:
             exc_type = repr_exc["t"]
             proc, phase, ended = classify_traceback(set(), rec.process, rec.src, exc_type, rec.level)
@@ -1409,6 +1457,8 @@ class RecordParser:
                     out.extend(res)
                 else:
                     out.append(res)
+        if kv_error is not None and not any(type(e) is ev.KvTransferFailure for e in out):
+            out.append(kv_error)  # (a wording the matchers know already tells the kind)
         if unread is not None and not out:
             # vLLM's own wording behind text the envelope did not take off: a wrapper it does not know
             out.append(ev.UnreadLine(meta, unread[0], msg[: unread[1]][-80:]))
@@ -1437,6 +1487,10 @@ class RecordParser:
                 self._held_left = HOLD_RECORDS
         if released:
             out = released + out
+        if ev.ServerReady in kinds and any(type(e) is ev.ServerReady and e.inferred for e in out):
+            if self._served_seen:  # the offline progress bar again (tqdm redraws it): served already
+                out = [e for e in out if not (type(e) is ev.ServerReady and e.inferred)]
+            self._served_seen = True
         if not self._served_seen and ev.SchedulerStats in kinds:
             self._served_seen = True  # periodic stats: the engine is up and serving
             out.append(ev.ServerReady(meta, inferred=True))
@@ -1572,17 +1626,21 @@ class RecordParser:
         """The end of the input: each traceback still open (its exception line is not in the log:
         the excerpt or the log ends inside it) whose frames tell where it was raised, as an
         :class:`~vllm_doctor.events.ExceptionRaised` with the type ``CUT_TRACEBACK``. One whose
-        frames tell nothing (only torch's or a kernel's) counts when a vLLM process logged it at
-        ERROR under its own prefix (``(VllmWorker rank=0 pid=N)``, ``(Worker_TP0 pid=N)``,
-        ``(EngineCore_DP0 pid=N)``): an error of that process all the same."""
-        out = []
+        frames tell nothing (only torch's, a kernel's or a library's) counts when a vLLM process
+        logged it at ERROR under its own prefix (``(VllmWorker rank=0 pid=N)``, ``(Worker_TP0
+        pid=N)``, ``(EngineCore_DP0 pid=N)``) or from its logger's file (``[multiproc_executor.py:597]``,
+        a worker's handler): an error of that process all the same. One through a KV connector's
+        code also gives the connector's :class:`~vllm_doctor.events.KvTransferFailure`."""
+        out: list = []
         for start, frames, marks, first in self._tb.values():
             proc, phase, ended = classify_traceback(marks, first.process, first.src, "", first.level)
-            if not marks and not ended and not (first.level in ("ERROR", "CRITICAL") and _prefix_process(first.process)):
+            if not marks and not ended and not (first.level in ("ERROR", "CRITICAL") and proc is not None):
                 continue  # (ended: the engine process's own module logged it)
-            out.append(ev.ExceptionRaised(ev.Meta(self.source, start, start, first.ts, first.process, first.level,
-                                                  "Traceback (most recent call last):"),
-                                          CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
+            meta = ev.Meta(self.source, start, start, first.ts, first.process, first.level, "Traceback (most recent call last):")
+            out.append(ev.ExceptionRaised(meta, CUT_TRACEBACK, "", tuple(frames[-MAX_FRAMES:]), proc, phase, ended))
+            kv_error = _connector_error(marks, meta)
+            if kv_error is not None:
+                out.append(kv_error)
         self._tb.clear()
         return out
 
@@ -1600,10 +1658,10 @@ class RecordParser:
         return ev.KvCacheTooSmall(meta, max_len, tokens)
 
 
-# The events that parse() reads after the matchers (phase of an OOM, the first stats line of a
-# run, the config echo, V0's block count against max_model_len; unknown flags only where the
+# The events that parse() reads after the matchers (phase of an OOM, the first stats line or
+# offline progress bar of a run, the config echo, V0's block count against max_model_len; unknown flags only where the
 # text may name one).
-_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity))
+_FOLLOWED_UP = frozenset((ev.OutOfMemory, ev.SchedulerStats, ev.EngineConfigObserved, ev.KvCacheCapacity, ev.ServerReady))
 
 # What a wrapper's prefix before an unread vLLM message holds: a time, a date or a level (text
 # glued before vLLM's wording in a sentence, a quote or a exception head is not a wrapper).

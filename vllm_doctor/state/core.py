@@ -80,6 +80,7 @@ VOLATILE = {
     "_preempt_sign_seq": "follows stats (where the preemption signature was last seen in it)",
     "_stats_unordered_seq": "follows stats (where its lines were last out of time order)",
     "_stats_stuck_seq": "follows stats (where a line last showed an engine making no progress)",
+    "_hang_waits": "follows stats (the engine's broadcast waits since its last stats line with progress)",
     "metrics": "series: refilled by the next scrapes",
     "gpu_series": "series: refilled by the next NVML polls",
     "host_memory": "series: refilled by the next host-memory samples",
@@ -196,6 +197,9 @@ class State:
         # the newest stats line that shows no progress (_stuck; -1: none): while none is kept and
         # no scrape either, stalls() has nothing to find (may_stall)
         self._stats_stuck_seq = -1
+        # the engine core's (or V0 driver's) shared-memory broadcast waits after it served, since the
+        # last stats line that showed a token processed (bounded: the newest EVENTS_KEPT; hang_waits)
+        self._hang_waits: deque[ev.BroadcastWait] = deque(maxlen=EVENTS_KEPT)
         self.metrics: deque[ev.VllmMetricsSample] = deque()
         self.gpu_series: deque[tuple[float, int, int | None]] = deque()  # (ts, used_bytes_sum, total)
         self.events: dict[str, deque] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))  # newest per kind
@@ -361,6 +365,7 @@ class State:
             if self._run_active:
                 self.run_index += 1
                 self.last_stats_by_engine.clear()
+                self._hang_waits.clear()
                 self._run_base = dict(self.totals)
             self._run_active = False
             self.run_started = e.meta.ts if e.meta.ts is not None else self.now
@@ -476,7 +481,7 @@ class State:
         ts = e.meta.ts
         if ts is None or (self.stats and (prev_ts := self.stats[-1].meta.ts) is not None and ts < prev_ts):
             self._stats_unordered_seq = self._stats_seq
-        if e.num_waiting and _stuck(e):
+        if _stuck(e):
             self._stats_stuck_seq = self._stats_seq
         self._stats_seq += 1
         self.stats.append(e)
@@ -495,6 +500,8 @@ class State:
             self.last_stats_by_engine[e.engine_index] = e
         if e.num_running > 0 or (e.generation_tps or 0) > 0:
             self.served = True
+        if self._hang_waits and ((e.prompt_tps or 0) > 0 or (e.generation_tps or 0) > 0):
+            self._hang_waits.clear()  # tokens processed since: the engine was busy, not hung
         self.peak_running = max(self.peak_running or 0, e.num_running)
         self.peak_waiting = max(self.peak_waiting or 0, e.num_waiting)
         if e.kv_cache_usage_ratio is not None:
@@ -622,6 +629,23 @@ class State:
         self.served = True
         self.startups.ready(e.meta, e.inferred)
         self.shutting_down = False
+
+    def _on_BroadcastWait(self, e: ev.BroadcastWait) -> None:
+        """A wait on the shared-memory broadcast queue. At start-up (the engine had not served, nor
+        logged its init-engine time) it is start-up work (compilation, profiling, warm-up) that
+        slow-startup judges; a worker's (its process prefix) is a reader waiting for the engine's
+        next step, which tells nothing of the engine (its own wait does). The engine core's or V0
+        driver's after it served is kept in :meth:`hang_waits` until a stats line shows progress."""
+        if "Worker" in (e.meta.process or ""):
+            return
+        cur = self.startups.current
+        if self.served or (cur is not None and "init_engine" in cur.phases):
+            self._hang_waits.append(e)
+
+    def hang_waits(self) -> list:
+        """The engine's broadcast waits after it served with no stats line showing a token processed
+        since the first of them (oldest first; the newest EVENTS_KEPT): its workers never answered."""
+        return list(self._hang_waits)
 
     def _on_StartupPhase(self, e: ev.StartupPhase) -> None:
         self.startups.phase(e)
@@ -862,7 +886,7 @@ STALL_SAMPLES_KEPT = 4
 
 @dataclass(frozen=True)
 class Stall:
-    """A stretch in which one engine had requests waiting and processed no token.
+    """A stretch in which one engine had requests waiting or running and processed no token.
 
     engine: engine index (None: unnumbered); samples: the stats lines / scrapes that show it
     (cited as evidence: the first and last STALL_SAMPLES_KEPT of a long one; ``intervals`` counts them all); seconds: from the first of them to the first sample that shows
@@ -879,17 +903,24 @@ class Stall:
 
 
 def _stuck(x: ev.SchedulerStats) -> bool:
-    """A stats line of an engine making no progress: requests waiting, and prompt and generation
-    throughput 0.0 (a throughput no source gave (None) is unknown, not zero)."""
+    """A stats line of an engine making no progress: requests waiting or running (a running
+    request that makes no progress is stalled too), and prompt and generation throughput 0.0 (a
+    throughput no source gave (None) is unknown, not zero). An idle engine (none waiting, none
+    running) is not stuck."""
     known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
-    return (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
+    return _busy(x) and bool(known) and not any(known)
+
+
+def _busy(x) -> bool:
+    """Requests waiting or running (a stats line or a scrape)."""
+    return (x.num_waiting or 0) >= 1 or (x.num_running or 0) >= 1
 
 
 def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) -> list[Stall]:
     """Stalls (see :class:`Stall`) of at least ``min_intervals`` intervals, per engine: from the
-    stats lines (prompt and generation throughput both 0.0 with requests waiting) and from
-    /metrics (prompt and generation token counters unchanged between scrapes with requests
-    waiting). A stretch counts by its lines, or by its length in time over the engine's usual
+    stats lines (prompt and generation throughput both 0.0 with requests waiting or running) and
+    from /metrics (prompt and generation token counters unchanged between scrapes with requests
+    waiting or running). A stretch counts by its lines, or by its length in time over the engine's usual
     stats interval (V1 prints an unchanged all-zero line once, then stays silent)."""
     out: list[Stall] = []
     by_engine: dict[tuple[str, int | None], list] = defaultdict(list)
@@ -920,7 +951,7 @@ def stalls(stats: list, metrics: list, now: float | None, min_intervals: int) ->
             if source == "log":
                 stuck = _stuck(x)
             else:
-                stuck = (prev is not None and (x.num_waiting or 0) >= 1 and (prev.num_waiting or 0) >= 1
+                stuck = (prev is not None and _busy(x) and _busy(prev)
                          and x.generation_tokens_total is not None
                          and x.generation_tokens_total == prev.generation_tokens_total
                          and x.prompt_tokens_total == prev.prompt_tokens_total)

@@ -381,3 +381,21 @@ def test_the_fleet_runs_the_one_pipeline_and_the_rules_schedule():
     # the fleet rules, through a Schedule of what they read ('*': the fleet namespace), all run
     assert {r.reads for r in FLEET.rules} == {frozenset({"*"})}
     assert "replica-imbalance" in judge([replica("hot", HOT), replica("idle", IDLE)])
+
+
+def test_a_replica_whose_samples_repeat_with_requests_running_is_no_stall():
+    """A range past a replica's last sample: Prometheus repeats it for its 5 min lookback, requests
+    running and token counters flat. From queried series a stall needs a queue that stays (a stats
+    line of a log, written only when vLLM writes it, counts a running request alone: vllm#17972)."""
+    from vllm_doctor.events import QUERIED_SOURCE_PREFIX, Meta
+    from vllm_doctor.state.core import stalls
+
+    def line(src: str, t: float, waiting: int) -> SchedulerStats:
+        return SchedulerStats(Meta(source=src, ts=t, text=""), prompt_tps=0.0, generation_tps=0.0,
+                              num_running=12, num_waiting=waiting, num_swapped=None, kv_cache_usage_ratio=0.4,
+                              preemptions=None, engine_index=0)
+
+    queried = f"{QUERIED_SOURCE_PREFIX}fleet/vllm-010"
+    assert stalls([line(queried, 1000.0 + 15 * k, 0) for k in range(20)], [], 1300.0, 3) == []
+    assert len(stalls([line(queried, 1000.0 + 15 * k, 5) for k in range(20)], [], 1300.0, 3)) == 1
+    assert len(stalls([line("vllm.log", 1000.0 + 10 * k, 0) for k in range(4)], [], 1040.0, 3)) == 1

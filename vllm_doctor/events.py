@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
+#: The source of the events ``diagnose --prometheus`` builds from Prometheus' range queries
+#: (``prometheus:<replica>``): their stats are counter deltas at the query's steps, and a step past a
+#: replica's last sample repeats that sample for Prometheus' 5 min lookback (flat counters).
+QUERIED_SOURCE_PREFIX = "prometheus:"
+
+
 @dataclass(frozen=True, slots=True)
 class Meta:
     """Where an event came from.

@@ -45,7 +45,7 @@ from vllm_doctor.catalogue import V, either
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.diagnosis.advice import BalanceCriteria
 from vllm_doctor.errors import InputError
-from vllm_doctor.events import EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
+from vllm_doctor.events import QUERIED_SOURCE_PREFIX, EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
 from vllm_doctor.findings import SEVERITY_ORDER, Finding, by_severity
 from vllm_doctor.diagnosis.schedule import Schedule
 from vllm_doctor.pipeline import LogTime, Pipeline, Report
@@ -273,7 +273,7 @@ def _delta(prev: float | None, cur: float) -> float:
 def replica_events(rep: Replica, since: float, step: float):
     """The typed events of one replica, in time order: configuration first, then one
     SchedulerStats per engine per step, GPU samples interleaved."""
-    src = f"prometheus:{rep.name}"
+    src = f"{QUERIED_SOURCE_PREFIX}{rep.name}"
     evs: list[tuple[float, int, object]] = []
     cfg = rep.config
     values = tuple((k, int(cfg[g])) for k, g in (("max_num_seqs", "vllm_max_num_seqs"), ("max_model_len", "vllm_max_model_len"))
@@ -449,13 +449,13 @@ def summarize(rep: Replica, engine: str | None, t: dict[str, float], pipe: Pipel
         preemptions=int(pre) if have_pre else None,
         saturated_ratio=sat / n if n else 0.0, idle_ratio=idle / n if n else 0.0,
         generation_tps_mean=sum(gen_rates) if gen_rates else None,
-        meta=Meta(source=f"prometheus:{rep.name}", text=""),
+        meta=Meta(source=f"{QUERIED_SOURCE_PREFIX}{rep.name}", text=""),
         latency_p99=dict(rep.latency_p99) if engine is None else {},
         findings=sorted(f.name for f in pipe.engine.findings.values()) if pipe is not None else [],
         status=status, load=load, key=rep.key,
     )
     kv_txt = "-" if s.kv_peak is None else f"{s.kv_peak:.0%}"
-    s.meta = Meta(source=f"prometheus:{name}", text=(
+    s.meta = Meta(source=f"{QUERIED_SOURCE_PREFIX}{name}", text=(
         f"{name}: saturated {s.saturated_ratio:.0%} of the time, idle {s.idle_ratio:.0%}; running peak "
         f"{s.running_peak or 0:.0f}, waiting peak {s.waiting_peak or 0:.0f}, KV cache peak {kv_txt}, "
         f"preemptions {'-' if s.preemptions is None else s.preemptions}"))
@@ -722,7 +722,7 @@ def _routing_not_capacity(findings: list[Finding], fleet_findings: list[Finding]
     from dataclasses import replace
 
     def named(rule: str) -> set[str]:  # the replicas of a fleet finding's evidence (the hot side)
-        return {e.source.removeprefix("prometheus:").split(" engine ")[0] for f in fleet_findings
+        return {e.source.removeprefix(QUERIED_SOURCE_PREFIX).split(" engine ")[0] for f in fleet_findings
                 if f.name == rule for e in f.evidence}
 
     why = {**{r: ("Other data-parallel engines of this replica had room at the same moments (engine-imbalance): how "

@@ -45,7 +45,8 @@ from vllm_doctor.catalogue import V, either
 from vllm_doctor.diagnosis import load_rules
 from vllm_doctor.diagnosis.advice import BalanceCriteria
 from vllm_doctor.errors import InputError
-from vllm_doctor.events import QUERIED_SOURCE_PREFIX, EngineConfigObserved, GpuSample, KvCacheCapacity, Meta, SchedulerStats, VllmMetricsSample
+from vllm_doctor.events import (QUERIED_SOURCE_PREFIX, EngineConfigObserved, GpuSample, KvCacheCapacity, Meta,
+                                 SchedulerStats, VllmMetricsSample)
 from vllm_doctor.findings import SEVERITY_ORDER, Finding, by_severity
 from vllm_doctor.diagnosis.schedule import Schedule
 from vllm_doctor.pipeline import LogTime, Pipeline, Report

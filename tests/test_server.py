@@ -348,3 +348,23 @@ def test_cli_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
     assert lines[-1] == f"vllm-doctor: cannot serve on 127.0.0.1:{port} (the port is in use or the address is not " \
                         "this host's: see uvicorn's error above)"
     assert "Traceback" not in out.decode()
+
+
+def test_serve_freezes_what_lives_as_long_as_the_process(monkeypatch, tmp_path):
+    """run() hands the objects built at start-up (modules, rules, the app) to gc.freeze() before
+    serving: the full collections that a busy log triggers no longer walk them."""
+    import gc
+
+    import uvicorn
+
+    from vllm_doctor.export.serve import run
+
+    frozen: list[int] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: frozen.append(gc.get_freeze_count()))
+    cfg = load_config({"logs": [str(tmp_path / "vllm.log")], "metrics_url": "none", "nvml": False,
+                       "host_memory": False, "host": "127.0.0.1", "port": 0}, env={})
+    try:
+        assert run(cfg) == 0
+    finally:
+        gc.unfreeze()
+    assert frozen and frozen[0] > 10_000

@@ -17,6 +17,7 @@ YAML file (``--config`` / ``VLLM_DOCTOR_CONFIG``) > defaults. See docs/serve.md.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -631,6 +632,11 @@ def run(cfg: ServeConfig) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sidecar = Sidecar(cfg)
     app = create_app(sidecar, manage=True)
+    # What exists now (modules, rules, the compiled scanner, the app: about 90k objects) lives as
+    # long as the process: out of the collector's sight, a full collection no longer walks it
+    # (it took 0.1 s of CPU about every 20 s at 10 MB/s of log: 0.5 % of a core)
+    gc.collect()
+    gc.freeze()
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            access_log=False, lifespan="on"))
     # uvicorn catches SIGINT and SIGTERM while serving (SIGINT too where it was inherited as ignored),

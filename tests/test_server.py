@@ -368,3 +368,32 @@ def test_serve_freezes_what_lives_as_long_as_the_process(monkeypatch, tmp_path):
     finally:
         gc.unfreeze()
     assert frozen and frozen[0] > 10_000
+
+
+def test_serve_housekeeping_wakes_once_a_second(monkeypatch):
+    """The HTTP server's housekeeping loop (stop signal, Date header) sleeps a second between
+    ticks (uvicorn's own: 0.1 s), and each tick still refreshes the Date header (uvicorn does
+    that when the tick counter is a multiple of 10)."""
+    import asyncio
+
+    import uvicorn
+
+    from vllm_doctor.export.serve import SERVER_TICK_SECONDS, _server
+
+    server = _server(uvicorn.Config(lambda *a: None))
+    sleeps: list[float] = []
+    ticks: list[int] = []
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    async def on_tick(counter: int) -> bool:
+        ticks.append(counter)
+        return len(ticks) == 3  # a stop was asked for at the third tick
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    monkeypatch.setattr(server, "on_tick", on_tick)
+    asyncio.run(server.main_loop())
+    assert SERVER_TICK_SECONDS == 1.0
+    assert sleeps == [1.0, 1.0]
+    assert ticks == [0, 10, 20]

@@ -961,20 +961,27 @@ class FollowThread:
         finally:
             self.first_round_done.set()
         last = 0.0
+        busy = False  # the last round read bytes: a log being written has more min_interval later
         while not self._stop.is_set():
-            self._wait(self.poll_interval)
-            if self._stop.is_set():
-                break
+            if not busy:
+                self._wait(self.poll_interval)
+                if self._stop.is_set():
+                    break
             pause = self.min_interval - (time.monotonic() - last)
-            if pause > 0:  # the kernel merges the events of the writes meanwhile
-                self._stop.wait(pause)
+            if pause > 0 and self._stop.wait(pause):  # the kernel merges the events of the writes meanwhile
+                break
             self._wake.clear()
-            if self._poller is not None:
+            if self._poller is not None and not busy:
                 self._drain()  # what came before this poll is read by it
             last = time.monotonic()
+            n = 0
             with self.lock:
                 for f in self.followers:
-                    f.poll()
+                    n += f.poll()
+            # while a log is being written, poll it every min_interval without reading inotify
+            # (its events say what the next poll finds anyway); the first round that reads nothing
+            # goes back to waiting on inotify (the events queued meanwhile cost one more round)
+            busy = n > 0 and self._poller is not None
             self.rounds += 1
             if self.after_poll is not None:
                 try:

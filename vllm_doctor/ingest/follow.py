@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_doctor.ingest.statefile import STATE_VERSION
 
@@ -812,7 +813,7 @@ class FollowThread:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._observer = None
-        self._inotify = None  # inotify_simple.INotify, read by this thread
+        self._inotify: Any = None  # inotify_simple.INotify, read by this thread
         self._poller: select.poll | None = None  # the inotify descriptor and the wake pipe
         self._wake_pipe: tuple[int, int] | None = None
         self._names = {os.path.basename(f.path) for f in self.followers}
@@ -933,12 +934,13 @@ class FollowThread:
         """Read what woke the poller: True when it is worth a poll (a change at a followed
         name, an overflowed event queue, a :meth:`wake`)."""
         woke = False
-        try:
-            while os.read(self._wake_pipe[0], 512):  # type: ignore[index]
-                woke = True
-        except BlockingIOError:
-            pass
-        for ev in self._inotify.read(timeout=0):  # type: ignore[union-attr]
+        if self._wake_pipe is not None:
+            try:
+                while os.read(self._wake_pipe[0], 512):
+                    woke = True
+            except BlockingIOError:
+                pass
+        for ev in self._inotify.read(timeout=0):
             if ev.mask & 0x4000 or ev.name in self._names:  # IN_Q_OVERFLOW: events were lost
                 woke = True
         return woke

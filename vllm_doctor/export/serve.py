@@ -620,6 +620,28 @@ class Sidecar:
         return self.started_at is not None and not self._stop.is_set(), self.source_status()
 
 
+#: glibc malloc: blocks up to this size come from the heap (not a mapping of their own), and up to
+#: MALLOC_KEEP_BYTES freed at its top stay there, instead of going back to the kernel.
+MALLOC_HEAP_BLOCK_BYTES = 4 << 20
+MALLOC_KEEP_BYTES = 8 << 20
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's malloc (``mallopt``) for the sidecar's steady flow of large buffers (each read
+    of the log and its pieces: up to 1 MiB): they are taken from the heap and freed memory stays
+    in it, up to :data:`MALLOC_KEEP_BYTES` (RSS that much higher at most), instead of being mapped
+    and unmapped again, each page faulted in anew: 2,400 page faults a second at 10 MB/s of log,
+    60 after. False where the C library has no ``mallopt`` (musl, macOS): nothing is changed."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, MALLOC_HEAP_BLOCK_BYTES)) and bool(mallopt(m_trim_threshold, MALLOC_KEEP_BYTES))
+
+
 #: Seconds between the HTTP server's housekeeping wake-ups (uvicorn's own loop wakes every 0.1 s).
 SERVER_TICK_SECONDS = 1.0
 
@@ -660,6 +682,7 @@ def run(cfg: ServeConfig) -> int:
     # (it took 0.1 s of CPU about every 20 s at 10 MB/s of log: 0.5 % of a core)
     gc.collect()
     gc.freeze()
+    keep_freed_memory()
     server = _server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                     access_log=False, lifespan="on"))
     # uvicorn catches SIGINT and SIGTERM while serving (SIGINT too where it was inherited as ignored),

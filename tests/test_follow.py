@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -326,6 +327,46 @@ def test_follow_thread_wakes_on_inotify(tmp_path):
     finally:
         ft.stop()
         f.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+def test_follow_thread_reads_inotify_itself_and_merges_the_writes(tmp_path):
+    """On Linux the follow thread reads inotify itself: it starts no other thread (watchdog's
+    observer runs three, each woken by every event), a write wakes it within a 30 s poll
+    interval, a line-by-line writer (vLLM's logging writes each line on its own) costs a few
+    rounds, not one per write, a file beside the log wakes nothing, and stop() is prompt."""
+    p = tmp_path / "vllm.log"
+    p.write_bytes(b"")
+    other = tmp_path / "other.txt"
+    s = Sink()
+    lock = threading.Lock()
+    f = follower(p, s)
+    f.poll()
+    ft = FollowThread([f], lock, poll_interval=30.0, min_interval=0.2)
+    before = threading.active_count()
+    ft.start()
+    try:
+        assert ft.notifier == "inotify"
+        assert threading.active_count() == before + 1  # the follow thread alone
+        payload = lines(400)
+        with open(p, "ab", buffering=0) as fh:
+            for x in payload:
+                fh.write(x)  # 400 write() calls
+        deadline = time.monotonic() + 20
+        while len(s.lines) < 400 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.lines == [x.rstrip(b"\n") for x in payload]
+        time.sleep(0.5)  # events still queued are read by the next round
+        rounds = ft.rounds
+        assert rounds <= 10, rounds
+        for _ in range(50):
+            other.write_text("x")  # another file in the directory
+        time.sleep(0.5)
+        assert ft.rounds == rounds
+    finally:
+        ft.stop()
+        f.close()
+    assert not ft._thread.is_alive()  # stop() joined it (a write to the wake pipe ends its wait)
 
 
 @pytest.mark.parametrize("over", [3 << 20])

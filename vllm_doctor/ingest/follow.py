@@ -2,9 +2,10 @@
 
 Design (after google/mtail's ``logstream``): one :class:`LogFollower` per path does all the
 work in :meth:`LogFollower.poll`, a single non-blocking step that tests drive directly; a
-:class:`FollowThread` calls ``poll`` when watchdog (inotify) reports a change in the file's
-directory, and at least every ``poll_interval`` seconds anyway (inotify misses events on
-some network and overlay file systems, and a directory may appear late).
+:class:`FollowThread` calls ``poll`` when inotify reports a change in the file's directory
+(read by the thread itself; watchdog where inotify is not available), and at least every
+``poll_interval`` seconds anyway (inotify misses events on some network and overlay file
+systems, and a directory may appear late).
 
 Each step compares the path's ``stat`` with the open file descriptor:
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import stat as stat_mod
 import tempfile
 import threading
@@ -62,6 +64,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_doctor.ingest.statefile import STATE_VERSION
 
@@ -776,16 +779,27 @@ def is_fifo(path: str | os.PathLike[str]) -> bool:
 class FollowThread:
     """Drive several :class:`LogFollower` objects from one thread.
 
-    Wakes on watchdog events in the followed files' directories (inotify on Linux) and at
-    least every ``poll_interval`` seconds; polls at most once per ``min_interval`` seconds
-    (batching bursts of writes). Each ``poll`` runs while holding ``lock``.
+    Wakes on a change in the followed files' directories and at least every ``poll_interval``
+    seconds; polls at most once per ``min_interval`` seconds (batching bursts of writes: at
+    0.25 s a busy log is read 4 times a second, each round's fixed cost (a wake-up, caches gone
+    cold meanwhile) paid a fifth as often as at 0.05 s, for at most 0.2 s more latency). Each
+    ``poll`` runs while holding ``lock``. On Linux the thread reads inotify itself
+    (``inotify_simple``): no other thread, and however many ``write()`` calls the writer makes
+    (vLLM's logging writes each line on its own), the kernel merges the events that arrive
+    while a poll runs or the thread pauses, so a busy log costs at most one wake-up per
+    ``min_interval``. Elsewhere, or when inotify cannot be had (its per-user instance limit),
+    watchdog wakes it (its observer threads handle every event), else it only polls.
     ``after_poll()`` (optional) is called after each round, outside the lock;
     ``first_round()`` (optional) runs once in the thread before the first wait (the sidecar's
     first read), and :attr:`first_round_done` is set after it.
     """
 
+    #: inotify events that can mean new bytes at a followed path: written, truncated, created,
+    #: renamed away or to it, deleted (an overflowed queue is reported whatever the mask)
+    INOTIFY_MASK = 0x2 | 0x40 | 0x80 | 0x100 | 0x200  # MODIFY, MOVED_FROM, MOVED_TO, CREATE, DELETE
+
     def __init__(self, followers: Iterable[LogFollower], lock: threading.Lock, *,
-                 poll_interval: float = 1.0, min_interval: float = 0.05,
+                 poll_interval: float = 1.0, min_interval: float = 0.25,
                  use_watchdog: bool = True,
                  after_poll: Callable[[], None] | None = None,
                  first_round: Callable[[], None] | None = None) -> None:
@@ -799,24 +813,38 @@ class FollowThread:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._observer = None
+        self._inotify: Any = None  # inotify_simple.INotify, read by this thread
+        self._poller: select.poll | None = None  # the inotify descriptor and the wake pipe
+        self._wake_pipe: tuple[int, int] | None = None
+        self._names = {os.path.basename(f.path) for f in self.followers}
         self._use_watchdog = use_watchdog
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-follow", daemon=True)
         self.rounds = 0
 
+    @property
+    def notifier(self) -> str:
+        """What wakes the thread besides its timer: ``inotify``, ``watchdog`` or ``none``."""
+        return "inotify" if self._inotify is not None else "watchdog" if self._observer is not None else "none"
+
     def start(self) -> None:
-        """Start watchdog (if it can) and the polling thread."""
-        if self._use_watchdog:
+        """Start watching (inotify, else watchdog, if it can) and the polling thread."""
+        if self._use_watchdog and not self._start_inotify():
             self._start_watchdog()
         self._thread.start()
 
     def wake(self) -> None:
         """Ask for a poll now (tests, and the watchdog handler)."""
         self._wake.set()
+        if self._wake_pipe is not None:
+            try:
+                os.write(self._wake_pipe[1], b"w")
+            except OSError:  # full (a wake-up is pending anyway) or closed (stopped)
+                pass
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread and watchdog; the followers stay open (close them yourself)."""
+        """Stop the thread and the watching; the followers stay open (close them yourself)."""
         self._stop.set()
-        self._wake.set()
+        self.wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
         if self._observer is not None:
@@ -826,6 +854,45 @@ class FollowThread:
             except Exception:  # noqa: BLE001 - shutting down anyway
                 pass
             self._observer = None
+        if self._inotify is not None and not self._thread.is_alive():
+            self._inotify.close()
+            for fd in self._wake_pipe or ():
+                os.close(fd)
+            self._inotify = self._poller = self._wake_pipe = None
+
+    def _start_inotify(self) -> bool:
+        """Watch the followed files' directories with inotify, read by this thread; False
+        where it cannot (not Linux, no directory yet, the per-user limit of inotify instances
+        or watches reached)."""
+        try:
+            from inotify_simple import INotify
+        except (ImportError, OSError):  # not Linux (inotify_simple is installed on Linux only)
+            return False
+        try:
+            ino = INotify()
+        except OSError as exc:  # EMFILE: fs.inotify.max_user_instances reached
+            log.warning("inotify unavailable (%s); trying watchdog", exc)
+            return False
+        watched = 0
+        for d in sorted({os.path.dirname(f.path) for f in self.followers}):
+            if os.path.isdir(d):
+                try:
+                    ino.add_watch(d, self.INOTIFY_MASK)
+                    watched += 1
+                except OSError as exc:  # ENOSPC: fs.inotify.max_user_watches reached
+                    log.warning("inotify cannot watch %s (%s); polling it every %.1f s", d, exc,
+                                self.poll_interval)
+        if not watched:
+            ino.close()
+            return False
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        poller = select.poll()
+        poller.register(ino.fileno(), select.POLLIN)
+        poller.register(r, select.POLLIN)
+        self._inotify, self._poller, self._wake_pipe = ino, poller, (r, w)
+        return True
 
     def _start_watchdog(self) -> None:
         try:
@@ -834,7 +901,7 @@ class FollowThread:
         except ImportError:  # pragma: no cover - watchdog is a dependency
             log.warning("watchdog is not installed; polling every %.1f s", self.poll_interval)
             return
-        names = {os.path.basename(f.path) for f in self.followers}
+        names = self._names
         wake = self._wake
 
         class _Handler(FileSystemEventHandler):
@@ -863,6 +930,32 @@ class FollowThread:
             return
         self._observer = observer
 
+    def _drain(self) -> bool:
+        """Read what woke the poller: True when it is worth a poll (a change at a followed
+        name, an overflowed event queue, a :meth:`wake`)."""
+        woke = False
+        if self._wake_pipe is not None:
+            try:
+                while os.read(self._wake_pipe[0], 512):
+                    woke = True
+            except BlockingIOError:
+                pass
+        for ev in self._inotify.read(timeout=0):
+            if ev.mask & 0x4000 or ev.name in self._names:  # IN_Q_OVERFLOW: events were lost
+                woke = True
+        return woke
+
+    def _wait(self, timeout: float) -> None:
+        """Until a change, a :meth:`wake` or ``timeout`` seconds."""
+        if self._poller is None:
+            self._wake.wait(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poller.poll(max(1, int(left * 1000))) or self._drain():
+                return
+
     def _run(self) -> None:
         try:
             if self.first_round is not None:  # in this thread: a stalled file blocks nobody else
@@ -872,18 +965,27 @@ class FollowThread:
         finally:
             self.first_round_done.set()
         last = 0.0
+        busy = False  # the last round read bytes: a log being written has more min_interval later
         while not self._stop.is_set():
-            self._wake.wait(self.poll_interval)
-            if self._stop.is_set():
-                break
+            if not busy:
+                self._wait(self.poll_interval)
+                if self._stop.is_set():
+                    break
             pause = self.min_interval - (time.monotonic() - last)
-            if pause > 0:
-                self._stop.wait(pause)
+            if pause > 0 and self._stop.wait(pause):  # the kernel merges the events of the writes meanwhile
+                break
             self._wake.clear()
+            if self._poller is not None and not busy:
+                self._drain()  # what came before this poll is read by it
             last = time.monotonic()
+            n = 0
             with self.lock:
                 for f in self.followers:
-                    f.poll()
+                    n += f.poll()
+            # while a log is being written, poll it every min_interval without reading inotify
+            # (its events say what the next poll finds anyway); the first round that reads nothing
+            # goes back to waiting on inotify (the events queued meanwhile cost one more round)
+            busy = n > 0 and self._poller is not None
             self.rounds += 1
             if self.after_poll is not None:
                 try:

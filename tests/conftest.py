@@ -80,8 +80,9 @@ def progress(request):
 #: a browser, seeded kill and fuzz loops of the sidecar and the follower, the bench ladder against
 #: a stand-in server): marked ``slow`` here, in one place, so that ``make test-fast`` (pytest -m
 #: "not e2e and not slow") leaves them to ``make test``. Individual slow tests carry the mark.
-SLOW_MODULES = {"test_alerting_e2e", "test_container", "test_charts_browser", "test_kill_loop", "test_serve_prometheus",
-                "test_follow_killpoints", "test_serve_fuzz", "test_bench"}
+SLOW_MODULES = {"test_alerting_e2e", "test_container", "test_charts_browser", "test_pages_browser", "test_kill_loop",
+                "test_serve_prometheus", "test_fleet_prometheus", "test_fleet_scored", "test_follow_killpoints",
+                "test_serve_fuzz", "test_bench", "test_bench_demo"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1059,6 +1059,8 @@ def kv_connector_of(path: str) -> str | None:
         return None
     name = m["pkg"] or m["src"] or m["mod"]
     return next((c for k, c in _KV_CONNECTOR_NAMES if k in name), "kv-connector")
+
+
 # What the traceback joiner and the unknown-flag scan read, besides the matcher table.
 TRACEBACK_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
 FLAG_KEYWORDS = tuple(FAKE_FLAGS)
@@ -1202,6 +1204,8 @@ def _connector_error(marks, meta: ev.Meta) -> ev.KvTransferFailure | None:
     connector's failure ("connector-error"); None when no frame is a connector's."""
     conn = next((m[3:] for m in sorted(marks) if m.startswith("kv:")), None)
     return None if conn is None else ev.KvTransferFailure(meta, conn, "connector-error")
+
+
 _NO_MARKS: frozenset = frozenset()
 CUT_TRACEBACK = "(traceback cut before its exception line)"  # the exc_type of a traceback the log ends inside
 MAX_OPEN_TRACEBACKS = 64  # processes with a traceback in progress

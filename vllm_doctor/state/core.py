@@ -908,12 +908,12 @@ def _stuck(x: ev.SchedulerStats) -> bool:
     throughput no source gave (None) is unknown, not zero). An idle engine (none waiting, none
     running) is not stuck."""
     known = [r for r in (x.prompt_tps, x.generation_tps) if r is not None]
-    if x.meta.source.startswith(ev.QUERIED_SOURCE_PREFIX):
-        # stats made from Prometheus' range queries: a replica whose series stopped (or a range
-        # past the last sample) repeats its last sample for 5 min, requests running and counters
-        # flat; only a queue that stays while nothing is processed tells a stall there
-        return (x.num_waiting or 0) >= 1 and bool(known) and not any(known)
-    return _busy(x) and bool(known) and not any(known)
+    # stats made from Prometheus' range queries: a replica whose series stopped (or a range past
+    # the last sample) repeats its last sample for 5 min, requests running and counters flat; only
+    # a queue that stays while nothing is processed tells a stall there
+    queried = x.meta.source.startswith(ev.QUERIED_SOURCE_PREFIX)
+    busy = (x.num_waiting or 0) >= 1 if queried else _busy(x)
+    return busy and bool(known) and not any(known)
 
 
 def _busy(x) -> bool:
